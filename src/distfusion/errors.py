@@ -1,0 +1,103 @@
+"""Errors raised by distfusion.
+
+One root, :class:`DistfusionError`, with a branch per phase of a query:
+
+```
+DistfusionError
+ ├── PlanningError (ValueError)     bad SQL, unknown table, plan the planner rejects
+ ├── TaskError                      a task failed on a worker (names stage, task, worker)
+ ├── TransportError                 a worker could not be reached or answered badly
+ │    └── WorkerUnavailableError (TransientError)
+ ├── QueryCancelled                 the result stream was closed before it ended
+ └── TransientError                 retry-safe: running the same query again may succeed
+```
+
+DataFusion reports every failure as a bare ``Exception("DataFusion error: ...")``;
+it is wrapped once, where it crosses into distfusion (the planner or the worker),
+keeping DataFusion's message verbatim.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DistfusionError",
+    "PlanningError",
+    "QueryCancelled",
+    "TaskError",
+    "TransientError",
+    "TransportError",
+    "WorkerUnavailableError",
+]
+
+
+class DistfusionError(Exception):
+    """Root of every error distfusion raises."""
+
+
+class TransientError(DistfusionError):
+    """A failure that may not happen again: retrying the query is safe."""
+
+
+class PlanningError(DistfusionError, ValueError):
+    """The query could not be planned: invalid SQL, an unknown table or column.
+
+    Raised on the coordinator before any task starts. The message keeps
+    DataFusion's own wording.
+    """
+
+
+class TaskError(DistfusionError):
+    """A task failed while executing its fragment.
+
+    Attributes:
+        stage_id: the stage of the failed task.
+        task_index: the task's index within its stage (0-based).
+        worker: the URL of the worker that ran it (``local://N`` in process).
+        cause: the remote error's kind and message, e.g. ``"Exception: DataFusion error: ..."``.
+        remote_traceback: the formatted traceback from the worker, or ``""``.
+    """
+
+    def __init__(
+        self,
+        stage_id: int,
+        task_index: int,
+        worker: str,
+        cause: str,
+        remote_traceback: str = "",
+    ) -> None:
+        self.stage_id = stage_id
+        self.task_index = task_index
+        self.worker = worker
+        self.cause = cause
+        self.remote_traceback = remote_traceback
+        msg = f"stage {stage_id} task {task_index} failed on worker {worker}: {cause}"
+        super().__init__(msg)
+
+    def __reduce__(self):  # keeps the fields when the error crosses a process boundary
+        return (
+            type(self),
+            (self.stage_id, self.task_index, self.worker, self.cause, self.remote_traceback),
+        )
+
+
+class TransportError(DistfusionError):
+    """A worker could not be reached, or answered something the coordinator cannot read."""
+
+
+class WorkerUnavailableError(TransportError, TransientError):
+    """A worker is unreachable or died; retrying on other workers may succeed.
+
+    Attributes:
+        url: the worker's URL.
+    """
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(f"worker {url} is unavailable: {detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.url, str(self).split(": ", 1)[-1]))
+
+
+class QueryCancelled(DistfusionError):
+    """The query was cancelled (its result stream was closed) before it finished."""

@@ -1,0 +1,524 @@
+"""The distributed planner: cut a Substrait plan into stages at network boundaries.
+
+Walks the relation tree bottom-up, keeping a *fragment in progress* (the current
+stage: a relation tree, its task count, its inputs). Operators that distribute
+pipeline into it; operators that need rows from other tasks *seal* it into a
+:class:`~distfusion.stages.Stage` and start a new fragment reading the sealed
+stage's output through a ``ReadRel`` of table ``__stage_N``. The rules are
+DESIGN.md's, like Spark's exchange planning:
+
+==================  ==========================================================
+relation            boundary
+==================  ==========================================================
+read (source)       leaf stage; work units split across the tasks
+filter, project     pipelined
+aggregate           partial -> shuffle by keys -> final (coalesce if global);
+                    non-decomposable: shuffle raw rows by keys (or coalesce)
+join (equi)         broadcast the small side if the join type allows it,
+                    else shuffle both sides by the key expressions
+join (no keys)      broadcast a side the join type allows, else coalesce both
+sort                sort per task -> coalesce -> sort (merge)
+fetch over sort     top-k per task -> coalesce -> top-k
+fetch               limit per task -> coalesce -> limit
+union all           round-robin shuffle of every input into one stage
+window              shuffle by PARTITION BY keys; none or mixed -> coalesce
+anything else       coalesce every input, run in one task
+==================  ==========================================================
+
+A relation whose expressions hold a subquery runs in a single task that reads
+every table of the subquery in full: correct first, fast second.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel
+
+from distfusion.errors import PlanningError
+from distfusion.planner import decompose_aggregate as dagg
+from distfusion.planner.estimate import FILTER_SELECTIVITY, Estimate, TaskEstimator
+from distfusion.planner.substrait import (
+    FunctionRegistry,
+    SchemaOracle,
+    children,
+    conjuncts,
+    contains,
+    field_ref,
+    field_refs,
+    is_field_ref,
+    named_struct,
+    rel_kind,
+    set_children,
+    shift_field_refs,
+    stage_read,
+)
+from distfusion.sources import TableSource, WorkUnit
+from distfusion.stages import (
+    BROADCAST,
+    COALESCE,
+    RESULT,
+    SHUFFLE,
+    OutputPartitioning,
+    SourceScan,
+    Stage,
+    StageGraph,
+    StageInput,
+)
+
+__all__ = ["PlannerConfig", "plan_stages"]
+
+_J = JoinRel
+# Join types whose right side may be broadcast (the left side is probed per task).
+_BROADCAST_RIGHT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_LEFT,
+    _J.JOIN_TYPE_LEFT_SEMI,
+    _J.JOIN_TYPE_LEFT_ANTI,
+    _J.JOIN_TYPE_LEFT_SINGLE,
+    _J.JOIN_TYPE_LEFT_MARK,
+}
+_BROADCAST_LEFT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_RIGHT,
+    _J.JOIN_TYPE_RIGHT_SEMI,
+    _J.JOIN_TYPE_RIGHT_ANTI,
+    _J.JOIN_TYPE_RIGHT_SINGLE,
+    _J.JOIN_TYPE_RIGHT_MARK,
+}
+_SEMI_LIKE = {_J.JOIN_TYPE_LEFT_SEMI, _J.JOIN_TYPE_LEFT_ANTI, _J.JOIN_TYPE_LEFT_MARK}
+_KEY_FUNCTIONS = {"equal", "is_not_distinct_from"}
+
+
+def _is_subquery(m) -> bool:
+    return isinstance(m, Expression.Subquery)
+
+
+@dataclass
+class _Fragment:
+    """The stage being built: a relation tree and how its tasks are fed."""
+
+    rel: Rel
+    tasks: int
+    est: Estimate
+    inputs: list[StageInput] = field(default_factory=list)
+
+    def with_rel(self, rel: Rel, est: Estimate | None = None) -> _Fragment:
+        return replace(self, rel=rel, est=est or self.est)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Knobs of the planner (see :class:`~distfusion.context.DistributedConfig`)."""
+
+    workers: int
+    estimator: TaskEstimator
+    broadcast_threshold_bytes: int
+
+
+class _Planner:
+    def __init__(
+        self, plan: Plan, sources: dict[str, TableSource], config: PlannerConfig
+    ) -> None:
+        self.plan = plan
+        self.sources = sources
+        self.config = config
+        self.registry = FunctionRegistry(plan)
+        self.oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
+        self.stages: list[Stage] = []
+        self.query_id = str(uuid.uuid4())
+
+    # ------------------------------------------------------------------ sealing
+    def seal(
+        self,
+        frag: _Fragment,
+        kind: str,
+        partitions: int = 1,
+        keys: list[Expression] | None = None,
+        readers: int = 1,
+        names: list[str] | None = None,
+    ) -> tuple[Rel, StageInput]:
+        """Close ``frag`` as a stage; return the consumer's ``ReadRel`` and input."""
+        rel = frag.rel
+        key_columns: list[int] = []
+        base_schema = self.oracle.schema(rel)
+        num_columns = len(base_schema)
+        appended: list[Expression] = []
+        for k in keys or []:
+            idx = is_field_ref(k)
+            if idx is not None:
+                key_columns.append(idx)
+            else:
+                key_columns.append(num_columns + len(appended))
+                appended.append(k)
+        if appended:
+            proj = Rel()
+            proj.project.input.CopyFrom(rel)
+            proj.project.expressions.extend(appended)
+            rel = proj
+        full_schema = self.oracle.schema(rel) if appended else base_schema
+        renamed = pa.schema(
+            [pa.field(f"c{i}", f.type, True) for i, f in enumerate(full_schema)]
+        )
+        fragment_names = names if names is not None else list(named_struct(renamed).names)
+        fragment = self.oracle.plan_bytes(rel, fragment_names)
+        try:
+            plan_text = self.oracle.logical_plan(fragment).display_indent()
+        except Exception as exc:  # DataFusion raises bare Exception
+            msg = f"DataFusion cannot consume a plan fragment: {exc}"
+            raise PlanningError(msg) from exc
+        stage_id = len(self.stages) + 1
+        declared = pa.schema(list(renamed)[:num_columns])
+        stage = Stage(
+            stage_id=stage_id,
+            num_tasks=frag.tasks,
+            fragment=fragment,
+            inputs=tuple(frag.inputs),
+            scans=self._scans(rel, frag.tasks),
+            output=OutputPartitioning(
+                kind=kind,
+                num_partitions=partitions,
+                key_columns=tuple(key_columns),
+                num_columns=num_columns,
+                readers=readers,
+            ),
+            plan_text=plan_text,
+            output_schema=declared,
+        )
+        self.stages.append(stage)
+        table = f"__stage_{stage_id}"
+        boundary = COALESCE if kind == RESULT else kind
+        self.oracle.register_empty(table, declared)
+        return stage_read(table, named_struct(declared)), StageInput(
+            table, stage_id, boundary, declared
+        )
+
+    def _scans(self, rel: Rel, tasks: int) -> tuple[SourceScan, ...]:
+        names: list[str] = []
+
+        def visit(m) -> bool:
+            if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
+                t = m.read.named_table.names
+                if len(t) and t[-1] in self.sources and t[-1] not in names:
+                    names.append(t[-1])
+            return False
+
+        contains(rel, visit)
+        return tuple(
+            SourceScan(self.sources[n], _split_units(self.sources[n].units, tasks))
+            for n in names
+        )
+
+    def gather(self, frag: _Fragment) -> _Fragment:
+        """``frag`` as a single-task fragment: coalesced if it has several tasks."""
+        if frag.tasks == 1:
+            return frag
+        read, inp = self.seal(frag, COALESCE)
+        return _Fragment(read, 1, frag.est, [inp])
+
+    def shuffle_tasks(self, est: Estimate) -> int:
+        n = self.config.estimator.shuffle_tasks(int(est.bytes), self.config.workers)
+        return max(1, min(n, self.config.workers))
+
+    def exchange(
+        self, frag: _Fragment, n: int, keys: list[Expression] | None
+    ) -> tuple[Rel, StageInput]:
+        """Seal ``frag`` for a consumer of ``n`` tasks: shuffle, or coalesce when n == 1."""
+        if n == 1:
+            return self.seal(frag, COALESCE)
+        return self.seal(frag, SHUFFLE, partitions=n, keys=keys or [])
+
+    # ------------------------------------------------------------------ visiting
+    def visit(self, rel: Rel) -> _Fragment:
+        method = getattr(self, f"visit_{rel_kind(rel)}", None)
+        if method is None or _own_expressions_have_subquery(rel):
+            return self.visit_single(rel)
+        return method(rel)
+
+    def visit_single(self, rel: Rel) -> _Fragment:
+        """Run ``rel`` in one task after coalescing every input."""
+        frags = [self.gather(self.visit(c)) for c in children(rel)]
+        est = sum((f.est for f in frags), Estimate(1, 64))
+        inputs = [i for f in frags for i in f.inputs]
+        new = set_children(rel, [f.rel for f in frags]) if frags else rel
+        return _Fragment(new, 1, est, inputs)
+
+    def visit_read(self, rel: Rel) -> _Fragment:
+        read = rel.read
+        if read.WhichOneof("read_type") != "named_table":
+            return _Fragment(rel, 1, Estimate(1, 64))
+        name = read.named_table.names[-1]
+        source = self.sources.get(name)
+        if source is None:
+            msg = f"table {name!r} is not registered with distfusion (register_parquet/register_csv)"
+            raise PlanningError(msg)
+        cols = None
+        if read.HasField("projection"):
+            all_names = list(source.schema.names)
+            cols = [all_names[i.field] for i in read.projection.select.struct_items]
+        scan_bytes = source.projected_bytes(cols)
+        rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
+        tasks = self.config.estimator.leaf_tasks(
+            scan_bytes, len(source.units), self.config.workers
+        )
+        tasks = max(1, min(tasks, self.config.workers, len(source.units)))
+        return _Fragment(rel, tasks, Estimate(rows, scan_bytes))
+
+    def _pipeline(self, rel: Rel, factor: float = 1.0) -> _Fragment:
+        (child,) = children(rel)
+        frag = self.visit(child)
+        return frag.with_rel(set_children(rel, [frag.rel]), frag.est.scale(factor))
+
+    def visit_filter(self, rel: Rel) -> _Fragment:
+        return self._pipeline(rel, FILTER_SELECTIVITY)
+
+    def visit_project(self, rel: Rel) -> _Fragment:
+        windows = []
+        contains(
+            rel.project,
+            lambda m: isinstance(m, Expression.WindowFunction) and windows.append(m) is None and False,
+        )
+        if not windows:
+            return self._pipeline(rel)
+        frag = self.visit(rel.project.input)
+        if frag.tasks == 1:
+            return frag.with_rel(set_children(rel, [frag.rel]))
+        keys = [list(w.partitions) for w in windows]
+        if not keys[0] or any(k != keys[0] for k in keys):
+            frag = self.gather(frag)
+            return frag.with_rel(set_children(rel, [frag.rel]))
+        n = self.shuffle_tasks(frag.est)
+        read, inp = self.exchange(frag, n, keys[0])
+        return _Fragment(set_children(rel, [read]), n, frag.est, [inp])
+
+    def visit_fetch(self, rel: Rel) -> _Fragment:
+        fetch = rel.fetch
+        inner = fetch.input
+        under_sort = rel_kind(inner) == "sort"
+        frag = self.visit(inner.sort.input if under_sort else inner)
+        limit = _fetch_limit(fetch)
+        if frag.tasks == 1:
+            below = set_children(inner, [frag.rel]) if under_sort else frag.rel
+            return frag.with_rel(set_children(rel, [below]), _limit_est(frag.est, limit))
+        # Per task: (sort and) keep the first offset + count rows.
+        local_input = set_children(inner, [frag.rel]) if under_sort else frag.rel
+        if limit is not None:
+            local = Rel()
+            local.fetch.input.CopyFrom(local_input)
+            local.fetch.count_expr.literal.i64 = limit
+        else:
+            local = local_input
+        gathered = self.gather(frag.with_rel(local, _limit_est(frag.est, limit)))
+        below = set_children(inner, [gathered.rel]) if under_sort else gathered.rel
+        return gathered.with_rel(set_children(rel, [below]))
+
+    def visit_sort(self, rel: Rel) -> _Fragment:
+        frag = self.visit(rel.sort.input)
+        if frag.tasks == 1:
+            return frag.with_rel(set_children(rel, [frag.rel]))
+        gathered = self.gather(frag.with_rel(set_children(rel, [frag.rel])))
+        return gathered.with_rel(set_children(rel, [gathered.rel]))
+
+    def visit_aggregate(self, rel: Rel) -> _Fragment:
+        agg = rel.aggregate
+        frag = self.visit(agg.input)
+        g = dagg.grouping_count(agg)
+        est = frag.est if g else Estimate(1, 64)
+        if frag.tasks == 1:
+            return frag.with_rel(set_children(rel, [frag.rel]), est)
+        if dagg.is_decomposable(agg, self.registry):
+            split = dagg.split_aggregate(rel, self.registry)
+            partial = frag.with_rel(set_children(split.partial, [frag.rel]), est)
+            n = self.shuffle_tasks(est) if g else 1
+            keys = [field_ref(i) for i in range(g)]
+            read, inp = self.exchange(partial, n, keys)
+            plain = Rel()
+            plain.CopyFrom(rel)
+            plain.aggregate.ClearField("common")
+            out_schema = named_struct(self.oracle.schema(set_children(plain, [frag.rel])))
+            final = dagg.final_aggregate(split, read, out_schema, agg, self.registry)
+            return _Fragment(final, n, est, [inp])
+        if g and len(agg.groupings) <= 1:
+            keys = list(agg.grouping_expressions) or list(agg.groupings[0].grouping_expressions)
+            n = self.shuffle_tasks(frag.est)
+            read, inp = self.exchange(frag, n, keys)
+            return _Fragment(set_children(rel, [read]), n, est, [inp])
+        gathered = self.gather(frag)
+        return gathered.with_rel(set_children(rel, [gathered.rel]), est)
+
+    def visit_join(self, rel: Rel) -> _Fragment:
+        join = rel.join
+        left, right = self.visit(join.left), self.visit(join.right)
+        left_arity = len(self.oracle.schema(join.left))
+        keys = _equi_keys(join.expression, left_arity, self.registry) if join.HasField(
+            "expression"
+        ) else []
+        return self._join(rel, join.type, left, right, keys)
+
+    def visit_cross(self, rel: Rel) -> _Fragment:
+        left, right = self.visit(rel.cross.left), self.visit(rel.cross.right)
+        return self._join(rel, _J.JOIN_TYPE_INNER, left, right, [])
+
+    def _join(
+        self,
+        rel: Rel,
+        join_type: int,
+        left: _Fragment,
+        right: _Fragment,
+        keys: list[tuple[Expression, Expression]],
+    ) -> _Fragment:
+        if join_type in _SEMI_LIKE:
+            est = left.est
+        elif keys:
+            est = Estimate(max(left.est.rows, right.est.rows), left.est.bytes + right.est.bytes)
+        else:
+            est = Estimate(left.est.rows * right.est.rows, left.est.bytes * max(right.est.rows, 1))
+        if left.tasks == 1 and right.tasks == 1:
+            new = set_children(rel, [left.rel, right.rel])
+            return _Fragment(new, 1, est, left.inputs + right.inputs)
+        threshold = self.config.broadcast_threshold_bytes
+        candidates = []
+        if join_type in _BROADCAST_RIGHT and right.est.bytes <= threshold:
+            candidates.append((right.est.bytes, "right"))
+        if join_type in _BROADCAST_LEFT and left.est.bytes <= threshold:
+            candidates.append((left.est.bytes, "left"))
+        if not keys and not candidates:
+            # No keys to shuffle by: broadcast whatever side the join type allows.
+            if join_type in _BROADCAST_RIGHT:
+                candidates.append((right.est.bytes, "right"))
+            elif join_type in _BROADCAST_LEFT:
+                candidates.append((left.est.bytes, "left"))
+        if candidates:
+            side = min(candidates)[1]
+            build, probe = (right, left) if side == "right" else (left, right)
+            kind = BROADCAST if probe.tasks > 1 else COALESCE
+            read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
+            new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
+            return _Fragment(
+                set_children(rel, new_children), probe.tasks, est, probe.inputs + [inp]
+            )
+        if keys:
+            n = self.shuffle_tasks(left.est + right.est)
+            lread, linp = self.exchange(left, n, [k[0] for k in keys])
+            rread, rinp = self.exchange(right, n, [k[1] for k in keys])
+            return _Fragment(set_children(rel, [lread, rread]), n, est, [linp, rinp])
+        left, right = self.gather(left), self.gather(right)
+        new = set_children(rel, [left.rel, right.rel])
+        return _Fragment(new, 1, est, left.inputs + right.inputs)
+
+    def visit_set(self, rel: Rel) -> _Fragment:
+        frags = [self.visit(c) for c in children(rel)]
+        est = sum((f.est for f in frags), Estimate(0, 0))
+        if rel.set.op != SetRel.SET_OP_UNION_ALL:
+            return self.visit_single(rel)
+        if all(f.tasks == 1 for f in frags):
+            new = set_children(rel, [f.rel for f in frags])
+            return _Fragment(new, 1, est, [i for f in frags for i in f.inputs])
+        n = max(1, min(self.config.workers, max(f.tasks for f in frags)))
+        reads, inputs = [], []
+        for f in frags:
+            read, inp = self.exchange(f, n, None)
+            reads.append(read)
+            inputs.append(inp)
+        return _Fragment(set_children(rel, reads), n, est, inputs)
+
+    # ------------------------------------------------------------------ entry
+    def run(self) -> StageGraph:
+        if len(self.plan.relations) != 1 or not self.plan.relations[0].HasField("root"):
+            msg = "expected a Substrait plan with exactly one root relation"
+            raise PlanningError(msg)
+        root = self.plan.relations[0].root
+        frag = self.gather(self.visit(root.input))
+        self.seal(frag, RESULT, names=list(root.names))
+        return StageGraph(self.query_id, tuple(self.stages))
+
+
+def _own_expressions_have_subquery(rel: Rel) -> bool:
+    """True if ``rel``'s own expressions (not its inputs) contain a subquery."""
+    stripped = set_children(rel, [Rel() for _ in children(rel)]) if children(rel) else rel
+    return contains(stripped, _is_subquery)
+
+
+def _fetch_limit(fetch) -> int | None:
+    """offset + count of a FetchRel, or None when it has no count."""
+    offset = fetch.offset_expr.literal.i64 if fetch.HasField("offset_expr") else fetch.offset
+    if fetch.HasField("count_expr"):
+        if fetch.count_expr.WhichOneof("rex_type") != "literal":
+            return None
+        count = fetch.count_expr.literal.i64
+    elif fetch.WhichOneof("count_mode") == "count" and fetch.count >= 0:
+        count = fetch.count
+    else:
+        return None
+    return offset + count
+
+
+def _limit_est(est: Estimate, limit: int | None) -> Estimate:
+    if limit is None or est.rows <= limit:
+        return est
+    return Estimate(limit, est.bytes * limit / max(est.rows, 1))
+
+
+def _equi_keys(
+    condition: Expression, left_arity: int, registry: FunctionRegistry
+) -> list[tuple[Expression, Expression]]:
+    """Pairs (left key, right key) of ``left = right`` conjuncts of a join condition.
+
+    The right key is rebased onto the right input's columns.
+    """
+    keys = []
+    for c in conjuncts(condition, registry):
+        if c.WhichOneof("rex_type") != "scalar_function":
+            continue
+        fn = c.scalar_function
+        if registry.name(fn.function_reference) not in _KEY_FUNCTIONS or len(fn.arguments) != 2:
+            continue
+        a, b = fn.arguments[0].value, fn.arguments[1].value
+        if contains(a, _is_subquery) or contains(b, _is_subquery):
+            continue
+        ra, rb = field_refs(a), field_refs(b)
+        if not ra or not rb:
+            continue
+        if max(ra) < left_arity <= min(rb):
+            keys.append((a, shift_field_refs(b, -left_arity)))
+        elif max(rb) < left_arity <= min(ra):
+            keys.append((b, shift_field_refs(a, -left_arity)))
+    return keys
+
+
+def _split_units(units: tuple[WorkUnit, ...], tasks: int) -> tuple[tuple[WorkUnit, ...], ...]:
+    """Assign units to ``tasks`` bins, largest first into the lightest bin."""
+    bins: list[list[WorkUnit]] = [[] for _ in range(tasks)]
+    loads = [0] * tasks
+    order = sorted(range(len(units)), key=lambda i: (-units[i].size_bytes, i))
+    for i in order:
+        b = loads.index(min(loads))
+        bins[b].append(units[i])
+        loads[b] += units[i].size_bytes
+    return tuple(tuple(b) for b in bins)
+
+
+def plan_stages(
+    plan: Plan, sources: dict[str, TableSource], config: PlannerConfig
+) -> StageGraph:
+    """Cut a Substrait plan into a :class:`StageGraph`.
+
+    Args:
+        plan: the Substrait plan DataFusion produced for the optimized logical plan.
+        sources: every registered table, by name.
+        config: worker count, task estimator and broadcast threshold.
+
+    Returns:
+        The stages, producers first, the head stage (1 task) last.
+
+    Raises:
+        PlanningError: the plan reads an unregistered table, or a fragment cannot
+            be expressed (DataFusion's message is kept).
+    """
+    if config.workers < 1:
+        msg = "no workers: the worker resolver returned an empty list"
+        raise PlanningError(msg)
+    return _Planner(plan, sources, config).run()
+

@@ -1,0 +1,364 @@
+"""Helpers over Substrait protobuf relations and expressions.
+
+The distributed planner works on the Substrait plan that DataFusion's producer
+emits for the optimized logical plan (``datafusion.substrait.Producer``). These
+helpers read and build the few shapes it needs: a relation's children, the field
+references of an expression, stage-input ``ReadRel`` leaves, casts and function
+calls. Field references are positional, which is what makes cutting a plan into
+fragments safe: a subtree replaced by a ``ReadRel`` with the same output columns
+keeps every parent reference valid.
+
+Types are never derived by hand here: :class:`SchemaOracle` asks DataFusion
+itself (it consumes the subtree and reads the Arrow schema), so the types a stage
+declares are exactly the types its tasks produce.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from datafusion import SessionContext
+from datafusion.substrait import Consumer, Producer, Serde
+from substrait.proto import (
+    AggregateFunction,
+    Expression,
+    FunctionArgument,
+    NamedStruct,
+    Plan,
+    PlanRel,
+    ReadRel,
+    Rel,
+    RelRoot,
+    Type,
+)
+
+from distfusion.errors import PlanningError
+
+__all__ = [
+    "SchemaOracle",
+    "FunctionRegistry",
+    "children",
+    "set_children",
+    "rel_kind",
+    "field_ref",
+    "field_refs",
+    "shift_field_refs",
+    "is_field_ref",
+    "contains",
+    "stage_read",
+    "conjuncts",
+]
+
+# Relation kind -> its child fields: a tuple of singular fields, or the name of a
+# repeated field.
+_CHILD_FIELDS: dict[str, tuple[str, ...] | str] = {
+    "read": (),
+    "filter": ("input",),
+    "fetch": ("input",),
+    "aggregate": ("input",),
+    "sort": ("input",),
+    "project": ("input",),
+    "join": ("left", "right"),
+    "cross": ("left", "right"),
+    "set": "inputs",
+    "extension_single": ("input",),
+    "extension_multi": "inputs",
+    "extension_leaf": (),
+    "window": ("input",),
+    "exchange": ("input",),
+    "expand": ("input",),
+    "hash_join": ("left", "right"),
+    "merge_join": ("left", "right"),
+    "nested_loop_join": ("left", "right"),
+}
+
+
+def rel_kind(rel: Rel) -> str:
+    """The relation's kind, the name of the set ``rel_type`` field (``"join"``, ...)."""
+    kind = rel.WhichOneof("rel_type")
+    if kind is None:
+        raise PlanningError("Substrait relation has no rel_type")
+    return kind
+
+
+def children(rel: Rel) -> list[Rel]:
+    """The input relations of ``rel``, left to right (empty for leaves)."""
+    kind = rel_kind(rel)
+    body = getattr(rel, kind)
+    spec = _CHILD_FIELDS.get(kind, ())
+    if isinstance(spec, str):
+        return list(getattr(body, spec))
+    return [getattr(body, f) for f in spec if body.HasField(f)]
+
+
+def set_children(rel: Rel, new_children: list[Rel]) -> Rel:
+    """A copy of ``rel`` whose inputs are ``new_children`` (same count and order)."""
+    out = Rel()
+    out.CopyFrom(rel)
+    kind = rel_kind(out)
+    body = getattr(out, kind)
+    spec = _CHILD_FIELDS.get(kind, ())
+    if isinstance(spec, str):
+        field = getattr(body, spec)
+        del field[:]
+        for c in new_children:
+            field.add().CopyFrom(c)
+    else:
+        present = [f for f in spec if body.HasField(f)]
+        assert len(present) == len(new_children), (kind, present, len(new_children))
+        for f, c in zip(present, new_children, strict=True):
+            getattr(body, f).CopyFrom(c)
+    return out
+
+
+def field_ref(index: int) -> Expression:
+    """An expression reading input column ``index`` (0-based)."""
+    e = Expression()
+    e.selection.direct_reference.struct_field.field = index
+    e.selection.root_reference.SetInParent()
+    return e
+
+
+def is_field_ref(expr: Expression) -> int | None:
+    """The column index if ``expr`` is a plain reference to an input column, else None."""
+    if expr.WhichOneof("rex_type") != "selection":
+        return None
+    sel = expr.selection
+    if not sel.HasField("root_reference") or sel.direct_reference.WhichOneof(
+        "reference_type"
+    ) != "struct_field":
+        return None
+    sf = sel.direct_reference.struct_field
+    if sf.HasField("child"):
+        return None
+    return sf.field
+
+
+def _walk_root_refs(msg, visit) -> None:
+    """Call ``visit(struct_field)`` for every root-level field reference in ``msg``.
+
+    Does not descend into subqueries (their references have their own scope) or
+    into nested relations.
+    """
+    if isinstance(msg, Expression.FieldReference):
+        if msg.HasField("root_reference") and msg.direct_reference.HasField("struct_field"):
+            visit(msg.direct_reference.struct_field)
+        return
+    if isinstance(msg, Rel | Expression.Subquery):
+        return
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        if fd.is_repeated:
+            for v in value:
+                _walk_root_refs(v, visit)
+        else:
+            _walk_root_refs(value, visit)
+
+
+def field_refs(expr) -> set[int]:
+    """The input column indices ``expr`` reads (root references only)."""
+    out: set[int] = set()
+    _walk_root_refs(expr, lambda sf: out.add(sf.field))
+    return out
+
+
+def shift_field_refs(expr: Expression, delta: int) -> Expression:
+    """A copy of ``expr`` with every root field reference moved by ``delta`` columns."""
+    out = Expression()
+    out.CopyFrom(expr)
+
+    def visit(sf):
+        sf.field += delta
+
+    _walk_root_refs(out, visit)
+    return out
+
+
+def contains(msg, predicate) -> bool:
+    """True if ``predicate(m)`` holds for ``msg`` or any message nested in it."""
+    if predicate(msg):
+        return True
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        values = value if fd.is_repeated else [value]
+        if any(contains(v, predicate) for v in values):
+            return True
+    return False
+
+
+def conjuncts(expr: Expression, registry: FunctionRegistry) -> list[Expression]:
+    """Split ``a AND b AND c`` into ``[a, b, c]``."""
+    if expr.WhichOneof("rex_type") == "scalar_function":
+        if registry.name(expr.scalar_function.function_reference) == "and":
+            out: list[Expression] = []
+            for arg in expr.scalar_function.arguments:
+                out.extend(conjuncts(arg.value, registry))
+            return out
+    return [expr]
+
+
+def stage_read(table_name: str, schema: NamedStruct) -> Rel:
+    """A leaf ``ReadRel`` of the named stage-input table with ``schema`` columns."""
+    rel = Rel()
+    rel.read.base_schema.CopyFrom(schema)
+    rel.read.named_table.names.append(table_name)
+    return rel
+
+
+class FunctionRegistry:
+    """The plan's function extension declarations: anchors to names and back.
+
+    Names are DataFusion's (``"sum"``, ``"equal"``), possibly with a signature
+    suffix after ``":"`` which is ignored. New functions are declared on demand.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._names: dict[int, str] = {}
+        for ext in plan.extensions:
+            if ext.HasField("extension_function"):
+                f = ext.extension_function
+                self._names[f.function_anchor] = f.name.split(":", 1)[0]
+
+    def name(self, anchor: int) -> str:
+        """The function name declared for ``anchor`` (``""`` when unknown)."""
+        return self._names.get(anchor, "")
+
+    def anchor(self, name: str) -> int:
+        """The anchor of function ``name``, declaring it in the plan if needed."""
+        for a, n in self._names.items():
+            if n == name:
+                return a
+        a = max(self._names, default=-1) + 1
+        ext = self._plan.extensions.add()
+        ext.extension_function.function_anchor = a
+        ext.extension_function.name = name
+        # DataFusion's producer leaves the URN reference unset (u32::MAX).
+        ext.extension_function.extension_urn_reference = 4294967295
+        self._names[a] = name
+        return a
+
+    def call(self, name: str, *args: Expression, output_type: Type | None = None) -> Expression:
+        """A scalar function call expression."""
+        e = Expression()
+        e.scalar_function.function_reference = self.anchor(name)
+        for a in args:
+            e.scalar_function.arguments.add().value.CopyFrom(a)
+        if output_type is not None:
+            e.scalar_function.output_type.CopyFrom(output_type)
+        return e
+
+    def aggregate(self, name: str, *args: Expression) -> AggregateFunction:
+        """An aggregate function over ``args`` (invocation ALL)."""
+        f = AggregateFunction()
+        f.function_reference = self.anchor(name)
+        f.invocation = AggregateFunction.AGGREGATION_INVOCATION_ALL
+        for a in args:
+            f.arguments.append(FunctionArgument(value=a))
+        return f
+
+
+def cast(expr: Expression, to: Type) -> Expression:
+    """``CAST(expr AS to)`` (failure behaviour: throw)."""
+    e = Expression()
+    e.cast.type.CopyFrom(to)
+    e.cast.input.CopyFrom(expr)
+    e.cast.failure_behavior = Expression.Cast.FAILURE_BEHAVIOR_THROW_EXCEPTION
+    return e
+
+
+class SchemaOracle:
+    """Asks DataFusion for the Arrow schema of Substrait subtrees.
+
+    Holds a planning :class:`SessionContext` with an empty table for every source
+    table and every stage input created so far, so any subtree of the query can be
+    consumed. Used only on the coordinator, during planning.
+    """
+
+    def __init__(self, plan: Plan, source_schemas: dict[str, pa.Schema]) -> None:
+        self._plan = plan
+        self.ctx = SessionContext()
+        for name, schema in source_schemas.items():
+            self.register_empty(name, schema)
+
+    def register_empty(self, name: str, schema: pa.Schema) -> None:
+        """Register an empty table ``name`` with ``schema`` in the planning context."""
+        batch = pa.RecordBatch.from_pylist([], schema=schema)
+        self.ctx.register_record_batches(name, [[batch]])
+
+    def _as_plan(self, rel: Rel, names: list[str] | None = None) -> Plan:
+        p = Plan()
+        p.extensions.extend(self._plan.extensions)
+        p.extension_urns.extend(self._plan.extension_urns)
+        if self._plan.HasField("version"):
+            p.version.CopyFrom(self._plan.version)
+        if names is None:
+            p.relations.append(PlanRel(rel=rel))
+        else:
+            p.relations.append(PlanRel(root=RelRoot(input=rel, names=names)))
+        return p
+
+    def plan_bytes(self, rel: Rel, names: list[str]) -> bytes:
+        """Serialized Substrait plan whose root is ``rel`` with output ``names``."""
+        return self._as_plan(rel, names).SerializeToString()
+
+    def logical_plan(self, plan_bytes: bytes):
+        """DataFusion's logical plan for serialized Substrait ``plan_bytes``."""
+        return Consumer.from_substrait_plan(self.ctx, Serde.deserialize_bytes(plan_bytes))
+
+    def schema(self, rel: Rel) -> pa.Schema:
+        """The Arrow schema of ``rel``'s output.
+
+        Raises:
+            PlanningError: DataFusion cannot consume the subtree.
+        """
+        data = self._as_plan(rel).SerializeToString()
+        try:
+            lp = Consumer.from_substrait_plan(self.ctx, Serde.deserialize_bytes(data))
+            return self.ctx.create_dataframe_from_logical_plan(lp).schema()
+        except Exception as exc:  # DataFusion raises bare Exception
+            msg = f"cannot derive the schema of a plan fragment: {exc}"
+            raise PlanningError(msg) from exc
+
+
+_NAMED_STRUCTS: dict[pa.Schema, NamedStruct] = {}
+
+
+def named_struct(schema: pa.Schema) -> NamedStruct:
+    """The Substrait ``NamedStruct`` DataFusion's producer writes for ``schema``.
+
+    Every field is declared nullable, so that a task whose output happens to be
+    non-nullable still satisfies the declaration (DataFusion's consumer accepts a
+    non-nullable column where Substrait says nullable, not the reverse).
+
+    Raises:
+        PlanningError: a type has no Substrait equivalent in DataFusion's producer.
+    """
+    schema = pa.schema([f.with_nullable(True) for f in schema])
+    cached = _NAMED_STRUCTS.get(schema)
+    if cached is not None:
+        return cached
+    ctx = SessionContext()
+    ctx.register_record_batches("t", [[pa.RecordBatch.from_pylist([], schema=schema)]])
+    try:
+        sp = Producer.to_substrait_plan(ctx.table("t").logical_plan(), ctx)
+    except Exception as exc:
+        msg = f"a column type cannot cross a network boundary ({schema}): {exc}"
+        raise PlanningError(msg) from exc
+    p = Plan()
+    p.ParseFromString(sp.encode())
+    rel = p.relations[0].root.input
+    while rel_kind(rel) != "read":
+        rel = children(rel)[0]
+    ns = NamedStruct()
+    ns.CopyFrom(rel.read.base_schema)
+    _NAMED_STRUCTS[schema] = ns
+    return ns
+
+
+def read_output_arity(read: ReadRel) -> int:
+    """Number of columns a ``ReadRel`` outputs (its projection, else its schema)."""
+    if read.HasField("projection"):
+        return len(read.projection.select.struct_items)
+    return len(read.base_schema.struct.types)

@@ -1,0 +1,217 @@
+"""Table sources: registered tables described as work units.
+
+A :class:`TableSource` is what the coordinator knows of a registered table: its
+Arrow schema, its format and its work units (one per Parquet or CSV file, or per
+in-memory record batch). Leaf tasks receive a share of the units and register
+just that share under the table's name (:func:`register_scan`), so the same
+Substrait ``ReadRel`` reads a different slice of the table in every task.
+
+Sizes come from the files themselves: Parquet footers give row counts and the
+uncompressed bytes of every column chunk (used by the task estimator and the
+broadcast decision); CSV gives only its file size.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datafusion import SessionContext
+
+from distfusion.errors import PlanningError
+
+__all__ = ["TableSource", "WorkUnit", "parquet_source", "csv_source", "memory_source"]
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """A serialisable piece of source data: one file, or one in-memory batch.
+
+    Attributes:
+        path: the file's path (``""`` for in-memory units).
+        size_bytes: bytes to scan: uncompressed size for Parquet, file size for CSV,
+            buffer size for in-memory batches.
+        num_rows: rows in the unit, or None when unknown (CSV).
+        ipc: the batch as Arrow IPC stream bytes (in-memory units only).
+    """
+
+    path: str = ""
+    size_bytes: int = 0
+    num_rows: int | None = None
+    ipc: bytes = b""
+
+    def to_json(self) -> dict:
+        """The unit as JSON-able data (in-memory units carry hex IPC bytes)."""
+        return {
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "num_rows": self.num_rows,
+            "ipc": self.ipc.hex(),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> WorkUnit:
+        """Inverse of :meth:`to_json`."""
+        return cls(d["path"], d["size_bytes"], d["num_rows"], bytes.fromhex(d["ipc"]))
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """A registered table: format, schema, work units and size statistics.
+
+    Attributes:
+        name: the table name used in SQL.
+        format: ``"parquet"``, ``"csv"`` or ``"memory"``.
+        schema: the Arrow schema DataFusion reads the table with.
+        units: the table's work units, in a stable order.
+        column_bytes: uncompressed bytes per column over all units (Parquet), used
+            to size projected scans; empty when unknown.
+        options: format options (CSV: ``has_header``, ``delimiter``).
+    """
+
+    name: str
+    format: str
+    schema: pa.Schema
+    units: tuple[WorkUnit, ...]
+    column_bytes: dict[str, int] = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int | None:
+        """Total rows, or None when a unit's count is unknown."""
+        if any(u.num_rows is None for u in self.units):
+            return None
+        return sum(u.num_rows for u in self.units)  # type: ignore[misc]
+
+    @property
+    def size_bytes(self) -> int:
+        """Total bytes to scan over all units."""
+        return sum(u.size_bytes for u in self.units)
+
+    def projected_bytes(self, columns: list[str] | None) -> int:
+        """Bytes to scan when only ``columns`` are read (all columns when None)."""
+        if columns is None or not self.column_bytes:
+            total = self.size_bytes
+            if columns is not None and len(self.schema) > 0:
+                total = total * len(columns) // len(self.schema)
+            return total
+        return sum(self.column_bytes.get(c, 0) for c in columns)
+
+
+def _list_files(path: str, extension: str) -> list[str]:
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "**", f"*{extension}"), recursive=True))
+    else:
+        files = sorted(glob.glob(path)) if any(ch in path for ch in "*?[") else [path]
+    files = [f for f in files if os.path.isfile(f)]
+    if not files:
+        msg = f"no {extension} files found at {path!r}"
+        raise PlanningError(msg)
+    return files
+
+
+def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> TableSource:
+    """Describe the Parquet files at ``path`` (a file, a directory, or a glob).
+
+    Reads every file's footer (not its data) for row counts and column sizes.
+
+    Raises:
+        PlanningError: no ``.parquet`` file at ``path``, or a footer cannot be read.
+    """
+    units = []
+    column_bytes: dict[str, int] = {}
+    for f in _list_files(os.fspath(path), ".parquet"):
+        try:
+            md = pq.ParquetFile(f).metadata
+        except Exception as exc:
+            msg = f"table {name!r}: cannot read the Parquet footer of {f}: {exc}"
+            raise PlanningError(msg) from exc
+        size = 0
+        for rg in range(md.num_row_groups):
+            rgm = md.row_group(rg)
+            for c in range(rgm.num_columns):
+                cc = rgm.column(c)
+                top = cc.path_in_schema.split(".", 1)[0]
+                column_bytes[top] = column_bytes.get(top, 0) + cc.total_uncompressed_size
+                size += cc.total_uncompressed_size
+        units.append(WorkUnit(path=os.path.abspath(f), size_bytes=size, num_rows=md.num_rows))
+    return TableSource(name, "parquet", schema, tuple(units), column_bytes)
+
+
+def csv_source(
+    name: str, path: str | os.PathLike, schema: pa.Schema, has_header: bool, delimiter: str
+) -> TableSource:
+    """Describe the CSV files at ``path`` (a file, a directory, or a glob).
+
+    Raises:
+        PlanningError: no ``.csv`` file at ``path``.
+    """
+    files = _list_files(os.fspath(path), ".csv")
+    units = tuple(WorkUnit(path=os.path.abspath(f), size_bytes=os.path.getsize(f)) for f in files)
+    options = {"has_header": has_header, "delimiter": delimiter}
+    return TableSource(name, "csv", schema, units, {}, options)
+
+
+def memory_source(name: str, partitions: list[list[pa.RecordBatch]]) -> TableSource:
+    """Describe in-memory record batches; each batch becomes one work unit.
+
+    Raises:
+        PlanningError: no batches, or batches whose schemas differ.
+    """
+    batches = [b for p in partitions for b in p]
+    if not batches:
+        msg = f"table {name!r}: register_record_batches needs at least one batch"
+        raise PlanningError(msg)
+    schema = batches[0].schema
+    units = []
+    for b in batches:
+        if b.schema != schema:
+            msg = f"table {name!r}: batch schema {b.schema} differs from {schema}"
+            raise PlanningError(msg)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            w.write_batch(b)
+        units.append(WorkUnit(size_bytes=b.nbytes, num_rows=b.num_rows, ipc=sink.getvalue().to_pybytes()))
+    return TableSource(name, "memory", schema, tuple(units))
+
+
+def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUnit, ...]) -> None:
+    """Register ``source`` in ``ctx`` under its name, reading only ``units``.
+
+    Called inside a leaf task: the Substrait ``ReadRel`` of the table then reads
+    this task's share. With no unit, the table is empty with the source's schema.
+
+    Raises:
+        Exception: DataFusion's error when a file cannot be opened (the caller
+            wraps it into a :class:`~distfusion.errors.TaskError`).
+    """
+    if not units:
+        ctx.register_record_batches(source.name, [[pa.RecordBatch.from_pylist([], schema=source.schema)]])
+        return
+    if source.format == "memory":
+        batches = []
+        for u in units:
+            with pa.ipc.open_stream(u.ipc) as r:
+                batches.extend(r)
+        ctx.register_record_batches(source.name, [batches])
+        return
+    frames = []
+    for u in units:
+        if source.format == "parquet":
+            frames.append(ctx.read_parquet(u.path, schema=source.schema))
+        else:
+            frames.append(
+                ctx.read_csv(
+                    u.path,
+                    schema=source.schema,
+                    has_header=source.options["has_header"],
+                    delimiter=source.options["delimiter"],
+                )
+            )
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.union(other)
+    ctx.register_view(source.name, df)
