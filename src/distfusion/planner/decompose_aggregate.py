@@ -37,11 +37,7 @@ _DECOMPOSABLE = {"sum", "count", "avg", *_SAME}
 
 def grouping_count(agg: AggregateRel) -> int:
     """Number of grouping key columns the aggregate outputs before its measures."""
-    if len(agg.grouping_expressions):
-        return len(agg.grouping_expressions)
-    if not agg.groupings:
-        return 0
-    return len(agg.groupings[0].grouping_expressions)
+    return len(agg.grouping_expressions)
 
 
 def is_decomposable(agg: AggregateRel, registry: FunctionRegistry) -> bool:

@@ -54,6 +54,8 @@ from distfusion.planner.substrait import (
     set_children,
     shift_field_refs,
     stage_read,
+    unproject_read,
+    unproject_source_reads,
 )
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
@@ -242,7 +244,9 @@ class _Planner:
         frags = [self.gather(self.visit(c)) for c in children(rel)]
         est = sum((f.est for f in frags), Estimate(1, 64))
         inputs = [i for f in frags for i in f.inputs]
-        new = set_children(rel, [f.rel for f in frags]) if frags else rel
+        new = Rel()
+        new.CopyFrom(set_children(rel, [f.rel for f in frags]) if frags else rel)
+        unproject_source_reads(new, set(self.sources))  # reads inside subqueries
         return _Fragment(new, 1, est, inputs)
 
     def visit_read(self, rel: Rel) -> _Fragment:
@@ -264,7 +268,7 @@ class _Planner:
             scan_bytes, len(source.units), self.config.workers
         )
         tasks = max(1, min(tasks, self.config.workers, len(source.units)))
-        return _Fragment(rel, tasks, Estimate(rows, scan_bytes))
+        return _Fragment(unproject_read(rel), tasks, Estimate(rows, scan_bytes))
 
     def _pipeline(self, rel: Rel, factor: float = 1.0) -> _Fragment:
         (child,) = children(rel)
@@ -341,7 +345,7 @@ class _Planner:
             final = dagg.final_aggregate(split, read, out_schema, agg, self.registry)
             return _Fragment(final, n, est, [inp])
         if g and len(agg.groupings) <= 1:
-            keys = list(agg.grouping_expressions) or list(agg.groupings[0].grouping_expressions)
+            keys = list(agg.grouping_expressions)
             n = self.shuffle_tasks(frag.est)
             read, inp = self.exchange(frag, n, keys)
             return _Fragment(set_children(rel, [read]), n, est, [inp])
@@ -443,16 +447,11 @@ def _own_expressions_have_subquery(rel: Rel) -> bool:
 
 def _fetch_limit(fetch) -> int | None:
     """offset + count of a FetchRel, or None when it has no count."""
-    offset = fetch.offset_expr.literal.i64 if fetch.HasField("offset_expr") else fetch.offset
-    if fetch.HasField("count_expr"):
-        if fetch.count_expr.WhichOneof("rex_type") != "literal":
-            return None
-        count = fetch.count_expr.literal.i64
-    elif fetch.WhichOneof("count_mode") == "count" and fetch.count >= 0:
-        count = fetch.count
-    else:
+    offset = fetch.offset_expr.literal.i64 if fetch.HasField("offset_expr") else 0
+    if not fetch.HasField("count_expr") or fetch.count_expr.WhichOneof("rex_type") != "literal":
         return None
-    return offset + count
+    count = fetch.count_expr.literal.i64
+    return offset + count if count >= 0 else None
 
 
 def _limit_est(est: Estimate, limit: int | None) -> Estimate:

@@ -328,14 +328,15 @@ _NAMED_STRUCTS: dict[pa.Schema, NamedStruct] = {}
 def named_struct(schema: pa.Schema) -> NamedStruct:
     """The Substrait ``NamedStruct`` DataFusion's producer writes for ``schema``.
 
-    Every field is declared nullable, so that a task whose output happens to be
+    Columns are named ``c0..`` (positional; callers that need other names set
+    them). Every field is declared nullable, so that a task whose output happens to be
     non-nullable still satisfies the declaration (DataFusion's consumer accepts a
     non-nullable column where Substrait says nullable, not the reverse).
 
     Raises:
         PlanningError: a type has no Substrait equivalent in DataFusion's producer.
     """
-    schema = pa.schema([f.with_nullable(True) for f in schema])
+    schema = pa.schema([pa.field(f"c{i}", f.type, True) for i, f in enumerate(schema)])
     cached = _NAMED_STRUCTS.get(schema)
     if cached is not None:
         return cached
@@ -362,3 +363,60 @@ def read_output_arity(read: ReadRel) -> int:
     if read.HasField("projection"):
         return len(read.projection.select.struct_items)
     return len(read.base_schema.struct.types)
+
+
+def unproject_read(rel: Rel) -> Rel:
+    """A source ``ReadRel`` without projection or filter, those moved above it.
+
+    Tasks bind a source table to their share of its files as a DataFusion view,
+    and DataFusion's consumer applies a ``ReadRel`` projection only to a plain
+    table scan. The equivalent ``Project(Filter(Read))`` is accepted, and
+    DataFusion's optimizer pushes both back into the scan when the task runs.
+    """
+    read = rel.read
+    if not (
+        read.HasField("projection") or read.HasField("filter") or read.HasField("best_effort_filter")
+    ):
+        return rel
+    cur = Rel()
+    cur.read.CopyFrom(read)
+    for name in ("projection", "filter", "best_effort_filter"):
+        cur.read.ClearField(name)
+    for name in ("filter", "best_effort_filter"):
+        if read.HasField(name):
+            f = Rel()
+            f.filter.input.CopyFrom(cur)
+            f.filter.condition.CopyFrom(getattr(read, name))
+            cur = f
+    if read.HasField("projection"):
+        n = len(read.base_schema.struct.types)
+        items = [i.field for i in read.projection.select.struct_items]
+        p = Rel()
+        p.project.input.CopyFrom(cur)
+        p.project.expressions.extend(field_ref(i) for i in items)
+        p.project.common.emit.output_mapping.extend(range(n, n + len(items)))
+        cur = p
+    return cur
+
+
+def unproject_source_reads(msg, source_names: set[str]) -> None:
+    """Apply :func:`unproject_read` in place to every source read inside ``msg``.
+
+    Reaches reads nested in subquery expressions too.
+    """
+    for fd, value in msg.ListFields():
+        if fd.type != fd.TYPE_MESSAGE:
+            continue
+        items = value if fd.label == fd.LABEL_REPEATED else [value]
+        for item in items:
+            if hasattr(item, "ListFields"):
+                unproject_source_reads(item, source_names)
+    if (
+        isinstance(msg, Rel)
+        and msg.WhichOneof("rel_type") == "read"
+        and msg.read.WhichOneof("read_type") == "named_table"
+        and msg.read.named_table.names[-1] in source_names
+    ):
+        new = unproject_read(msg)
+        if new is not msg:
+            msg.CopyFrom(new)

@@ -1,0 +1,198 @@
+"""Execute one task: bind its inputs as tables, run its fragment, partition the output.
+
+```
+ work units ─┐                      ┌─ partition 0 ─> consumer task 0
+             ├─> SessionContext ──> fragment (Substrait) ──> split ─┤
+ inputs ─────┘   (tables)            DataFusion             └─ partition n-1
+```
+
+Leaf tasks register their share of each source table under the table's name;
+other tasks register the partitions their producers made for them under
+``__stage_N``. The fragment is consumed with ``datafusion.substrait.Consumer``
+and executed natively. A shuffle output gets a partition id per row,
+``pmod(xxhash64(keys), n)`` (Spark's hash, computed by DataFusion's Spark
+functions), so equal keys land in the same partition whichever task produced
+them; integer keys are cast to ``int64`` first because the hash depends on the
+Arrow type.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+from datafusion import DataFrame, SessionConfig, SessionContext, col, lit
+from datafusion.functions import spark as spark_functions
+from datafusion.substrait import Consumer, Serde
+
+from distfusion.errors import QueryCancelled, TaskError
+from distfusion.sources import register_scan
+from distfusion.stages import SHUFFLE, StageInput
+from distfusion.worker.task_plan import TaskPlan
+
+__all__ = ["build_dataframe", "partition_output", "run_task", "task_context"]
+
+PARTITION_ID = "__distfusion_pid"
+
+_INTEGERS = (pa.types.is_integer,)
+
+
+def task_context(target_partitions: int) -> SessionContext:
+    """A fresh DataFusion context for one task, using ``target_partitions`` threads."""
+    config = SessionConfig().with_target_partitions(max(1, target_partitions))
+    return SessionContext(config)
+
+
+def _as_declared(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
+    out = []
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        if b.schema.equals(schema):
+            out.append(b)
+        elif [f.type for f in b.schema] == [f.type for f in schema]:
+            out.append(pa.RecordBatch.from_arrays(b.columns, schema=schema))
+        else:
+            out.append(pa.Table.from_batches([b]).cast(schema).to_batches()[0])
+    return out
+
+
+def bind_input(
+    ctx: SessionContext, inp: StageInput, batches: list[pa.RecordBatch], target_partitions: int
+) -> None:
+    """Register ``batches`` as table ``inp.table``, split into up to ``target_partitions``."""
+    batches = _as_declared(batches, inp.schema)
+    if not batches:
+        ctx.register_record_batches(inp.table, [[pa.RecordBatch.from_pylist([], schema=inp.schema)]])
+        return
+    n = max(1, min(target_partitions, len(batches)))
+    parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
+    for i, b in enumerate(batches):
+        parts[i % n].append(b)
+    ctx.register_record_batches(inp.table, parts)
+
+
+def build_dataframe(
+    plan: TaskPlan, read_input: Callable[[int], list[pa.RecordBatch]]
+) -> tuple[SessionContext, DataFrame]:
+    """The task's fragment as a DataFusion DataFrame, inputs bound.
+
+    Args:
+        plan: the task plan.
+        read_input: ``read_input(i)`` returns the batches of ``plan.inputs[i]`` this
+            task reads (its partition from every producer task).
+
+    Raises:
+        Exception: DataFusion's error (file unreadable, fragment rejected); the
+            caller wraps it with the task's identity.
+    """
+    ctx = task_context(plan.target_partitions)
+    for share in plan.scans:
+        register_scan(ctx, share.source, share.units)
+    for i, inp in enumerate(plan.inputs):
+        bind_input(ctx, inp, read_input(i), plan.target_partitions)
+    logical = Consumer.from_substrait_plan(ctx, Serde.deserialize_bytes(plan.fragment))
+    return ctx, ctx.create_dataframe_from_logical_plan(logical)
+
+
+def stream_batches(df: DataFrame, cancelled: Callable[[], bool]) -> Iterator[pa.RecordBatch]:
+    """Execute ``df``, yielding Arrow batches; stops with QueryCancelled when asked.
+
+    Raises:
+        QueryCancelled: ``cancelled()`` became true.
+    """
+    for rb in df.execute_stream():
+        if cancelled():
+            raise QueryCancelled("query cancelled")
+        batch = rb.to_pyarrow()
+        if batch.num_rows:
+            yield batch
+
+
+def _hash_key(expr, dtype: pa.DataType):
+    if pa.types.is_integer(dtype):
+        return expr.cast(pa.int64())
+    if pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
+        return expr.cast(pa.string())
+    return expr
+
+
+def partition_output(
+    df: DataFrame, plan: TaskPlan, cancelled: Callable[[], bool]
+) -> list[list[pa.RecordBatch]]:
+    """Execute ``df`` and split its rows into ``plan.output.num_partitions`` lists.
+
+    Returns:
+        One list of RecordBatch per output partition (columns ``c0..``, the
+        declared ``num_columns`` only).
+
+    Raises:
+        QueryCancelled: ``cancelled()`` became true.
+        Exception: DataFusion's error while executing.
+    """
+    out = plan.output
+    n = out.num_partitions
+    schema = df.schema()
+    keep = [col(f'"{name}"') for name in schema.names[: out.num_columns]]
+    if out.kind != SHUFFLE or n == 1:
+        if len(keep) != len(schema):
+            df = df.select(*keep)
+        return [list(stream_batches(df, cancelled))]
+    parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
+    if not out.key_columns:
+        df = df.select(*keep) if len(keep) != len(schema) else df
+        for i, b in enumerate(stream_batches(df, cancelled)):
+            parts[i % n].append(b)
+        return parts
+    keys = [_hash_key(col(f'"{schema.names[k]}"'), schema.field(k).type) for k in out.key_columns]
+    pid = spark_functions.pmod(spark_functions.xxhash64(*keys), lit(n))
+    df = df.select(*keep, pid.alias(PARTITION_ID)).sort(col(PARTITION_ID).sort())
+    bounds = np.arange(n + 1)
+    for b in stream_batches(df, cancelled):
+        ids = b.column(len(keep)).to_numpy()
+        cuts = np.searchsorted(ids, bounds)
+        body = b.drop_columns([PARTITION_ID])
+        for p in range(n):
+            if cuts[p + 1] > cuts[p]:
+                parts[p].append(body.slice(cuts[p], cuts[p + 1] - cuts[p]))
+    return parts
+
+
+def run_task(
+    plan: TaskPlan,
+    read_input: Callable[[int], list[pa.RecordBatch]],
+    cancelled: Callable[[], bool] = lambda: False,
+    worker: str = "local",
+) -> list[list[pa.RecordBatch]]:
+    """Run one task to completion.
+
+    Args:
+        plan: what to run.
+        read_input: see :func:`build_dataframe`.
+        cancelled: polled between batches; true stops the task.
+        worker: the URL of the worker running the task, for error messages.
+
+    Returns:
+        One list of RecordBatch per output partition.
+
+    Raises:
+        TaskError: the fragment failed (DataFusion's message and the traceback
+            kept), or an input's producer task failed (that task's error).
+        QueryCancelled: the query was cancelled.
+    """
+    try:
+        _, df = build_dataframe(plan, read_input)
+        return partition_output(df, plan, cancelled)
+    except (TaskError, QueryCancelled):
+        raise
+    except Exception as exc:
+        raise task_error(plan, worker, exc) from exc
+
+
+def task_error(plan: TaskPlan, worker: str, exc: BaseException) -> TaskError:
+    """``exc`` raised by ``plan``'s task, as a :class:`TaskError` naming it."""
+    cause = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(exc))
+    return TaskError(plan.key.stage_id, plan.key.task_index, worker, cause, tb)

@@ -1,0 +1,156 @@
+"""The task descriptor a worker receives: what one task of one stage must do.
+
+A :class:`TaskPlan` is plain data: the stage's Substrait fragment bytes, this
+task's work units, where its inputs live (the worker URL of every producer
+task), and how to partition its output. It round-trips through JSON
+(:meth:`TaskPlan.to_json`), so a network transport never needs pickle.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from distfusion.sources import TableSource, WorkUnit
+from distfusion.stages import OutputPartitioning, Stage, StageInput, TaskKey, schema_from_json, schema_to_json
+
+__all__ = ["TaskPlan", "ScanShare"]
+
+
+@dataclass(frozen=True)
+class ScanShare:
+    """A source table and the work units this task reads of it.
+
+    ``source.units`` is emptied (only ``units`` travel) to keep descriptors small.
+    """
+
+    source: TableSource
+    units: tuple[WorkUnit, ...]
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything a worker needs to run one task.
+
+    Attributes:
+        key: ``(query_id, stage_id, task_index)``.
+        fragment: the stage's Substrait plan bytes.
+        scans: the source tables of a leaf stage with this task's work units.
+        inputs: the stage inputs the fragment reads.
+        input_workers: ``input_workers[i][j]`` is the URL of the worker running
+            task *j* of the stage feeding ``inputs[i]``.
+        output: how the output is split into partitions.
+        target_partitions: DataFusion's ``target_partitions`` inside the task
+            (threads one task may use).
+    """
+
+    key: TaskKey
+    fragment: bytes
+    scans: tuple[ScanShare, ...]
+    inputs: tuple[StageInput, ...]
+    input_workers: tuple[tuple[str, ...], ...]
+    output: OutputPartitioning
+    target_partitions: int = 1
+
+    @classmethod
+    def for_task(
+        cls,
+        query_id: str,
+        stage: Stage,
+        task_index: int,
+        input_workers: tuple[tuple[str, ...], ...],
+        target_partitions: int,
+    ) -> TaskPlan:
+        """The plan of task ``task_index`` of ``stage``.
+
+        Args:
+            query_id: the query's UUID.
+            stage: the stage.
+            task_index: 0-based, below ``stage.num_tasks``.
+            input_workers: one tuple of producer-task URLs per ``stage.inputs``.
+            target_partitions: threads the task may use (>= 1).
+        """
+        scans = tuple(
+            ScanShare(_without_units(s.source), s.task_units[task_index]) for s in stage.scans
+        )
+        return cls(
+            key=TaskKey(query_id, stage.stage_id, task_index),
+            fragment=stage.fragment,
+            scans=scans,
+            inputs=stage.inputs,
+            input_workers=input_workers,
+            output=stage.output,
+            target_partitions=max(1, target_partitions),
+        )
+
+    def to_json(self) -> str:
+        """The plan as a JSON document (fragment bytes base64-encoded)."""
+        return json.dumps(
+            {
+                "key": [self.key.query_id, self.key.stage_id, self.key.task_index],
+                "fragment": base64.b64encode(self.fragment).decode(),
+                "scans": [
+                    {
+                        "name": s.source.name,
+                        "format": s.source.format,
+                        "schema": schema_to_json(s.source.schema),
+                        "options": s.source.options,
+                        "units": [u.to_json() for u in s.units],
+                    }
+                    for s in self.scans
+                ],
+                "inputs": [
+                    [i.table, i.stage_id, i.boundary, schema_to_json(i.schema)] for i in self.inputs
+                ],
+                "input_workers": [list(w) for w in self.input_workers],
+                "output": {
+                    "kind": self.output.kind,
+                    "num_partitions": self.output.num_partitions,
+                    "key_columns": list(self.output.key_columns),
+                    "num_columns": self.output.num_columns,
+                    "readers": self.output.readers,
+                },
+                "target_partitions": self.target_partitions,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> TaskPlan:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: ``data`` is not a task plan document.
+        """
+        try:
+            d = json.loads(data)
+            scans = tuple(
+                ScanShare(
+                    TableSource(
+                        s["name"], s["format"], schema_from_json(s["schema"]), (), {}, s["options"]
+                    ),
+                    tuple(WorkUnit.from_json(u) for u in s["units"]),
+                )
+                for s in d["scans"]
+            )
+            o = d["output"]
+            return cls(
+                key=TaskKey(*d["key"]),
+                fragment=base64.b64decode(d["fragment"]),
+                scans=scans,
+                inputs=tuple(
+                    StageInput(t, sid, b, schema_from_json(sc)) for t, sid, b, sc in d["inputs"]
+                ),
+                input_workers=tuple(tuple(w) for w in d["input_workers"]),
+                output=OutputPartitioning(
+                    o["kind"], o["num_partitions"], tuple(o["key_columns"]), o["num_columns"], o["readers"]
+                ),
+                target_partitions=d["target_partitions"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"not a distfusion task plan: {exc}"
+            raise ValueError(msg) from exc
+
+
+def _without_units(source: TableSource) -> TableSource:
+    return TableSource(source.name, source.format, source.schema, (), {}, source.options)
