@@ -1,0 +1,48 @@
+"""distfusion: distributed SQL for Python on Apache DataFusion.
+
+A query is planned once on a coordinator, cut into stages at network
+boundaries (shuffle, coalesce, broadcast) and run as tasks on workers, each
+executing its Substrait fragment natively with DataFusion.
+"""
+
+from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
+from distfusion.errors import (
+    DistfusionError,
+    PlanningError,
+    QueryCancelled,
+    TaskError,
+    TransientError,
+    TransportError,
+    WorkerUnavailableError,
+)
+from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+from distfusion.resolver import StaticWorkerResolver, WorkerResolver
+from distfusion.runtime.base import Runtime
+from distfusion.runtime.local import LocalRuntime
+from distfusion.stages import StageGraph
+from distfusion.transport.base import WorkerTransport
+from distfusion.transport.in_memory import InMemoryTransport
+
+__all__ = [
+    "DefaultTaskEstimator",
+    "DistfusionError",
+    "DistributedConfig",
+    "DistributedContext",
+    "DistributedDataFrame",
+    "InMemoryTransport",
+    "LocalRuntime",
+    "PlanningError",
+    "QueryCancelled",
+    "Runtime",
+    "StageGraph",
+    "StaticWorkerResolver",
+    "TaskError",
+    "TaskEstimator",
+    "TransientError",
+    "TransportError",
+    "WorkerResolver",
+    "WorkerTransport",
+    "WorkerUnavailableError",
+]
+
+__version__ = "0.1.0"

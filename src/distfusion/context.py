@@ -1,0 +1,321 @@
+"""DistributedContext and DistributedDataFrame: the public entry points.
+
+They mirror DataFusion's ``SessionContext`` and ``DataFrame`` so a DataFusion
+user feels at home::
+
+    from distfusion import DistributedContext, LocalRuntime
+    ctx = DistributedContext(runtime=LocalRuntime(workers=4))
+    ctx.register_parquet("lineitem", "data/tpch-sf1/lineitem/")
+    df = ctx.sql("SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1")
+    print(df.explain())        # the stages, tasks and boundaries
+    table = df.to_arrow_table()
+
+The coordinator keeps a DataFusion ``SessionContext`` with every table
+registered as in DataFusion: SQL is parsed, checked and optimized there (so
+errors keep DataFusion's wording and arrive before any task starts), the
+optimized logical plan goes to Substrait, and the distributed planner cuts it
+into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from datafusion import DataFrame, SessionContext
+from datafusion.substrait import Producer
+from substrait.proto import Plan
+
+from distfusion.errors import PlanningError
+from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+from distfusion.runtime.base import Runtime
+from distfusion.sources import TableSource, csv_source, memory_source, parquet_source
+from distfusion.stages import StageGraph
+
+__all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame"]
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Planner settings.
+
+    Attributes:
+        bytes_per_task: target bytes of input per task (default 16 MiB); the
+            default task estimator sizes stages with it.
+        tasks_per_stage: force this many tasks in every stage (capped by the
+            workers, and for leaf stages by the work units); for tests.
+        broadcast_threshold_bytes: a join side estimated below this many bytes is
+            broadcast instead of shuffled (default 10 MiB, Spark's
+            ``spark.sql.autoBroadcastJoinThreshold``).
+        estimator: a custom task estimator; overrides the two settings above.
+    """
+
+    bytes_per_task: int = 16 * 1024 * 1024
+    tasks_per_stage: int | None = None
+    broadcast_threshold_bytes: int = 10 * 1024 * 1024
+    estimator: TaskEstimator | None = None
+
+    def task_estimator(self) -> TaskEstimator:
+        """The estimator the planner uses."""
+        return self.estimator or DefaultTaskEstimator(self.bytes_per_task, self.tasks_per_stage)
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split SQL text on semicolons outside quotes and comments; drop empty statements."""
+    out, cur, quote, i = [], [], None, 0
+    while i < len(sql):
+        ch = sql[i]
+        if quote:
+            cur.append(ch)
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+            cur.append(ch)
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = len(sql) if end < 0 else end
+            continue
+        elif ch == ";":
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    out.append("".join(cur))
+    return [s.strip() for s in out if s.strip()]
+
+
+def _datafusion_error(exc: Exception) -> PlanningError:
+    return PlanningError(str(exc))
+
+
+class DistributedContext:
+    """Registers tables and plans SQL for distributed execution.
+
+    Args:
+        runtime: runs the stage graphs; default an in-process
+            :class:`~distfusion.runtime.local.LocalRuntime` with one worker per core.
+        config: planner settings (:class:`DistributedConfig`).
+    """
+
+    def __init__(self, runtime: Runtime | None = None, config: DistributedConfig | None = None):
+        if runtime is None:
+            from distfusion.runtime.local import LocalRuntime
+
+            runtime = LocalRuntime()
+        self.runtime = runtime
+        self.config = config or DistributedConfig()
+        self.ctx = SessionContext()
+        self.sources: dict[str, TableSource] = {}
+
+    # ------------------------------------------------------------- registration
+    def register_parquet(self, name: str, path: str | os.PathLike, schema: pa.Schema | None = None) -> None:
+        """Register the Parquet file, directory (recursively) or glob at ``path`` as ``name``.
+
+        Each file becomes one work unit; its footer gives row counts and sizes.
+
+        Raises:
+            PlanningError: no Parquet file at ``path``, or DataFusion cannot read
+                its schema.
+        """
+        path = os.fspath(path)
+        try:
+            self.ctx.register_parquet(name, path, schema=schema)
+            table_schema = self.ctx.table(name).schema()
+        except Exception as exc:
+            self._forget(name)
+            raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
+        self._add(parquet_source(name, path, table_schema))
+
+    def register_csv(
+        self,
+        name: str,
+        path: str | os.PathLike,
+        schema: pa.Schema | None = None,
+        has_header: bool = True,
+        delimiter: str = ",",
+    ) -> None:
+        """Register the CSV file, directory or glob at ``path`` as ``name``.
+
+        Raises:
+            PlanningError: no CSV file at ``path``, or DataFusion cannot infer a schema.
+        """
+        path = os.fspath(path)
+        try:
+            self.ctx.register_csv(name, path, schema=schema, has_header=has_header, delimiter=delimiter)
+            table_schema = self.ctx.table(name).schema()
+        except Exception as exc:
+            self._forget(name)
+            raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
+        self._add(csv_source(name, path, table_schema, has_header, delimiter))
+
+    def register_record_batches(self, name: str, partitions: list[list[pa.RecordBatch]]) -> None:
+        """Register in-memory batches as ``name``; each batch is one work unit.
+
+        Raises:
+            PlanningError: no batch, or batches with different schemas.
+        """
+        source = memory_source(name, partitions)
+        self.ctx.register_record_batches(name, partitions)
+        self._add(source)
+
+    def register_table(self, name: str, table: pa.Table, max_rows_per_unit: int = 65536) -> None:
+        """Register an Arrow table as ``name``, cut into units of at most ``max_rows_per_unit`` rows."""
+        batches = table.to_batches(max_chunksize=max_rows_per_unit) or [
+            pa.RecordBatch.from_pylist([], schema=table.schema)
+        ]
+        self.register_record_batches(name, [batches])
+
+    def deregister_table(self, name: str) -> None:
+        """Forget table ``name`` (no error when unknown)."""
+        self._forget(name)
+
+    def table_names(self) -> list[str]:
+        """Registered table names, sorted."""
+        return sorted(self.sources)
+
+    def _add(self, source: TableSource) -> None:
+        self.sources[source.name] = source
+
+    def _forget(self, name: str) -> None:
+        self.sources.pop(name, None)
+        try:
+            self.ctx.deregister_table(name)
+        except Exception:  # not registered: nothing to forget
+            pass
+
+    # ------------------------------------------------------------- queries
+    def sql(self, query: str) -> DistributedDataFrame:
+        """Plan ``query``; nothing runs until a result is asked for.
+
+        ``query`` may hold several statements separated by semicolons. They are
+        planned in order, and DDL (``CREATE VIEW``, ``DROP VIEW``, ...) takes effect
+        at once on the coordinator; the result is the last statement that returns
+        rows (a view it uses may be dropped by a later statement: the plan keeps
+        the view's definition). With only DDL, the result is empty.
+
+        Raises:
+            PlanningError: invalid SQL, an unknown table or column; the message is
+                DataFusion's. Raised before any task starts.
+        """
+        statements = split_statements(query)
+        if not statements:
+            raise PlanningError("no SQL statement given")
+        result = None
+        for stmt in statements:
+            try:
+                df = self.ctx.sql(stmt)
+            except Exception as exc:
+                raise _datafusion_error(exc) from exc
+            if result is None or len(df.schema()) > 0:
+                result = df
+        return DistributedDataFrame(self, result)
+
+    def close(self) -> None:
+        """Release the runtime."""
+        self.runtime.close()
+
+    def __enter__(self) -> DistributedContext:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class DistributedDataFrame:
+    """A planned query. Results are computed by the runtime on each call.
+
+    Mirrors ``datafusion.DataFrame``: :meth:`explain`, :meth:`to_arrow_table`,
+    :meth:`collect`, :meth:`to_pandas`, :meth:`execute_stream`, :meth:`show`.
+    """
+
+    def __init__(self, context: DistributedContext, df: DataFrame) -> None:
+        self.context = context
+        self.df = df
+        self._graph: StageGraph | None = None
+
+    def schema(self) -> pa.Schema:
+        """The result's Arrow schema."""
+        return self.df.schema()
+
+    def _is_query(self) -> bool:
+        return len(self.df.schema()) > 0  # DDL has no columns
+
+    def stage_graph(self) -> StageGraph:
+        """The distributed plan (planned once, on first use).
+
+        Raises:
+            PlanningError: the plan cannot be distributed or the runtime has no worker.
+        """
+        if self._graph is None:
+            ctx = self.context
+            try:
+                logical = self.df.optimized_logical_plan()
+                plan = Plan()
+                plan.ParseFromString(Producer.to_substrait_plan(logical, ctx.ctx).encode())
+            except Exception as exc:
+                msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
+                raise PlanningError(msg) from exc
+            config = PlannerConfig(
+                workers=ctx.runtime.num_workers(),
+                estimator=ctx.config.task_estimator(),
+                broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
+            )
+            self._graph = plan_stages(plan, ctx.sources, config)
+        return self._graph
+
+    def explain(self) -> str:
+        """The distributed plan as text: stages (head first), task counts,
+        boundaries, work units per task and each stage's fragment."""
+        return self.stage_graph().render()
+
+    def execute_stream(self) -> Iterator[pa.RecordBatch]:
+        """Run the query; yield result batches as the head stage produces them.
+
+        Closing the iterator before its end cancels every task of the query.
+
+        Raises:
+            PlanningError: see :meth:`stage_graph`.
+            TaskError: a task failed; names the stage, the task and the worker.
+            TransportError: a worker could not be reached.
+        """
+        if not self._is_query():
+            return iter(())
+        return self.context.runtime.execute(self.stage_graph())
+
+    def collect(self) -> list[pa.RecordBatch]:
+        """All result batches (see :meth:`execute_stream` for errors)."""
+        return list(self.execute_stream())
+
+    def to_arrow_table(self) -> pa.Table:
+        """The result as an Arrow table (see :meth:`execute_stream` for errors)."""
+        batches = self.collect()
+        schema = self.df.schema()
+        if not batches:
+            return schema.empty_table()
+        table = pa.Table.from_batches(batches)
+        names = schema.names
+        if table.column_names != names and len(names) == table.num_columns:
+            table = table.rename_columns(names)
+        return table
+
+    def to_pandas(self):
+        """The result as a pandas DataFrame (needs pandas)."""
+        return self.to_arrow_table().to_pandas()
+
+    def to_pylist(self) -> list[dict]:
+        """The result as a list of row dicts."""
+        return self.to_arrow_table().to_pylist()
+
+    def show(self, num: int = 20) -> None:
+        """Print the first ``num`` rows as a table."""
+        from distfusion.display import print_table
+
+        print_table(self.to_arrow_table(), limit=num)
+
+    def __repr__(self) -> str:
+        return self.explain()

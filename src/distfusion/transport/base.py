@@ -1,0 +1,66 @@
+"""The WorkerTransport protocol: how the coordinator and tasks talk to workers.
+
+The split point is low and mirrors the worker protocol, so planning and stage
+execution never know which transport runs:
+
+=====================  ======================================================
+``set_plan``           deliver one task's plan to a worker; it starts the task
+``execute_partition``  read one output partition of a task as Arrow batches
+``cancel_query``       stop every task of a query on a worker, free its state
+``stats``              live tasks and bytes a worker holds
+=====================  ======================================================
+
+Implementations: :class:`~distfusion.transport.in_memory.InMemoryTransport`
+(workers in this process) and the Arrow Flight transport (workers over gRPC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from distfusion.stages import TaskKey
+from distfusion.worker.task_plan import TaskPlan
+
+__all__ = ["WorkerTransport"]
+
+
+@runtime_checkable
+class WorkerTransport(Protocol):
+    """Delivers task plans to workers and reads task output partitions back."""
+
+    def set_plan(self, url: str, plan: TaskPlan) -> None:
+        """Deliver ``plan`` to the worker at ``url``, which queues the task.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+        """
+        ...
+
+    def execute_partition(
+        self, url: str, key: TaskKey, partition: int, timeout_s: float | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream output ``partition`` of task ``key`` from the worker at ``url``.
+
+        Waits for the task to finish (at most ``timeout_s`` seconds when given).
+
+        Raises:
+            TaskError: the task failed; stage, task, worker and cause are kept.
+            QueryCancelled: the query was cancelled.
+            WorkerUnavailableError: the worker cannot be reached.
+        """
+        ...
+
+    def cancel_query(self, url: str, query_id: str) -> None:
+        """Stop the tasks of ``query_id`` on the worker at ``url`` and free its state.
+
+        Idempotent; a worker that cannot be reached is ignored (it frees the
+        state itself after a time-to-live).
+        """
+        ...
+
+    def stats(self, url: str) -> dict:
+        """``{"live_tasks": int, "bytes_held": int}`` of the worker at ``url``."""
+        ...

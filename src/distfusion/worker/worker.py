@@ -1,0 +1,196 @@
+"""A worker: runs the tasks it is given and serves their output partitions.
+
+The same class backs the in-process runtime (one :class:`Worker` per simulated
+worker, reached through :class:`~distfusion.transport.in_memory.InMemoryTransport`)
+and a network worker server (which forwards its requests to a :class:`Worker`).
+
+Lifecycle of a task on a worker::
+
+    set_plan(plan) ──> queued ──> running ──> done: partitions held
+                                      │            │ each partition freed after
+                                      │            │ ``output.readers`` reads
+                                      └─> failed: the TaskError is served instead
+    cancel_query(query_id): stops running tasks, drops queued ones and every
+    partition of the query.
+
+Tasks run in a FIFO thread pool of ``slots`` threads. A task blocks while it
+reads its inputs from producer tasks; the coordinator submits every task of a
+stage before any task of a later stage, so with FIFO pools the earliest
+unfinished task always holds a thread and can make progress: no deadlock, even
+with one slot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.stages import TaskKey
+from distfusion.worker.execute_task import run_task, task_error
+from distfusion.worker.task_plan import TaskPlan
+
+__all__ = ["Worker"]
+
+_CANCELLED_KEPT = 4096
+
+
+@dataclass
+class _Task:
+    plan: TaskPlan
+    done: threading.Event = field(default_factory=threading.Event)
+    partitions: list[list[pa.RecordBatch]] | None = None
+    reads_left: list[int] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Worker:
+    """Runs tasks in a thread pool and holds their output until it is read.
+
+    Args:
+        url: how this worker is named in task plans and errors (``local://0``).
+        transport: used by tasks to read their inputs from producer tasks (any
+            :class:`~distfusion.transport.base.WorkerTransport`).
+        slots: tasks run at the same time (threads in the pool).
+        input_timeout_s: longest a task waits for a producer partition before
+            failing; None waits as long as the producer runs.
+    """
+
+    def __init__(self, url: str, transport, slots: int = 1, input_timeout_s: float | None = None):
+        self.url = url
+        self.transport = transport
+        self.input_timeout_s = input_timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix=f"distfusion-{url}")
+        self._lock = threading.Condition()
+        self._tasks: dict[TaskKey, _Task] = {}
+        # Recently cancelled query ids (insertion-ordered, bounded).
+        self._cancelled: dict[str, None] = {}
+
+    # ---------------------------------------------------------------- protocol
+    def set_plan(self, plan: TaskPlan) -> None:
+        """Accept a task and queue it for execution (returns at once)."""
+        task = _Task(plan, reads_left=[plan.output.readers] * plan.output.num_partitions)
+        with self._lock:
+            self._tasks[plan.key] = task
+            self._lock.notify_all()
+        self._pool.submit(self._run, task)
+
+    def execute_partition(
+        self, key: TaskKey, partition: int, timeout_s: float | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The batches of output ``partition`` of task ``key``, once the task is done.
+
+        Blocks until the task finishes. The partition is freed after it has been
+        read by all its readers.
+
+        Raises:
+            TaskError: the task failed (its own error, with stage, task, worker).
+            QueryCancelled: the query was cancelled on this worker.
+            TimeoutError: ``timeout_s`` seconds passed without the task finishing.
+            KeyError: no such task or partition (already read by all its readers).
+        """
+        task = self._wait(key, timeout_s)
+        with self._lock:
+            if task.error is not None:
+                raise task.error
+            if task.partitions is None or task.reads_left[partition] <= 0:
+                msg = f"partition {partition} of task {key} is not held by worker {self.url}"
+                raise KeyError(msg)
+            batches = task.partitions[partition]
+            task.reads_left[partition] -= 1
+            if task.reads_left[partition] == 0:
+                task.partitions[partition] = []
+            if not any(task.reads_left):
+                self._tasks.pop(key, None)
+        return iter(batches)
+
+    def cancel_query(self, query_id: str) -> None:
+        """Stop every task of ``query_id`` and drop all its state on this worker."""
+        with self._lock:
+            self._cancelled[query_id] = None
+            while len(self._cancelled) > _CANCELLED_KEPT:
+                del self._cancelled[next(iter(self._cancelled))]
+            for key in [k for k in self._tasks if k.query_id == query_id]:
+                task = self._tasks.pop(key)
+                if not task.done.is_set():
+                    task.error = QueryCancelled(f"query {query_id} was cancelled")
+            self._lock.notify_all()
+
+    def stats(self) -> dict:
+        """``{"live_tasks": tasks held (queued, running or with unread output), "bytes_held": bytes}``."""
+        with self._lock:
+            held = sum(
+                b.nbytes for t in self._tasks.values() for p in (t.partitions or []) for b in p
+            )
+            return {"live_tasks": len(self._tasks), "bytes_held": held}
+
+    def close(self) -> None:
+        """Cancel everything and stop the thread pool."""
+        with self._lock:
+            for qid in {k.query_id for k in self._tasks}:
+                self._cancelled[qid] = None
+            self._tasks.clear()
+            self._lock.notify_all()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---------------------------------------------------------------- internals
+    def _wait(self, key: TaskKey, timeout_s: float | None) -> _Task:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                if key.query_id in self._cancelled:
+                    raise QueryCancelled(f"query {key.query_id} was cancelled")
+                task = self._tasks.get(key)
+                if task is not None and task.done.is_set():
+                    return task
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    msg = f"task {key} on worker {self.url} did not finish within {timeout_s} s"
+                    raise TimeoutError(msg)
+                self._lock.wait(0.5 if remaining is None else min(0.5, remaining))
+
+    def _is_cancelled(self, query_id: str) -> bool:
+        return query_id in self._cancelled
+
+    def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
+        inp = plan.inputs[i]
+        part = inp.partition_for(plan.key.task_index)
+        batches: list[pa.RecordBatch] = []
+        for j, url in enumerate(plan.input_workers[i]):
+            producer = TaskKey(plan.key.query_id, inp.stage_id, j)
+            batches.extend(
+                self.transport.execute_partition(url, producer, part, timeout_s=self.input_timeout_s)
+            )
+        return batches
+
+    def _run(self, task: _Task) -> None:
+        plan = task.plan
+        qid = plan.key.query_id
+        try:
+            if self._is_cancelled(qid):
+                raise QueryCancelled(f"query {qid} was cancelled")
+            partitions = run_task(
+                plan,
+                lambda i: self._read_input(plan, i),
+                cancelled=lambda: self._is_cancelled(qid),
+                worker=self.url,
+            )
+            with self._lock:
+                task.partitions = partitions
+        except (TaskError, QueryCancelled) as exc:
+            task.error = exc
+        except DistfusionError as exc:  # transport failures reading an input
+            task.error = task_error(plan, self.url, exc)
+        except Exception as exc:  # a bug of ours: still report it, naming the task
+            task.error = task_error(plan, self.url, exc)
+        finally:
+            with self._lock:
+                task.done.set()
+                if self._is_cancelled(qid):
+                    self._tasks.pop(plan.key, None)
+                self._lock.notify_all()
