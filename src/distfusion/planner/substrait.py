@@ -407,7 +407,7 @@ def unproject_source_reads(msg, source_names: set[str]) -> None:
     for fd, value in msg.ListFields():
         if fd.type != fd.TYPE_MESSAGE:
             continue
-        items = value if fd.label == fd.LABEL_REPEATED else [value]
+        items = value if fd.is_repeated else [value]
         for item in items:
             if hasattr(item, "ListFields"):
                 unproject_source_reads(item, source_names)

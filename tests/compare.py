@@ -1,0 +1,71 @@
+"""Result comparison against single-node DataFusion.
+
+Rules (from the core issue): same column names, same rows, in order when the
+query orders them; floats equal within 1e-9 relative; decimals equal or one unit
+apart in the last place of their scale (a distributed average divides a sum of
+partial sums, which may round the last digit differently).
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+
+import pyarrow as pa
+from datafusion import SessionContext
+
+from distfusion.context import split_statements
+
+FLOAT_REL_TOL = 1e-9
+
+
+def oracle_result(ctx: SessionContext, sql: str) -> pa.Table:
+    """Run every statement of ``sql`` on ``ctx``; the last one with columns is the result."""
+    result = None
+    for stmt in split_statements(sql):
+        df = ctx.sql(stmt)
+        if len(df.schema()) > 0:
+            result = df.to_arrow_table()
+    assert result is not None, "no statement returns rows"
+    return result
+
+
+def is_ordered(sql: str) -> bool:
+    """True when the result statement has a top-level ORDER BY (checked textually)."""
+    stmts = [s for s in split_statements(sql) if s.lower().lstrip().startswith(("select", "with"))]
+    return "order by" in stmts[-1].lower() if stmts else False
+
+
+def _same_value(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=FLOAT_REL_TOL, abs_tol=1e-12)
+    if isinstance(a, decimal.Decimal) and isinstance(b, decimal.Decimal):
+        ulp = decimal.Decimal(1).scaleb(min(a.as_tuple().exponent, b.as_tuple().exponent))
+        return abs(a - b) <= ulp
+    return a == b
+
+
+def _sort_key(row: tuple):
+    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)
+
+
+def assert_same_result(got: pa.Table, expected: pa.Table, ordered: bool) -> None:
+    """Assert ``got`` equals ``expected`` under the rules above.
+
+    Raises:
+        AssertionError: naming the first differing row and column.
+    """
+    assert got.column_names == expected.column_names, (got.column_names, expected.column_names)
+    assert got.num_rows == expected.num_rows, f"{got.num_rows} rows, expected {expected.num_rows}"
+    rows_g = [tuple(r.values()) for r in got.to_pylist()]
+    rows_e = [tuple(r.values()) for r in expected.to_pylist()]
+    if not ordered:
+        rows_g.sort(key=_sort_key)
+        rows_e.sort(key=_sort_key)
+    for i, (rg, re) in enumerate(zip(rows_g, rows_e, strict=True)):
+        for name, a, b in zip(got.column_names, rg, re, strict=True):
+            assert _same_value(a, b), f"row {i} column {name}: got {a!r}, expected {b!r}"

@@ -1,0 +1,61 @@
+"""Shared fixtures: TPC-H data generated with tpchgen-cli, the single-node oracle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from datafusion import SessionContext
+
+from distfusion import tpch
+
+REPO = Path(__file__).resolve().parent.parent
+TPCH_SCALE = float(os.environ.get("DISTFUSION_TEST_SCALE", "0.1"))
+
+
+@pytest.fixture(scope="session")
+def tpch_dir() -> Path:
+    """TPC-H at scale factor 0.1 (4 Parquet files per table), generated once and cached
+    under ``data/`` (set ``DISTFUSION_TEST_DATA`` to use another directory)."""
+    path = Path(os.environ.get("DISTFUSION_TEST_DATA", REPO / "data" / f"tpch-sf{TPCH_SCALE:g}"))
+    marker = path / ".complete"
+    if not marker.exists():
+        tpch.generate(TPCH_SCALE, path, parts=4)
+        marker.touch()
+    return path
+
+
+@pytest.fixture(scope="session")
+def oracle(tpch_dir) -> SessionContext:
+    """Single-node DataFusion over the same files: the reference for every result."""
+    ctx = SessionContext()
+    tpch.register_tpch(ctx, tpch_dir)
+    return ctx
+
+
+def _local(request, workers: int):
+    from distfusion import LocalRuntime
+
+    return LocalRuntime(workers=workers)
+
+
+# Runtime name -> factory(request, workers). Each runtime module's tests extend this
+# (spark, flight); the correctness suite runs over every entry.
+RUNTIME_FACTORIES = {"local": _local}
+
+
+@pytest.fixture(scope="session")
+def runtime_for(request):
+    """``runtime_for(name, workers)``: a runtime, created once per session and closed at the end."""
+    cache: dict = {}
+
+    def get(name: str, workers: int):
+        key = (name, workers)
+        if key not in cache:
+            cache[key] = RUNTIME_FACTORIES[name](request, workers)
+        return cache[key]
+
+    yield get
+    for runtime in cache.values():
+        runtime.close()

@@ -1,0 +1,36 @@
+"""The 22 TPC-H queries, distributed, equal single-node DataFusion on the same files."""
+
+from __future__ import annotations
+
+import pytest
+
+from distfusion import DistributedConfig, DistributedContext, tpch
+from tests.compare import assert_same_result, is_ordered, oracle_result
+
+WORKERS = (1, 2, 3, 4)
+
+
+def _context(runtime, tpch_dir, workers: int) -> DistributedContext:
+    # Force one task per worker in every stage so small data still distributes.
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=workers))
+    tpch.register_tpch(ctx, tpch_dir)
+    return ctx
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("q", tpch.QUERIES)
+def test_tpch_local(q, workers, runtime_for, tpch_dir, oracle):
+    sql = tpch.query(q)
+    ctx = _context(runtime_for("local", workers), tpch_dir, workers)
+    got = ctx.sql(sql).to_arrow_table()
+    assert_same_result(got, oracle_result(oracle, sql), ordered=is_ordered(sql))
+    assert all(s["live_tasks"] == 0 for s in ctx.runtime.stats().values())
+
+
+@pytest.mark.parametrize("q", tpch.QUERIES)
+def test_tpch_default_config(q, runtime_for, tpch_dir, oracle):
+    """The default task estimator (bytes per task) on 4 workers."""
+    sql = tpch.query(q)
+    ctx = DistributedContext(runtime=runtime_for("local", 4))
+    tpch.register_tpch(ctx, tpch_dir)
+    assert_same_result(ctx.sql(sql).to_arrow_table(), oracle_result(oracle, sql), is_ordered(sql))
