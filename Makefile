@@ -1,0 +1,41 @@
+# distfusion: `make run` runs TPC-H Q5 distributed on scale factor 1; `make test` runs the tests.
+# Both work on a fresh machine with Python 3.11 and Java 17: they create .venv and install.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+SF1 := data/tpch-sf1
+PYTEST_ARGS ?=
+
+.PHONY: run test test-fast bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[spark,datagen]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[spark,datagen,test]'
+	touch $@
+
+$(SF1)/.complete: | $(VENV)/.installed-run
+	$(BIN)/distfusion datagen tpch --scale 1 --out $(SF1) --parts 8
+	touch $@
+
+run: $(VENV)/.installed-run $(SF1)/.complete
+	$(BIN)/distfusion query --file src/distfusion/tpch/queries/q5.sql --tpch $(SF1) --explain
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-run $(SF1)/.complete
+	$(BIN)/distfusion bench tpch --data $(SF1) --runtime local --workers 2
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,180 @@
+"""The ``distfusion`` command line.
+
+```
+distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime local]
+                 [--workers N] [--explain] [--output out.parquet|out.csv]
+distfusion datagen tpch --scale 1 --out data/tpch-sf1
+distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
+```
+
+Exit status: 0 on success, 1 when the query fails (the error is printed), 2 on
+bad arguments (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from distfusion import tpch
+from distfusion.errors import DistfusionError
+
+__all__ = ["main", "make_runtime"]
+
+RUNTIMES = ("local",)
+
+
+def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None = None):
+    """The runtime ``name`` with ``workers`` workers (None: the runtime's default).
+
+    Raises:
+        ValueError: unknown runtime name.
+    """
+    if name == "local":
+        from distfusion.runtime.local import LocalRuntime
+
+        return LocalRuntime(workers=workers)
+    msg = f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}"
+    raise ValueError(msg)
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", default="local", choices=RUNTIMES, help="what runs the tasks (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, help="number of workers (default: one per core)")
+
+
+def _register_tables(ctx, args) -> None:
+    if args.tpch:
+        tpch.register_tpch(ctx, args.tpch)
+    for spec in args.table or []:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            msg = f"--table expects name=path, got {spec!r}"
+            raise DistfusionError(msg)
+        if path.endswith(".csv") or (os.path.isdir(path) and any(f.endswith(".csv") for f in os.listdir(path))):
+            ctx.register_csv(name, path)
+        else:
+            ctx.register_parquet(name, path)
+
+
+def cmd_query(args) -> int:
+    """Run one SQL text (several statements allowed) and print or write the result."""
+    from distfusion.context import DistributedConfig, DistributedContext
+    from distfusion.display import print_table
+
+    sql = args.sql
+    if args.file:
+        with open(args.file) as f:
+            sql = f.read()
+    if not sql:
+        print("error: give the SQL as an argument or with --file", file=sys.stderr)
+        return 2
+    config = DistributedConfig(tasks_per_stage=args.tasks_per_stage)
+    with DistributedContext(runtime=make_runtime(args.runtime, args.workers, args), config=config) as ctx:
+        _register_tables(ctx, args)
+        df = ctx.sql(sql)
+        if args.explain:
+            print(df.explain())
+            print()
+        start = time.perf_counter()
+        table = df.to_arrow_table()
+        elapsed = time.perf_counter() - start
+        if args.output:
+            _write(table, args.output)
+            print(f"wrote {table.num_rows} rows to {args.output}")
+        else:
+            print_table(table, limit=args.limit)
+        print(f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)")
+    return 0
+
+
+def _write(table, path: str) -> None:
+    import pyarrow as pa
+
+    # Writers of pyarrow 26 lack string_view support; views become plain strings.
+    table = table.cast(
+        pa.schema(
+            [f.with_type(pa.string()) if pa.types.is_string_view(f.type) else f for f in table.schema]
+        )
+    )
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    elif path.endswith(".csv"):
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, path)
+    else:
+        msg = f"--output must end in .parquet or .csv, got {path!r}"
+        raise DistfusionError(msg)
+
+
+def cmd_datagen(args) -> int:
+    """Generate TPC-H Parquet with tpchgen-cli."""
+    start = time.perf_counter()
+    tpch.generate(args.scale, args.out, args.parts)
+    print(f"TPC-H scale factor {args.scale:g} written to {args.out} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Benchmark the 22 TPC-H queries against single-node DataFusion (and peers)."""
+    from distfusion.bench import run_tpch_bench
+
+    queries = [int(q) for q in args.queries.split(",")] if args.queries else list(tpch.QUERIES)
+    run_tpch_bench(args, queries)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="distfusion", description="Distributed SQL on Apache DataFusion")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    q = sub.add_parser("query", help="run SQL distributed and print or write the result")
+    q.add_argument("sql", nargs="?", default="", help="SQL text; statements separated by ';'")
+    q.add_argument("--file", "-f", help="read the SQL from this file")
+    q.add_argument("--table", "-t", action="append", metavar="NAME=PATH", help="register a Parquet/CSV file, directory or glob")
+    q.add_argument("--tpch", metavar="DIR", help="register the eight TPC-H tables under DIR")
+    q.add_argument("--explain", action="store_true", help="print the distributed plan first")
+    q.add_argument("--output", "-o", help="write the result to a .parquet or .csv file")
+    q.add_argument("--limit", type=int, default=50, help="rows to print (default: %(default)s)")
+    q.add_argument("--tasks-per-stage", type=int, default=None, help=argparse.SUPPRESS)
+    _add_runtime_args(q)
+    q.set_defaults(func=cmd_query)
+
+    d = sub.add_parser("datagen", help="generate benchmark data")
+    d.add_argument("benchmark", choices=["tpch"])
+    d.add_argument("--scale", type=float, default=1.0, help="scale factor (default: %(default)s)")
+    d.add_argument("--out", required=True, help="output directory")
+    d.add_argument("--parts", type=int, default=None, help="files per table (default: 8 per scale unit, at least 4)")
+    d.set_defaults(func=cmd_datagen)
+
+    b = sub.add_parser("bench", help="benchmark against single-node DataFusion")
+    b.add_argument("benchmark", choices=["tpch"])
+    b.add_argument("--data", required=True, help="TPC-H Parquet directory (see datagen)")
+    b.add_argument("--runs", type=int, default=5, help="timed runs per query and engine (default: %(default)s)")
+    b.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
+    _add_runtime_args(b)
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``distfusion`` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (DistfusionError, FileNotFoundError, RuntimeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
