@@ -19,7 +19,9 @@ into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -50,12 +52,18 @@ class DistributedConfig:
         broadcast_threshold_bytes: a join side estimated below this many bytes is
             broadcast instead of shuffled (default 10 MiB, Spark's
             ``spark.sql.autoBroadcastJoinThreshold``).
-        estimator: a custom task estimator; overrides the two settings above.
+        max_broadcast_bytes: a larger side (up to this size, default 100 MiB as
+            Trino's ``join-max-broadcast-table-size``) is still broadcast when
+            copying it to every probe task moves fewer bytes than shuffling
+            both sides.
+        estimator: a custom task estimator; overrides ``bytes_per_task`` and
+            ``tasks_per_stage``.
     """
 
     bytes_per_task: int = 16 * 1024 * 1024
     tasks_per_stage: int | None = None
     broadcast_threshold_bytes: int = 10 * 1024 * 1024
+    max_broadcast_bytes: int = 100 * 1024 * 1024
     estimator: TaskEstimator | None = None
 
     def task_estimator(self) -> TaskEstimator:
@@ -264,6 +272,7 @@ class DistributedDataFrame:
                 workers=ctx.runtime.num_workers(),
                 estimator=ctx.config.task_estimator(),
                 broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
+                max_broadcast_bytes=ctx.config.max_broadcast_bytes,
             )
             self._graph = plan_stages(plan, ctx.sources, config)
         return self._graph
@@ -285,7 +294,9 @@ class DistributedDataFrame:
         """
         if not self._is_query():
             return iter(())
-        return self.context.runtime.execute(self.stage_graph())
+        # Every execution is a new query on the workers: a fresh id.
+        graph = dataclasses.replace(self.stage_graph(), query_id=str(uuid.uuid4()))
+        return self.context.runtime.execute(graph)
 
     def collect(self) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for errors)."""

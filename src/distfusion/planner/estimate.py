@@ -2,7 +2,9 @@
 
 Estimates follow Spark's size-only statistics (``sizeInBytes`` without CBO):
 bytes to scan come from Parquet footers (uncompressed column-chunk sizes of the
-projected columns); a filter keeps :data:`FILTER_SELECTIVITY` of its input; joins
+projected columns); a filter keeps the product of its conjuncts' selectivities
+(:data:`CONJUNCT_SELECTIVITY`, the textbook defaults of System R: 1/10 for an
+equality, 1/3 for a range comparison; :data:`FILTER_SELECTIVITY` otherwise); joins
 and aggregates keep their input size (conservative: never under-estimate a
 broadcast side by much). They drive two decisions: how many tasks a stage gets,
 and whether a join side is small enough to broadcast.
@@ -19,11 +21,36 @@ __all__ = [
     "TaskEstimator",
     "DefaultTaskEstimator",
     "FILTER_SELECTIVITY",
+    "filter_selectivity",
 ]
 
 FILTER_SELECTIVITY = 0.5
-"""Fraction of rows a filter keeps when nothing better is known (a guess, as in
+"""Fraction of rows a predicate keeps when nothing better is known (a guess, as in
 most engines without column statistics)."""
+
+CONJUNCT_SELECTIVITY = {
+    "equal": 0.1,
+    "lt": 1 / 3,
+    "lte": 1 / 3,
+    "gt": 1 / 3,
+    "gte": 1 / 3,
+    "like": 0.25,
+}
+"""Fraction of rows one conjunct keeps, by Substrait function name (Selinger et
+al., "Access Path Selection in a Relational Database Management System", 1979)."""
+
+MIN_FILTER_SELECTIVITY = 0.05
+"""A filter is never assumed to keep less than this: underestimating a side could
+broadcast something large."""
+
+
+def filter_selectivity(function_names: list[str | None]) -> float:
+    """Selectivity of a conjunction whose conjuncts call ``function_names``
+    (None for a conjunct that is not a function call)."""
+    sel = 1.0
+    for name in function_names:
+        sel *= CONJUNCT_SELECTIVITY.get(name or "", FILTER_SELECTIVITY)
+    return max(sel, MIN_FILTER_SELECTIVITY)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel
 
 from distfusion.errors import PlanningError
 from distfusion.planner import decompose_aggregate as dagg
-from distfusion.planner.estimate import FILTER_SELECTIVITY, Estimate, TaskEstimator
+from distfusion.planner.estimate import Estimate, TaskEstimator, filter_selectivity
 from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
@@ -118,6 +118,20 @@ class PlannerConfig:
     workers: int
     estimator: TaskEstimator
     broadcast_threshold_bytes: int
+    max_broadcast_bytes: int = 100 * 1024 * 1024
+
+    def broadcast_pays(self, build_bytes: float, probe_bytes: float, probe_tasks: int) -> bool:
+        """Whether to broadcast a join side of ``build_bytes`` to ``probe_tasks`` tasks.
+
+        Always under ``broadcast_threshold_bytes`` (Spark's rule); up to
+        ``max_broadcast_bytes`` when replicating the build side costs fewer bytes
+        than shuffling both sides (Trino's cost-based ``AUTOMATIC`` join
+        distribution, whose ``join-max-broadcast-table-size`` is 100 MB).
+        """
+        if build_bytes <= self.broadcast_threshold_bytes:
+            return True
+        replicated = build_bytes * max(probe_tasks - 1, 0)
+        return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes
 
 
 class _Planner:
@@ -276,7 +290,13 @@ class _Planner:
         return frag.with_rel(set_children(rel, [frag.rel]), frag.est.scale(factor))
 
     def visit_filter(self, rel: Rel) -> _Fragment:
-        return self._pipeline(rel, FILTER_SELECTIVITY)
+        names = [
+            self.registry.name(c.scalar_function.function_reference)
+            if c.WhichOneof("rex_type") == "scalar_function"
+            else None
+            for c in conjuncts(rel.filter.condition, self.registry)
+        ]
+        return self._pipeline(rel, filter_selectivity(names))
 
     def visit_project(self, rel: Rel) -> _Fragment:
         windows = []
@@ -382,11 +402,11 @@ class _Planner:
         if left.tasks == 1 and right.tasks == 1:
             new = set_children(rel, [left.rel, right.rel])
             return _Fragment(new, 1, est, left.inputs + right.inputs)
-        threshold = self.config.broadcast_threshold_bytes
+        pays = self.config.broadcast_pays
         candidates = []
-        if join_type in _BROADCAST_RIGHT and right.est.bytes <= threshold:
+        if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
             candidates.append((right.est.bytes, "right"))
-        if join_type in _BROADCAST_LEFT and left.est.bytes <= threshold:
+        if join_type in _BROADCAST_LEFT and pays(left.est.bytes, right.est.bytes, right.tasks):
             candidates.append((left.est.bytes, "left"))
         if not keys and not candidates:
             # No keys to shuffle by: broadcast whatever side the join type allows.

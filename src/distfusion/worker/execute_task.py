@@ -36,8 +36,6 @@ __all__ = ["build_dataframe", "partition_output", "run_task", "task_context"]
 
 PARTITION_ID = "__distfusion_pid"
 
-_INTEGERS = (pa.types.is_integer,)
-
 
 def task_context(target_partitions: int) -> SessionContext:
     """A fresh DataFusion context for one task, using ``target_partitions`` threads."""
@@ -46,16 +44,18 @@ def task_context(target_partitions: int) -> SessionContext:
 
 
 def _as_declared(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
+    """Non-empty ``batches`` with the declared ``schema``, columns matched by position."""
     out = []
     for b in batches:
         if b.num_rows == 0:
             continue
         if b.schema.equals(schema):
             out.append(b)
-        elif [f.type for f in b.schema] == [f.type for f in schema]:
-            out.append(pa.RecordBatch.from_arrays(b.columns, schema=schema))
-        else:
-            out.append(pa.Table.from_batches([b]).cast(schema).to_batches()[0])
+            continue
+        columns = [
+            c if c.type == f.type else c.cast(f.type) for c, f in zip(b.columns, schema, strict=True)
+        ]
+        out.append(pa.RecordBatch.from_arrays(columns, schema=schema))
     return out
 
 
@@ -148,15 +148,26 @@ def partition_output(
         return parts
     keys = [_hash_key(col(f'"{schema.names[k]}"'), schema.field(k).type) for k in out.key_columns]
     pid = spark_functions.pmod(spark_functions.xxhash64(*keys), lit(n))
-    df = df.select(*keep, pid.alias(PARTITION_ID)).sort(col(PARTITION_ID).sort())
-    bounds = np.arange(n + 1)
+    # pyarrow has no take kernel for string_view: views become plain strings here
+    # (the consumer casts them back to its declared schema).
+    body = [
+        c.cast(pa.string()) if pa.types.is_string_view(schema.field(i).type) else c
+        for i, c in enumerate(keep)
+    ]
+    df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
     for b in stream_batches(df, cancelled):
         ids = b.column(len(keep)).to_numpy()
-        cuts = np.searchsorted(ids, bounds)
-        body = b.drop_columns([PARTITION_ID])
+        counts = np.bincount(ids, minlength=n)
+        rows = b.drop_columns([PARTITION_ID])
+        if np.count_nonzero(counts) == 1:
+            parts[int(ids[0])].append(rows)
+            continue
+        rows = rows.take(pa.array(np.argsort(ids, kind="stable")))
+        offset = 0
         for p in range(n):
-            if cuts[p + 1] > cuts[p]:
-                parts[p].append(body.slice(cuts[p], cuts[p + 1] - cuts[p]))
+            if counts[p]:
+                parts[p].append(rows.slice(offset, counts[p]))
+                offset += counts[p]
     return parts
 
 
