@@ -40,9 +40,31 @@ def _local(request, workers: int):
     return LocalRuntime(workers=workers)
 
 
+FLIGHT_WORKERS = 3
+
+
+@pytest.fixture(scope="session")
+def flight_workers():
+    """URLs of three Flight worker processes on 127.0.0.1 (free ports), started once
+    per session and stopped at its end, even after a failure."""
+    from tests.flight_cluster import start_workers, stop_workers
+
+    procs = start_workers(FLIGHT_WORKERS)
+    try:
+        yield [p.url for p in procs]
+    finally:
+        stop_workers(procs)
+
+
+def _flight(request, workers: int):
+    from distfusion.runtime.flight import FlightRuntime
+
+    return FlightRuntime(request.getfixturevalue("flight_workers")[:workers])
+
+
 # Runtime name -> factory(request, workers). Each runtime module's tests extend this
 # (spark, flight); the correctness suite runs over every entry.
-RUNTIME_FACTORIES = {"local": _local}
+RUNTIME_FACTORIES = {"local": _local, "flight": _flight}
 
 
 @pytest.fixture(scope="session")

@@ -17,14 +17,20 @@ def _context(runtime, tpch_dir, workers: int) -> DistributedContext:
     return ctx
 
 
-@pytest.mark.parametrize("workers", WORKERS)
+# (runtime, workers): the local runtime on 1-4 in-process workers; the Flight
+# runtime on three worker processes (tests/conftest.py: flight_workers).
+CASES = [("local", w) for w in WORKERS] + [("flight", 3)]
+
+
+@pytest.mark.parametrize(("runtime_name", "workers"), CASES, ids=[f"{r}-{w}" for r, w in CASES])
 @pytest.mark.parametrize("q", tpch.QUERIES)
-def test_tpch_local(q, workers, runtime_for, tpch_dir, oracle):
+def test_tpch(q, runtime_name, workers, runtime_for, tpch_dir, oracle):
     sql = tpch.query(q)
-    ctx = _context(runtime_for("local", workers), tpch_dir, workers)
+    ctx = _context(runtime_for(runtime_name, workers), tpch_dir, workers)
     got = ctx.sql(sql).to_arrow_table()
     assert_same_result(got, oracle_result(oracle, sql), ordered=is_ordered(sql))
-    assert all(s["live_tasks"] == 0 for s in ctx.runtime.stats().values())
+    stats = ctx.runtime.stats().values()
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in stats), stats
 
 
 @pytest.mark.parametrize("q", tpch.QUERIES)

@@ -7,7 +7,8 @@ DistfusionError
  ├── PlanningError (ValueError)     bad SQL, unknown table, plan the planner rejects
  ├── TaskError                      a task failed on a worker (names stage, task, worker)
  ├── TransportError                 a worker could not be reached or answered badly
- │    └── WorkerUnavailableError (TransientError)
+ │    ├── WorkerUnavailableError (TransientError)
+ │    └── AuthenticationError       a worker rejected the shared secret token
  ├── QueryCancelled                 the result stream was closed before it ended
  └── TransientError                 retry-safe: running the same query again may succeed
 ```
@@ -20,6 +21,7 @@ keeping DataFusion's message verbatim.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "DistfusionError",
     "PlanningError",
     "QueryCancelled",
@@ -94,6 +96,23 @@ class WorkerUnavailableError(TransportError, TransientError):
     def __init__(self, url: str, detail: str) -> None:
         self.url = url
         super().__init__(f"worker {url} is unavailable: {detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.url, str(self).split(": ", 1)[-1]))
+
+
+class AuthenticationError(TransportError):
+    """A worker rejected the call: its shared secret token is missing or wrong.
+
+    Not transient: the same call with the same token is rejected again.
+
+    Attributes:
+        url: the worker's URL.
+    """
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        super().__init__(f"worker {url} rejected the call: {detail}")
 
     def __reduce__(self):
         return (type(self), (self.url, str(self).split(": ", 1)[-1]))

@@ -1,0 +1,212 @@
+"""The Flight runtime: stages run on standalone Arrow Flight workers.
+
+```
+ DistributedContext ──plan──> StageGraph
+        │ num_workers(): len(resolver.get_urls())   (caps tasks per stage)
+        ▼
+ FlightRuntime.execute(graph)
+   urls = resolver.get_urls()          right before execution
+   execute_graph(graph, FlightWorkerTransport, urls, routing)
+        │  set_plan / DoGet / cancel_query over gRPC
+        ▼
+ workers: distfusion worker --port P   (FlightWorker)
+```
+
+While a query runs, a background thread sends a keepalive for it to its
+workers every ``heartbeat_s`` seconds; a worker drops the state of a query it
+has not heard about for its time-to-live, so a coordinator that disappears
+leaves nothing behind.
+
+Faults: when a query fails before yielding a row, the runtime asks every
+worker of the attempt for its stats; workers that do not answer are dropped
+and the query runs again, with a fresh query id, on the remaining ones (at
+most ``max_retries`` times). Otherwise, or when no worker remains, the error
+is raised: it names the worker URL, the stage and the task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUnavailableError
+from distfusion.resolver import StaticWorkerResolver, WorkerResolver
+from distfusion.runtime.base import Routing, execute_graph, round_robin
+from distfusion.stages import StageGraph
+
+__all__ = ["FlightRuntime"]
+
+log = logging.getLogger("distfusion.runtime.flight")
+
+
+class FlightRuntime:
+    """Runs stage graphs on Arrow Flight workers found through a resolver.
+
+    Args:
+        resolver: a :class:`~distfusion.resolver.WorkerResolver`, or a list of
+            URLs (``["grpc://127.0.0.1:50051", ...]``) for a static one.
+        token: shared secret of the workers; default ``$DISTFUSION_TOKEN``.
+        tls_root_certs: PEM bytes verifying ``grpc+tls://`` workers.
+        routing: assigns tasks to URLs right before execution (default round-robin).
+        target_partitions: DataFusion threads per task (default: the
+            coordinator's cores).
+        max_retries: times a query is run again on the remaining workers after
+            losing a worker before its first row (0 fails at once).
+        heartbeat_s: seconds between keepalives for running queries; keep it
+            well under the workers' ``--query-ttl``.
+        probe_timeout_s: how long a worker may take to answer the stats probe
+            after a failure before it counts as lost, seconds.
+
+    Raises:
+        ImportError: pyarrow has no Flight support.
+        ValueError: ``resolver`` is an empty list.
+    """
+
+    name = "flight"
+
+    def __init__(
+        self,
+        resolver: WorkerResolver | list[str],
+        *,
+        token: str | None = None,
+        tls_root_certs: bytes | None = None,
+        routing: Routing = round_robin,
+        target_partitions: int | None = None,
+        max_retries: int = 1,
+        heartbeat_s: float = 5.0,
+        probe_timeout_s: float = 2.0,
+    ) -> None:
+        from distfusion.transport.flight import FlightWorkerTransport
+
+        if isinstance(resolver, list | tuple):
+            resolver = StaticWorkerResolver(list(resolver))
+        self.resolver = resolver
+        self.transport = FlightWorkerTransport(token=token, tls_root_certs=tls_root_certs)
+        self.routing = routing
+        self.target_partitions = target_partitions
+        self.max_retries = max(0, max_retries)
+        self.heartbeat_s = heartbeat_s
+        self.probe_timeout_s = probe_timeout_s
+        self._running: dict[str, list[str]] = {}  # query id -> worker URLs
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # ------------------------------------------------------------- Runtime
+    def _urls(self) -> list[str]:
+        urls = list(dict.fromkeys(self.resolver.get_urls()))
+        if not urls:
+            msg = f"no Flight worker available: {self.resolver!r} returned no URL"
+            raise PlanningError(msg)
+        return urls
+
+    def num_workers(self) -> int:
+        """Workers the resolver reports now.
+
+        Raises:
+            PlanningError: the resolver returned no URL.
+        """
+        return len(self._urls())
+
+    def execute(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        """See :meth:`Runtime.execute`. Each run gets a fresh query id, so a
+        planned DataFrame can be executed again.
+
+        Raises:
+            PlanningError: the resolver returned no URL.
+            TaskError: a task failed (names the stage, the task and the worker).
+            WorkerUnavailableError: a worker could not be reached and no retry
+                was left or possible (names its URL).
+            AuthenticationError: a worker rejected the token.
+        """
+        urls = self._urls()
+        return self._execute(graph, urls)
+
+    def _execute(self, graph: StageGraph, urls: list[str]) -> Iterator[pa.RecordBatch]:
+        attempt = 0
+        while True:
+            run = dataclasses.replace(graph, query_id=str(uuid.uuid4()))
+            batches = execute_graph(run, self.transport, urls, self.routing, self.target_partitions)
+            yielded = False
+            self._start_heartbeat(run.query_id, urls)
+            try:
+                for batch in batches:
+                    yielded = True
+                    yield batch
+                return
+            except (TaskError, TransportError) as exc:
+                if yielded or attempt >= self.max_retries:
+                    raise
+                lost = self._lost_workers(urls)
+                if not lost:
+                    raise
+                remaining = [u for u in urls if u not in lost]
+                if not remaining:
+                    msg = f"every worker is unreachable ({', '.join(lost)}); last error: {exc}"
+                    raise WorkerUnavailableError(lost[0], msg) from exc
+                log.warning("lost worker(s) %s (%s); running the query again on %s", lost, exc, remaining)
+                urls = remaining
+                attempt += 1
+            finally:
+                batches.close()  # cancels the attempt's tasks on every worker
+                self._end_heartbeat(run.query_id)
+
+    def _lost_workers(self, urls: list[str]) -> list[str]:
+        lost = []
+        for url in urls:
+            try:
+                self.transport.stats(url, timeout_s=self.probe_timeout_s)
+            except WorkerUnavailableError:
+                lost.append(url)
+            except TransportError:
+                pass  # it answered (e.g. rejected the token): not lost
+        return lost
+
+    # ------------------------------------------------------------- heartbeat
+    def _start_heartbeat(self, query_id: str, urls: list[str]) -> None:
+        with self._lock:
+            self._running[query_id] = list(urls)
+            if self._heartbeat is None and not self._stop.is_set():
+                self._heartbeat = threading.Thread(
+                    target=self._beat, name="distfusion-flight-heartbeat", daemon=True
+                )
+                self._heartbeat.start()
+
+    def _end_heartbeat(self, query_id: str) -> None:
+        with self._lock:
+            self._running.pop(query_id, None)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            with self._lock:
+                by_url: dict[str, list[str]] = {}
+                for qid, urls in self._running.items():
+                    for url in urls:
+                        by_url.setdefault(url, []).append(qid)
+            for url, qids in by_url.items():
+                self.transport.keepalive(url, qids)
+
+    # ------------------------------------------------------------- extras
+    def stats(self) -> dict[str, dict]:
+        """Per worker URL: ``{"live_tasks", "bytes_held", "plans_received",
+        "live_queries"}`` (tasks and bytes are zero between queries).
+
+        Raises:
+            WorkerUnavailableError: a worker cannot be reached.
+        """
+        return {url: self.transport.stats(url) for url in self.resolver.get_urls()}
+
+    def close(self) -> None:
+        """Stop the heartbeat thread and close the Flight clients. Workers keep running."""
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        self.transport.close()
+
+    def __repr__(self) -> str:
+        return f"FlightRuntime({self.resolver!r})"

@@ -1,0 +1,401 @@
+"""WorkerTransport over Arrow Flight: workers are gRPC servers, reached by URL.
+
+The worker protocol on the wire (served by
+:class:`~distfusion.worker.flight_server.FlightWorker`)::
+
+    coordinator / consumer task                 worker (Flight server)
+      DoAction "set_plan"   body: TaskPlan JSON ──> queue the task
+      DoGet ticket {query_id, stage_id,        ──> wait for the task, stream
+             task_index, partition, timeout_s}      the partition as Arrow IPC
+      DoAction "cancel_query" body: query id   ──> stop tasks, free state
+      DoAction "keepalive" body: [query ids]   ──> the coordinator is alive
+      DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
+
+The task plan is plain JSON (the Substrait fragment base64-encoded inside,
+see :meth:`~distfusion.worker.task_plan.TaskPlan.to_json`): nothing that
+crosses the network is pickled.
+
+Errors keep their kind and fields across the wire: a worker encodes the error
+it raises as JSON in the Flight error's ``extra_info`` (:func:`encode_error`),
+the transport rebuilds the same distfusion error (:func:`decode_error`), e.g. a
+:class:`~distfusion.errors.TaskError` with its stage, task, worker, cause and
+remote traceback. A worker that cannot be reached gives a
+:class:`~distfusion.errors.WorkerUnavailableError` naming its URL.
+
+Security: when a shared secret ``token`` is set, every call carries the header
+``authorization: Bearer <token>`` and workers started with the same token
+reject calls without it (:class:`~distfusion.errors.AuthenticationError`).
+TLS: use ``grpc+tls://host:port`` URLs and pass the PEM of the certificate (or
+of its CA) as ``tls_root_certs``.
+
+``pyarrow.flight`` is imported lazily, when a transport or a worker server is
+created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from distfusion.errors import (
+    AuthenticationError,
+    QueryCancelled,
+    TaskError,
+    TransportError,
+    WorkerUnavailableError,
+)
+from distfusion.stages import TaskKey
+from distfusion.worker.task_plan import TaskPlan
+
+__all__ = [
+    "FlightWorkerTransport",
+    "TOKEN_ENV",
+    "decode_error",
+    "encode_error",
+    "import_flight",
+]
+
+TOKEN_ENV = "DISTFUSION_TOKEN"
+"""Environment variable holding the shared secret token of workers and coordinators."""
+
+ACTION_SET_PLAN = "set_plan"
+ACTION_CANCEL_QUERY = "cancel_query"
+ACTION_KEEPALIVE = "keepalive"
+ACTION_STATS = "stats"
+
+_ERROR_MARK = "distfusion-error"
+_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
+
+
+def import_flight():
+    """``pyarrow.flight``, imported on first use.
+
+    Raises:
+        ImportError: pyarrow was built without Flight; says what to install.
+    """
+    try:
+        import pyarrow.flight as flight
+    except ImportError as exc:  # pragma: no cover - depends on the pyarrow build
+        msg = (
+            "the Flight runtime needs pyarrow with Arrow Flight support: "
+            "pip install 'pyarrow>=26' (the PyPI wheels include pyarrow.flight)"
+        )
+        raise ImportError(msg) from exc
+    return flight
+
+
+# ---------------------------------------------------------------------- errors
+def encode_error(exc: BaseException):
+    """``exc`` as a ``pyarrow.flight`` error a server handler raises.
+
+    The kind, message and fields travel as JSON in the error's ``extra_info``
+    (``{"distfusion-error": kind, "message": ..., ...}``); :func:`decode_error`
+    rebuilds the error on the client.
+
+    Args:
+        exc: the error a worker request raised.
+
+    Returns:
+        A ``pyarrow.flight.FlightError`` subclass instance: cancelled for
+        :class:`QueryCancelled`, timed out for ``TimeoutError``, server error
+        otherwise.
+    """
+    flight = import_flight()
+    info: dict = {_ERROR_MARK: type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, TaskError):
+        info.update(
+            stage_id=exc.stage_id,
+            task_index=exc.task_index,
+            worker=exc.worker,
+            cause=exc.cause,
+            remote_traceback=exc.remote_traceback,
+        )
+        cls = flight.FlightServerError
+    elif isinstance(exc, QueryCancelled):
+        cls = flight.FlightCancelledError
+    elif isinstance(exc, TimeoutError):
+        cls = flight.FlightTimedOutError
+    else:
+        info["remote_traceback"] = "".join(traceback.format_exception(exc))
+        cls = flight.FlightServerError
+    return cls(str(exc), extra_info=json.dumps(info).encode())
+
+
+def decode_error(url: str, what: str, exc: Exception) -> Exception:
+    """The distfusion error for ``exc``, a Flight error from the worker at ``url``.
+
+    Args:
+        url: the worker's URL.
+        what: what the call was doing, for the message (``"reading stage 1 task 0
+            partition 2"``).
+        exc: the error the Flight client raised.
+
+    Returns:
+        The error :func:`encode_error` encoded (same kind and fields), else
+        :class:`WorkerUnavailableError` when the worker cannot be reached,
+        :class:`AuthenticationError` when it rejected the token, ``TimeoutError``
+        on a deadline, :class:`TransportError` for anything else.
+    """
+    flight = import_flight()
+    info = _error_info(exc)
+    if info is not None:
+        kind = info[_ERROR_MARK]
+        message = info.get("message", "")
+        if kind == "TaskError":
+            return TaskError(
+                info["stage_id"],
+                info["task_index"],
+                info["worker"],
+                info["cause"],
+                info.get("remote_traceback", ""),
+            )
+        if kind == "QueryCancelled":
+            return QueryCancelled(message)
+        if kind == "TimeoutError":
+            return _PollExpired(f"worker {url}, {what}: {message}")
+        if kind == "WorkerUnavailableError":
+            return WorkerUnavailableError(url, f"{what}: {message}")
+        return TransportError(f"worker {url} failed {what}: {kind}: {message}")
+    if isinstance(exc, flight.FlightUnavailableError):
+        return WorkerUnavailableError(url, f"{what}: {_first_line(exc)}")
+    if isinstance(exc, flight.FlightUnauthenticatedError | flight.FlightUnauthorizedError):
+        return AuthenticationError(url, f"{what}: missing or wrong token ({_first_line(exc)})")
+    if isinstance(exc, flight.FlightTimedOutError):
+        return WorkerUnavailableError(url, f"{what}: no answer before the deadline")
+    return TransportError(f"worker {url} failed {what}: {type(exc).__name__}: {exc}")
+
+
+class _PollExpired(TimeoutError):
+    """A worker's wait for a task ended before the task did (one long-poll round)."""
+
+
+def _error_info(exc: Exception) -> dict | None:
+    raw = getattr(exc, "extra_info", None)
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return info if isinstance(info, dict) and _ERROR_MARK in info else None
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# ---------------------------------------------------------------------- tickets
+def encode_ticket(key: TaskKey, partition: int, timeout_s: float | None) -> bytes:
+    """The DoGet ticket naming output ``partition`` of task ``key`` (JSON bytes)."""
+    return json.dumps(
+        {
+            "query_id": key.query_id,
+            "stage_id": key.stage_id,
+            "task_index": key.task_index,
+            "partition": partition,
+            "timeout_s": timeout_s,
+        }
+    ).encode()
+
+
+def decode_ticket(data: bytes) -> tuple[TaskKey, int, float | None]:
+    """Inverse of :func:`encode_ticket`.
+
+    Raises:
+        ValueError: ``data`` is not a distfusion ticket.
+    """
+    try:
+        d = json.loads(data)
+        key = TaskKey(str(d["query_id"]), int(d["stage_id"]), int(d["task_index"]))
+        timeout_s = d.get("timeout_s")
+        return key, int(d["partition"]), None if timeout_s is None else float(timeout_s)
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"not a distfusion ticket: {exc}"
+        raise ValueError(msg) from exc
+
+
+def task_name(key: TaskKey) -> str:
+    """``"query 1a2b3c4d stage 1 task 0"``: how errors name a task."""
+    return f"query {key.query_id[:8]} stage {key.stage_id} task {key.task_index}"
+
+
+# ---------------------------------------------------------------------- transport
+class FlightWorkerTransport:
+    """Reaches Flight workers (``grpc://host:port`` or ``grpc+tls://host:port``).
+
+    Implements :class:`~distfusion.transport.base.WorkerTransport`. One Flight
+    client per URL is created on first use and reused (clients are thread-safe).
+    Coordinators use it to deliver plans and read the head stage's inputs;
+    workers use it to read their inputs from producer workers.
+
+    Args:
+        token: shared secret sent as ``authorization: Bearer <token>``; default
+            the ``DISTFUSION_TOKEN`` environment variable; None or ``""`` sends none.
+        tls_root_certs: PEM bytes of the certificate (or CA) ``grpc+tls://``
+            workers present; None uses the system's roots.
+        action_timeout_s: deadline of ``set_plan``, ``stats`` and ``keepalive``
+            calls, seconds.
+        cancel_timeout_s: deadline of a ``cancel_query`` call, seconds.
+        poll_s: longest one DoGet waits on the worker for a task to finish,
+            seconds; :meth:`execute_partition` repeats it until the task is done.
+
+    Raises:
+        ImportError: pyarrow has no Flight support.
+    """
+
+    def __init__(
+        self,
+        token: str | None = None,
+        tls_root_certs: bytes | None = None,
+        action_timeout_s: float = 10.0,
+        cancel_timeout_s: float = 2.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        self._flight = import_flight()
+        token = os.environ.get(TOKEN_ENV) if token is None else token
+        self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self.tls_root_certs = tls_root_certs
+        self.action_timeout_s = action_timeout_s
+        self.cancel_timeout_s = cancel_timeout_s
+        self.poll_s = poll_s
+        self._clients: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------- plumbing
+    def _client(self, url: str):
+        with self._lock:
+            client = self._clients.get(url)
+            if client is not None:
+                return client
+            if not url.startswith(_SCHEMES):
+                msg = f"not an Arrow Flight URL (expected one of {', '.join(_SCHEMES)}host:port)"
+                raise WorkerUnavailableError(url, msg)
+            try:
+                client = self._flight.FlightClient(url, tls_root_certs=self.tls_root_certs)
+            except Exception as exc:  # malformed location, unreadable certificate
+                raise WorkerUnavailableError(url, f"cannot open a Flight client: {exc}") from exc
+            self._clients[url] = client
+            return client
+
+    def _options(self, timeout_s: float | None):
+        return self._flight.FlightCallOptions(timeout=timeout_s, headers=self._headers)
+
+    def _action(self, url: str, name: str, body: bytes, timeout_s: float | None) -> list[bytes]:
+        client = self._client(url)
+        try:
+            results = client.do_action(self._flight.Action(name, body), self._options(timeout_s))
+            return [r.body.to_pybytes() for r in results]
+        except self._flight.FlightError as exc:
+            raise decode_error(url, name, exc) from None
+        except OSError as exc:  # pyarrow maps some gRPC failures to IOError
+            raise WorkerUnavailableError(url, f"{name}: {exc}") from None
+
+    # ------------------------------------------------------------- protocol
+    def set_plan(self, url: str, plan: TaskPlan) -> None:
+        """See :meth:`WorkerTransport.set_plan`.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached (names it and the task).
+            AuthenticationError: the worker rejected the token.
+        """
+        try:
+            self._action(url, ACTION_SET_PLAN, plan.to_json().encode(), self.action_timeout_s)
+        except WorkerUnavailableError as exc:
+            detail = str(exc).split(": ", 1)[-1]
+            raise WorkerUnavailableError(url, f"delivering {task_name(plan.key)}: {detail}") from None
+
+    def execute_partition(
+        self, url: str, key: TaskKey, partition: int, timeout_s: float | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """See :meth:`WorkerTransport.execute_partition`.
+
+        The partition is read completely before this returns (the consumers bind
+        it as a table anyway), so every error is raised here.
+
+        Raises:
+            TaskError: the task failed on its worker (its fields as the worker set them).
+            QueryCancelled: the query was cancelled on the worker.
+            TimeoutError: the task did not finish within ``timeout_s`` seconds.
+            WorkerUnavailableError: the worker cannot be reached or died while
+                streaming; names the URL, the stage and the task.
+            AuthenticationError: the worker rejected the token.
+        """
+        what = f"reading partition {partition} of {task_name(key)}"
+        client = self._client(url)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            # Long-poll: each call waits at most poll_s on the worker, so this
+            # thread runs Python between calls (Ctrl-C is seen, a dead worker is
+            # noticed by the next call) however long the task runs.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait_s = self.poll_s if left is None else min(self.poll_s, left)
+            ticket = self._flight.Ticket(encode_ticket(key, partition, wait_s))
+            try:
+                reader = client.do_get(ticket, self._options(wait_s + self.action_timeout_s))
+                batches = [chunk.data for chunk in reader]
+            except self._flight.FlightError as exc:
+                err = decode_error(url, what, exc)
+                if isinstance(err, _PollExpired) and (left is None or left > wait_s):
+                    continue
+                if isinstance(err, _PollExpired):
+                    msg = f"worker {url}: {task_name(key)} did not finish within {timeout_s} s"
+                    raise TimeoutError(msg) from None
+                raise err from None
+            except OSError as exc:
+                raise WorkerUnavailableError(url, f"{what}: {exc}") from None
+            return iter(batches)
+
+    def cancel_query(self, url: str, query_id: str) -> None:
+        """See :meth:`WorkerTransport.cancel_query`; waits at most ``cancel_timeout_s``."""
+        try:
+            self._action(url, ACTION_CANCEL_QUERY, query_id.encode(), self.cancel_timeout_s)
+        except TransportError:
+            pass  # unreachable: the worker frees the query after its time-to-live
+
+    def keepalive(self, url: str, query_ids: list[str]) -> None:
+        """Tell the worker at ``url`` that the coordinator of ``query_ids`` is alive.
+
+        Workers drop the state of a query nobody asked about for their
+        time-to-live; the :class:`~distfusion.runtime.flight.FlightRuntime`
+        calls this periodically for running queries. Errors are ignored.
+        """
+        try:
+            self._action(url, ACTION_KEEPALIVE, json.dumps(query_ids).encode(), self.cancel_timeout_s)
+        except TransportError:
+            pass
+
+    def stats(self, url: str, timeout_s: float | None = None) -> dict:
+        """See :meth:`WorkerTransport.stats`.
+
+        Returns:
+            ``{"live_tasks": int, "bytes_held": int, "plans_received": int,
+            "live_queries": int}`` (bytes of held output partitions; plans
+            accepted since the worker started; queries with state).
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached within
+                ``timeout_s`` (default ``action_timeout_s``) seconds.
+            AuthenticationError: the worker rejected the token.
+        """
+        timeout_s = self.action_timeout_s if timeout_s is None else timeout_s
+        (body,) = self._action(url, ACTION_STATS, b"", timeout_s)
+        return json.loads(body)
+
+    def close(self) -> None:
+        """Close every Flight client."""
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                client.close()
+            except Exception:  # already broken: nothing to release
+                pass
+
+    def __repr__(self) -> str:
+        return f"FlightWorkerTransport(clients={len(self._clients)}, token={'set' if self._headers else 'none'})"

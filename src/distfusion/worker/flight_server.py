@@ -1,0 +1,350 @@
+"""A worker as an Arrow Flight server: ``distfusion worker --port 50051``.
+
+:class:`FlightWorker` forwards the worker protocol (see
+:mod:`distfusion.transport.flight`) to a :class:`~distfusion.worker.worker.Worker`,
+whose tasks read their inputs from other workers through a
+:class:`~distfusion.transport.flight.FlightWorkerTransport`::
+
+              ┌──────────── FlightWorker (gRPC threads) ────────────┐
+    set_plan ─┼─> TaskPlan.from_json ──> Worker.set_plan (FIFO pool) │
+    DoGet ────┼─> Worker.execute_partition ──> Arrow stream          │
+    cancel ───┼─> Worker.cancel_query                                │
+    stats ────┼─> Worker.stats + plans received + live queries       │
+              │  reaper thread: a query nobody asked about for       │
+              │  ``query_ttl_s`` seconds is cancelled (coordinator    │
+              │  gone)                                               │
+              └──────────────────────────────────────────────────────┘
+
+Binds ``127.0.0.1`` unless told otherwise. With a ``token``, a middleware
+rejects every call whose ``authorization`` header is not ``Bearer <token>``
+before any handler runs. With ``tls_cert_chain``/``tls_private_key`` it serves
+``grpc+tls://``; a self-signed certificate for tests and one machine::
+
+    openssl req -x509 -newkey rsa:2048 -nodes -days 365 -subj /CN=localhost \\
+        -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \\
+        -keyout worker.key -out worker.crt
+    distfusion worker --port 50051 --tls-cert worker.crt --tls-key worker.key
+    distfusion query ... --runtime flight --workers-url grpc+tls://127.0.0.1:50051 \\
+        --tls-root-certs worker.crt
+
+Run as ``python -m distfusion.worker.flight_server --port 0``: prints
+``distfusion worker listening on grpc://127.0.0.1:PORT`` once it accepts calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+import pyarrow as pa
+
+from distfusion.transport.flight import (
+    ACTION_CANCEL_QUERY,
+    ACTION_KEEPALIVE,
+    ACTION_SET_PLAN,
+    ACTION_STATS,
+    TOKEN_ENV,
+    FlightWorkerTransport,
+    decode_ticket,
+    encode_error,
+    import_flight,
+)
+from distfusion.worker.task_plan import TaskPlan
+from distfusion.worker.worker import Worker
+
+__all__ = ["FlightWorker", "main"]
+
+flight = import_flight()
+log = logging.getLogger("distfusion.worker")
+
+DEFAULT_QUERY_TTL_S = 120.0
+"""A query nobody asked about for this long is dropped (its coordinator is gone).
+Coordinators send a keepalive every few seconds while a query runs."""
+
+
+class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
+    """Rejects calls without ``authorization: Bearer <token>`` (constant-time compare)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._expected = f"Bearer {token}".encode()
+
+    def start_call(self, info, headers):
+        values = headers.get("authorization") or []
+        for value in values:
+            given = value if isinstance(value, bytes) else str(value).encode()
+            if hmac.compare_digest(given, self._expected):
+                return None
+        raise flight.FlightUnauthenticatedError("missing or wrong distfusion token")
+
+
+class _Server(flight.FlightServerBase):
+    def __init__(self, owner: FlightWorker, location: str, **kwargs) -> None:
+        self._owner = owner  # set first: calls may arrive as soon as the port is bound
+        super().__init__(location, **kwargs)
+
+    def do_action(self, context, action):
+        try:
+            return self._owner._action(action.type, action.body.to_pybytes())
+        except Exception as exc:
+            raise encode_error(exc) from None
+
+    def list_actions(self, context):
+        return [
+            (ACTION_SET_PLAN, "queue a task: body is a TaskPlan JSON document"),
+            (ACTION_CANCEL_QUERY, "stop every task of a query and free its state"),
+            (ACTION_KEEPALIVE, "the coordinator of these query ids (JSON list) is alive"),
+            (ACTION_STATS, "live tasks, bytes held, plans received (JSON)"),
+        ]
+
+    def do_get(self, context, ticket):
+        try:
+            return self._owner._get(ticket.ticket)
+        except Exception as exc:
+            raise encode_error(exc) from None
+
+
+class FlightWorker:
+    """A worker serving the distfusion protocol over Arrow Flight.
+
+    Listening starts in the constructor (gRPC serves on its own threads);
+    :meth:`serve` only blocks until shutdown. As a context manager it shuts
+    down on exit, which makes it handy in tests::
+
+        with FlightWorker(port=0) as w:
+            runtime = FlightRuntime([w.url])
+
+    Args:
+        host: interface to bind; ``127.0.0.1`` unless told otherwise.
+        port: TCP port; 0 picks a free one (read :attr:`port` / :attr:`url`).
+        token: shared secret every call must carry; default the
+            ``DISTFUSION_TOKEN`` environment variable; None or ``""`` accepts all.
+            Also sent when this worker reads inputs from other workers.
+        tls_cert_chain: PEM certificate chain; with ``tls_private_key``, serve TLS.
+        tls_private_key: PEM private key of ``tls_cert_chain``.
+        tls_root_certs: PEM roots to verify other TLS workers this worker reads
+            from (default ``tls_cert_chain``, right for one self-signed cert).
+        slots: tasks run at the same time.
+        query_ttl_s: seconds without any call about a query (plan, read,
+            keepalive) after which its state is dropped.
+        input_timeout_s: longest a task waits for one input partition, seconds;
+            None waits as long as the producer runs.
+        advertise_url: the URL this worker reports in errors (default the bound
+            ``grpc://host:port``).
+
+    Raises:
+        ImportError: pyarrow has no Flight support.
+        OSError / pyarrow.ArrowException: the port cannot be bound.
+        ValueError: only one of ``tls_cert_chain`` and ``tls_private_key`` given.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | None = None,
+        tls_cert_chain: bytes | None = None,
+        tls_private_key: bytes | None = None,
+        tls_root_certs: bytes | None = None,
+        slots: int = 1,
+        query_ttl_s: float = DEFAULT_QUERY_TTL_S,
+        input_timeout_s: float | None = None,
+        advertise_url: str | None = None,
+    ) -> None:
+        if (tls_cert_chain is None) != (tls_private_key is None):
+            msg = "TLS needs both tls_cert_chain and tls_private_key"
+            raise ValueError(msg)
+        token = os.environ.get(TOKEN_ENV) if token is None else token
+        tls = tls_cert_chain is not None
+        scheme = "grpc+tls" if tls else "grpc"
+        kwargs: dict = {}
+        if token:
+            kwargs["middleware"] = {"auth": _TokenMiddlewareFactory(token)}
+        if tls:
+            kwargs["tls_certificates"] = [flight.CertKeyPair(tls_cert_chain, tls_private_key)]
+        self.host = host
+        self.query_ttl_s = query_ttl_s
+        self.transport = FlightWorkerTransport(
+            token=token or "", tls_root_certs=tls_root_certs or tls_cert_chain
+        )
+        self.worker = Worker(
+            advertise_url or f"{scheme}://{host}:{port}",
+            self.transport,
+            slots=slots,
+            input_timeout_s=input_timeout_s,
+        )
+        self._lock = threading.Lock()
+        self._seen: dict[str, float] = {}  # query id -> monotonic time of the last call about it
+        self._plans_received = 0
+        self._stop = threading.Event()
+        self._closed = False
+        # Everything the handlers use exists before the port is bound.
+        self._server = _Server(self, f"{scheme}://{host}:{port}", **kwargs)
+        self.port: int = self._server.port
+        self.url = advertise_url or f"{scheme}://{host}:{self.port}"
+        self.worker.url = self.url
+        self._reaper = threading.Thread(target=self._reap, name=f"distfusion-reaper-{self.port}", daemon=True)
+        self._reaper.start()
+
+    # ------------------------------------------------------------- lifecycle
+    def serve(self) -> None:
+        """Block until :meth:`close` is called or the process gets SIGINT/SIGTERM."""
+        self._server.serve()
+
+    def close(self) -> None:
+        """Stop serving, cancel every task, stop the threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._server.shutdown()
+        self.worker.close()
+        self.transport.close()
+        self._reaper.join(timeout=5)
+
+    def __enter__(self) -> FlightWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FlightWorker({self.url})"
+
+    # ------------------------------------------------------------- handlers
+    def _touch(self, query_id: str) -> None:
+        with self._lock:
+            self._seen[query_id] = time.monotonic()
+
+    def _action(self, name: str, body: bytes) -> list[bytes]:
+        if name == ACTION_SET_PLAN:
+            plan = TaskPlan.from_json(body)
+            self._touch(plan.key.query_id)
+            with self._lock:
+                self._plans_received += 1
+            self.worker.set_plan(plan)
+            return []
+        if name == ACTION_CANCEL_QUERY:
+            query_id = body.decode()
+            self.worker.cancel_query(query_id)
+            with self._lock:
+                self._seen.pop(query_id, None)
+            return []
+        if name == ACTION_KEEPALIVE:
+            now = time.monotonic()
+            with self._lock:
+                for query_id in json.loads(body):
+                    if query_id in self._seen:
+                        self._seen[query_id] = now
+            return []
+        if name == ACTION_STATS:
+            stats = dict(self.worker.stats())
+            with self._lock:
+                stats["plans_received"] = self._plans_received
+                stats["live_queries"] = len(self._seen)
+            return [json.dumps(stats).encode()]
+        msg = f"unknown action {name!r}"
+        raise KeyError(msg)
+
+    def _get(self, ticket: bytes):
+        key, partition, timeout_s = decode_ticket(ticket)
+        self._touch(key.query_id)
+        batches = list(self.worker.execute_partition(key, partition, timeout_s))
+        self._touch(key.query_id)
+        schema = batches[0].schema if batches else pa.schema([])
+        batches = [b if b.schema.equals(schema) else _conform(b, schema) for b in batches]
+        return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+
+    def _reap(self) -> None:
+        interval = max(0.05, min(1.0, self.query_ttl_s / 4))
+        while not self._stop.wait(interval):
+            now = time.monotonic()
+            with self._lock:
+                expired = [q for q, t in self._seen.items() if now - t > self.query_ttl_s]
+                for q in expired:
+                    del self._seen[q]
+            for q in expired:
+                log.warning("query %s: no call for %.1f s, dropping its state", q, self.query_ttl_s)
+                self.worker.cancel_query(q)
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    if [f.type for f in batch.schema] == [f.type for f in schema]:
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    return pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
+
+
+# ---------------------------------------------------------------------- command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's command-line options (shared with ``distfusion worker``)."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=50051, help="TCP port; 0 picks a free one")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"shared secret every call must carry (default: ${TOKEN_ENV}; none: accept all)",
+    )
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve grpc+tls://")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--tls-root-certs",
+        default=None,
+        help="PEM roots to verify other TLS workers (default: --tls-cert)",
+    )
+    parser.add_argument("--slots", type=int, default=1, help="tasks run at the same time")
+    parser.add_argument(
+        "--query-ttl",
+        type=float,
+        default=DEFAULT_QUERY_TTL_S,
+        help="seconds without a call about a query before its state is dropped",
+    )
+    parser.add_argument("--advertise-url", default=None, help="URL this worker names itself by")
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start a worker from parsed :func:`add_arguments` options; serve until SIGINT/SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker = FlightWorker(
+        args.host,
+        args.port,
+        token=args.token,
+        tls_cert_chain=_read(args.tls_cert),
+        tls_private_key=_read(args.tls_key),
+        tls_root_certs=_read(args.tls_root_certs),
+        slots=args.slots,
+        query_ttl_s=args.query_ttl,
+        advertise_url=args.advertise_url,
+    )
+    print(f"distfusion worker listening on {worker.url}", flush=True)
+    try:
+        worker.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        worker.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m distfusion.worker.flight_server [options]``."""
+    parser = argparse.ArgumentParser(prog="distfusion worker", description="Run an Arrow Flight worker.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
