@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["WorkerResolver", "StaticWorkerResolver", "DynamicWorkerResolver"]
+__all__ = ["WorkerResolver", "StaticWorkerResolver", "DynamicWorkerResolver", "SparkWorkerResolver"]
 
 log = logging.getLogger("distfusion.resolver")
 
@@ -151,3 +151,61 @@ class DynamicWorkerResolver:
 
     def __repr__(self) -> str:
         return f"DynamicWorkerResolver({getattr(self._fetch, '__name__', self._fetch)!r}, urls={self._urls!r})"
+
+
+class SparkWorkerResolver:
+    """The task slots of a Spark application, as worker URLs.
+
+    Spark places the tasks itself, so the URLs only count and name the slots
+    the planner may fill: in local mode one per core (``spark-local://0``,
+    ...); on a cluster one per executor core
+    (``spark-executor://ID#slot``), ``sc.defaultParallelism`` in all
+    (Spark's total executor cores unless ``spark.default.parallelism`` says
+    otherwise). Each call asks the driver's JVM (a local py4j call, no network),
+    so it returns at once and follows executors that come and go.
+
+    Args:
+        spark_context: the application's ``SparkContext``.
+    """
+
+    def __init__(self, spark_context) -> None:
+        self.sc = spark_context
+
+    def executors(self) -> list[str]:
+        """The ids of the registered executors (the driver excluded; empty in local mode)."""
+        ids = self.sc._jsc.sc().getExecutorIds()
+        return sorted((str(ids.apply(i)) for i in range(ids.size())), key=lambda x: (len(x), x))
+
+    def get_urls(self) -> list[str]:
+        """One URL per task slot; empty when a cluster has no executor yet."""
+        slots = int(self.sc.defaultParallelism)
+        if self.sc.master.startswith("local"):
+            return [f"spark-local://{i}" for i in range(slots)]
+        executors = self.executors()
+        if not executors:
+            return []
+        n = len(executors)
+        return [f"spark-executor://{executors[i % n]}#{i // n}" for i in range(slots)]
+
+    def wait_for_executors(self, count: int, timeout_s: float) -> None:
+        """Block until ``count`` executors registered (a cluster starts them after the driver).
+
+        Raises:
+            PlanningError: fewer than ``count`` executors after ``timeout_s`` seconds.
+        """
+        import time
+
+        from distfusion.errors import PlanningError
+
+        deadline = time.monotonic() + timeout_s
+        while len(self.executors()) < count:
+            if time.monotonic() > deadline:
+                msg = (
+                    f"Spark master {self.sc.master} gave this application "
+                    f"{len(self.executors())} executors after {timeout_s:g} s, expected {count}"
+                )
+                raise PlanningError(msg)
+            time.sleep(0.2)
+
+    def __repr__(self) -> str:
+        return f"SparkWorkerResolver(master={self.sc.master!r})"
