@@ -62,9 +62,27 @@ def _flight(request, workers: int):
     return FlightRuntime(request.getfixturevalue("flight_workers")[:workers])
 
 
+@pytest.fixture(scope="session")
+def spark_session():
+    """The one SparkSession of the test session: embedded ``local[2]``, where Spark
+    retries failed task attempts (see :class:`~distfusion.runtime.spark.SparkRuntime`)."""
+    from distfusion.runtime.spark import SparkRuntime
+
+    runtime = SparkRuntime(master="local[2]")
+    yield runtime.spark
+    runtime.close()
+
+
+def _spark(request, workers: int):
+    # Spark owns the task slots (2, from local[2]); ``workers`` only sizes the plan.
+    from distfusion.runtime.spark import SparkRuntime
+
+    return SparkRuntime(spark=request.getfixturevalue("spark_session"))
+
+
 # Runtime name -> factory(request, workers). Each runtime module's tests extend this
 # (spark, flight); the correctness suite runs over every entry.
-RUNTIME_FACTORIES = {"local": _local, "flight": _flight}
+RUNTIME_FACTORIES = {"local": _local, "flight": _flight, "spark": _spark}
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,9 @@ def _context(runtime, tpch_dir, workers: int) -> DistributedContext:
 
 
 # (runtime, workers): the local runtime on 1-4 in-process workers; the Flight
-# runtime on three worker processes (tests/conftest.py: flight_workers).
-CASES = [("local", w) for w in WORKERS] + [("flight", 3)]
+# runtime on three worker processes (tests/conftest.py: flight_workers); the Spark
+# runtime on the embedded local[2] session (tests/conftest.py: spark_session).
+CASES = [("local", w) for w in WORKERS] + [("flight", 3), ("spark", 2)]
 
 
 @pytest.mark.parametrize(("runtime_name", "workers"), CASES, ids=[f"{r}-{w}" for r, w in CASES])

@@ -170,6 +170,7 @@ class SparkRuntime:
         self.resolver = SparkWorkerResolver(self.sc)
         self.target_partitions = target_partitions or default_target_partitions()
         self.compression = compression
+        self._held: dict[str, int] = {}  # query id -> bytes of stage outputs on the driver
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
@@ -201,6 +202,20 @@ class SparkRuntime:
                 lost, the session stopped).
         """
         return _SparkQuery(self, graph).run()
+
+    def stats(self) -> dict[str, dict]:
+        """Live tasks and bytes held for queries, under the Spark master's URL.
+
+        ``live_tasks``: Spark tasks running in stages of this application now;
+        ``bytes_held``: bytes of stage outputs a query still holds on the driver
+        (broadcast inputs, the head stage's inputs). Both are zero between queries.
+        """
+        tracker = self.sc.statusTracker()
+        live = 0
+        for stage_id in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage_id)
+            live += info.numActiveTasks if info is not None else 0
+        return {self.sc.master: {"live_tasks": live, "bytes_held": sum(self._held.values())}}
 
     def close(self) -> None:
         """Stop the SparkSession when this runtime started it."""
@@ -252,9 +267,10 @@ class _SparkQuery:
             if not finished:
                 sc.cancelJobGroup(self.group)
             for b in self.broadcasts.values():
-                b.unpersist()
+                b.destroy()
             for rdd in self.persisted:
                 rdd.unpersist()
+            self.runtime._held.pop(self.graph.query_id, None)
             sc.setLocalProperty("spark.jobGroup.id", None)
 
     def _collect_inputs(self, head: Stage) -> list:
@@ -269,7 +285,13 @@ class _SparkQuery:
                 rdd.filter(lambda r, w=wanted: r[0] == w).map(lambda r, i=i: (0, (i,) + r[1]))
             )
         union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-        return self._spark_call(union.collect)
+        records = self._spark_call(union.collect)
+        self._hold(sum(len(r[1][2]) for r in records))
+        return records
+
+    def _hold(self, nbytes: int) -> None:
+        held = self.runtime._held
+        held[self.graph.query_id] = held.get(self.graph.query_id, 0) + nbytes
 
     def _spark_call(self, action):
         """Run a Spark action; failures become distfusion errors."""
@@ -319,6 +341,7 @@ class _SparkQuery:
         if stage_id not in self.broadcasts:
             rdd = self._stage_rdd(stage_id)
             values = self._spark_call(rdd.map(lambda r: r[1]).collect)
+            self._hold(sum(len(v[1]) for v in values))
             self.broadcasts[stage_id] = self.sc.broadcast(values)
         return self.broadcasts[stage_id]
 
