@@ -138,7 +138,24 @@ def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> Tab
                 column_bytes[top] = column_bytes.get(top, 0) + cc.total_uncompressed_size
                 size += cc.total_uncompressed_size
         units.append(WorkUnit(path=os.path.abspath(f), size_bytes=size, num_rows=md.num_rows))
+    # Parquet's encodings (dictionary, RLE) can make a column's uncompressed size far
+    # smaller than its Arrow form; never estimate below rows x Arrow value width.
+    rows = sum(u.num_rows or 0 for u in units)
+    for f in schema:
+        column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * _arrow_width(f.type))
+    units = [
+        WorkUnit(u.path, max(u.size_bytes, (u.num_rows or 0) * sum(_arrow_width(f.type) for f in schema)), u.num_rows)
+        for u in units
+    ]
     return TableSource(name, "parquet", schema, tuple(units), column_bytes)
+
+
+def _arrow_width(dtype: pa.DataType) -> int:
+    """Bytes per value of ``dtype`` in Arrow memory (16 for strings: a view's size)."""
+    try:
+        return max(1, dtype.bit_width // 8)
+    except ValueError:  # variable width
+        return 16
 
 
 def csv_source(
