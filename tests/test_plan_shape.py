@@ -1,0 +1,78 @@
+"""The plans really distribute: TPC-H Q1, Q3, Q5, Q9 and Q18 on four workers.
+
+The tests run at scale factor 0.1, so the planner's byte thresholds are scaled
+down by the same factor (1/10 of the defaults): the plans are then the ones the
+defaults give at scale factor 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from distfusion import DistributedConfig, DistributedContext, tpch
+from distfusion.stages import BROADCAST, SHUFFLE, StageGraph
+
+SCALED = DistributedConfig(
+    bytes_per_task=DistributedConfig.bytes_per_task // 10,
+    broadcast_threshold_bytes=DistributedConfig.broadcast_threshold_bytes // 10,
+    max_broadcast_bytes=DistributedConfig.max_broadcast_bytes // 10,
+)
+
+
+@pytest.fixture(scope="module")
+def ctx(runtime_for, tpch_dir):
+    ctx = DistributedContext(runtime=runtime_for("local", 4), config=SCALED)
+    tpch.register_tpch(ctx, tpch_dir)
+    return ctx
+
+
+def _scan_stage(graph: StageGraph, table: str):
+    return [s for s in graph.stages if any(sc.source.name == table for sc in s.scans)]
+
+
+def _fed_by(graph: StageGraph, stage_id: int, boundary: str) -> bool:
+    return any(i.stage_id == stage_id and i.boundary == boundary for s in graph.stages for i in s.inputs)
+
+
+@pytest.mark.parametrize("q", [1, 3, 5, 9, 18])
+def test_leaf_stage_has_several_tasks_and_aggregate_is_shuffled(ctx, q):
+    df = ctx.sql(tpch.query(q))
+    graph = df.stage_graph()
+    (lineitem,) = _scan_stage(graph, "lineitem")[:1]
+    assert lineitem.num_tasks > 1, df.explain()
+    # A grouped aggregate: partial below a shuffle by its keys, final above it.
+    shuffles = [s for s in graph.stages if s.output.kind == SHUFFLE and s.output.key_columns]
+    assert shuffles, df.explain()
+    final = graph.consumers(shuffles[-1].stage_id)[0]
+    assert "Aggregate" in final.plan_text and "Aggregate" in shuffles[-1].plan_text
+    assert "shuffle (hash" in df.explain()
+
+
+@pytest.mark.parametrize(("q", "tables"), [(5, ["nation", "region"]), (9, ["nation"])])
+def test_nation_and_region_are_broadcast(ctx, q, tables):
+    graph = ctx.sql(tpch.query(q)).stage_graph()
+    for table in tables:
+        (stage,) = _scan_stage(graph, table)
+        assert stage.num_tasks == 1
+        assert stage.output.kind == BROADCAST, graph.render()
+        assert _fed_by(graph, stage.stage_id, BROADCAST)
+
+
+def test_large_join_is_shuffled_on_both_sides(ctx):
+    """Q18 joins all of lineitem with orders: both sides are shuffled by the order key."""
+    graph = ctx.sql(tpch.query(18)).stage_graph()
+    joins = [
+        s
+        for s in graph.stages
+        if "Join" in s.plan_text and sum(i.boundary == SHUFFLE for i in s.inputs) >= 2
+    ]
+    assert joins, graph.render()
+    assert joins[0].num_tasks == 4
+
+
+def test_explain_names_stages_tasks_and_boundaries(ctx):
+    text = ctx.sql(tpch.query(5)).explain()
+    assert text.startswith("Stage 8 [head, 1 task]")
+    assert "<- scan lineitem (4 work units, per task [1, 1, 1, 1])" in text
+    assert "output: broadcast -> 4 tasks" in text
+    assert "<- coalesce from stage 7 (4 tasks)" in text
