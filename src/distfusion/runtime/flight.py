@@ -58,7 +58,8 @@ class FlightRuntime:
         max_retries: times a query is run again on the remaining workers after
             losing a worker before its first row (0 fails at once).
         heartbeat_s: seconds between keepalives for running queries; keep it
-            well under the workers' ``--query-ttl``.
+            well under the workers' ``--query-ttl``. A worker that misses one
+            (no answer within ``2 * probe_timeout_s``) fails its queries.
         probe_timeout_s: how long a worker may take to answer the stats probe
             after a failure before it counts as lost, seconds.
 
@@ -78,7 +79,7 @@ class FlightRuntime:
         routing: Routing = round_robin,
         target_partitions: int | None = None,
         max_retries: int = 1,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float = 1.0,
         probe_timeout_s: float = 2.0,
     ) -> None:
         from distfusion.transport.flight import FlightWorkerTransport
@@ -92,7 +93,8 @@ class FlightRuntime:
         self.max_retries = max(0, max_retries)
         self.heartbeat_s = heartbeat_s
         self.probe_timeout_s = probe_timeout_s
-        self._running: dict[str, list[str]] = {}  # query id -> worker URLs
+        # query id -> (worker URLs, task placement {(stage, task): URL})
+        self._running: dict[str, tuple[list[str], dict[tuple[int, int], str]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -131,9 +133,15 @@ class FlightRuntime:
         attempt = 0
         while True:
             run = dataclasses.replace(graph, query_id=str(uuid.uuid4()))
-            batches = execute_graph(run, self.transport, urls, self.routing, self.target_partitions)
+            placement: dict[tuple[int, int], str] = {}
+
+            def routing(g: StageGraph, u: list[str], placement=placement):
+                placement.update(self.routing(g, u))
+                return placement
+
+            batches = execute_graph(run, self.transport, urls, routing, self.target_partitions)
             yielded = False
-            self._start_heartbeat(run.query_id, urls)
+            self._start_heartbeat(run.query_id, urls, placement)
             try:
                 for batch in batches:
                     yielded = True
@@ -155,6 +163,7 @@ class FlightRuntime:
             finally:
                 batches.close()  # cancels the attempt's tasks on every worker
                 self._end_heartbeat(run.query_id)
+                self.transport.forget_query(run.query_id)
 
     def _lost_workers(self, urls: list[str]) -> list[str]:
         lost = []
@@ -168,9 +177,11 @@ class FlightRuntime:
         return lost
 
     # ------------------------------------------------------------- heartbeat
-    def _start_heartbeat(self, query_id: str, urls: list[str]) -> None:
+    def _start_heartbeat(
+        self, query_id: str, urls: list[str], placement: dict[tuple[int, int], str]
+    ) -> None:
         with self._lock:
-            self._running[query_id] = list(urls)
+            self._running[query_id] = (list(urls), placement)
             if self._heartbeat is None and not self._stop.is_set():
                 self._heartbeat = threading.Thread(
                     target=self._beat, name="distfusion-flight-heartbeat", daemon=True
@@ -182,14 +193,25 @@ class FlightRuntime:
             self._running.pop(query_id, None)
 
     def _beat(self) -> None:
+        """Every ``heartbeat_s``: keepalive to each worker of a running query; a
+        worker that stopped answering aborts its queries (the coordinator may be
+        waiting on another worker and would not notice otherwise)."""
         while not self._stop.wait(self.heartbeat_s):
             with self._lock:
                 by_url: dict[str, list[str]] = {}
-                for qid, urls in self._running.items():
+                for qid, (urls, _) in self._running.items():
                     for url in urls:
                         by_url.setdefault(url, []).append(qid)
             for url, qids in by_url.items():
-                self.transport.keepalive(url, qids)
+                if self.transport.keepalive(url, qids, timeout_s=self.probe_timeout_s * 2):
+                    continue
+                for qid in qids:
+                    with self._lock:
+                        placement = self._running.get(qid, (None, {}))[1]
+                    tasks = sorted(k for k, u in placement.items() if u == url)
+                    named = ", ".join(f"stage {s} task {t}" for s, t in tasks) or "no task"
+                    detail = f"stopped answering while query {qid[:8]} ran; it held {named}"
+                    self.transport.abort_query(qid, WorkerUnavailableError(url, detail))
 
     # ------------------------------------------------------------- extras
     def stats(self) -> dict[str, dict]:

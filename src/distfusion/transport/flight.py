@@ -70,6 +70,7 @@ ACTION_KEEPALIVE = "keepalive"
 ACTION_STATS = "stats"
 
 _ERROR_MARK = "distfusion-error"
+_ABORTED_KEPT = 4096
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 
 
@@ -265,6 +266,7 @@ class FlightWorkerTransport:
         self.cancel_timeout_s = cancel_timeout_s
         self.poll_s = poll_s
         self._clients: dict[str, object] = {}
+        self._aborted: dict[str, Exception] = {}  # query id -> error to raise in its reads
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------- plumbing
@@ -330,6 +332,9 @@ class FlightWorkerTransport:
         client = self._client(url)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            aborted = self._aborted.get(key.query_id)
+            if aborted is not None:
+                raise aborted
             # Long-poll: each call waits at most poll_s on the worker, so this
             # thread runs Python between calls (Ctrl-C is seen, a dead worker is
             # noticed by the next call) however long the task runs.
@@ -358,17 +363,38 @@ class FlightWorkerTransport:
         except TransportError:
             pass  # unreachable: the worker frees the query after its time-to-live
 
-    def keepalive(self, url: str, query_ids: list[str]) -> None:
+    def keepalive(self, url: str, query_ids: list[str], timeout_s: float = 5.0) -> bool:
         """Tell the worker at ``url`` that the coordinator of ``query_ids`` is alive.
 
         Workers drop the state of a query nobody asked about for their
         time-to-live; the :class:`~distfusion.runtime.flight.FlightRuntime`
-        calls this periodically for running queries. Errors are ignored.
+        calls this periodically for running queries.
+
+        Returns:
+            False when the worker cannot be reached within ``timeout_s`` seconds
+            (it died), else True.
         """
         try:
-            self._action(url, ACTION_KEEPALIVE, json.dumps(query_ids).encode(), self.cancel_timeout_s)
+            self._action(url, ACTION_KEEPALIVE, json.dumps(query_ids).encode(), timeout_s)
+        except WorkerUnavailableError:
+            return False
         except TransportError:
             pass
+        return True
+
+    def abort_query(self, query_id: str, error: Exception) -> None:
+        """Make every read of ``query_id`` through this transport raise ``error``,
+        within one poll round (``poll_s``); for a coordinator that learnt a worker
+        of the query died while it waits on another one."""
+        with self._lock:
+            self._aborted[query_id] = error
+            while len(self._aborted) > _ABORTED_KEPT:
+                del self._aborted[next(iter(self._aborted))]
+
+    def forget_query(self, query_id: str) -> None:
+        """Drop what :meth:`abort_query` recorded for ``query_id``."""
+        with self._lock:
+            self._aborted.pop(query_id, None)
 
     def stats(self, url: str, timeout_s: float | None = None) -> dict:
         """See :meth:`WorkerTransport.stats`.

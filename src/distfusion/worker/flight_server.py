@@ -44,6 +44,7 @@ import time
 
 import pyarrow as pa
 
+from distfusion.errors import QueryCancelled
 from distfusion.transport.flight import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
@@ -233,7 +234,7 @@ class FlightWorker:
             return []
         if name == ACTION_CANCEL_QUERY:
             query_id = body.decode()
-            self.worker.cancel_query(query_id)
+            self._cancel(query_id)
             with self._lock:
                 self._seen.pop(query_id, None)
             return []
@@ -272,7 +273,13 @@ class FlightWorker:
                     del self._seen[q]
             for q in expired:
                 log.warning("query %s: no call for %.1f s, dropping its state", q, self.query_ttl_s)
-                self.worker.cancel_query(q)
+                self._cancel(q)
+
+    def _cancel(self, query_id: str) -> None:
+        # Tasks of the query blocked reading inputs from other workers stop at
+        # their next poll round, so they stop asking the producers too.
+        self.transport.abort_query(query_id, QueryCancelled(f"query {query_id} was cancelled"))
+        self.worker.cancel_query(query_id)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
