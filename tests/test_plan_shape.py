@@ -31,7 +31,9 @@ def _scan_stage(graph: StageGraph, table: str):
 
 
 def _fed_by(graph: StageGraph, stage_id: int, boundary: str) -> bool:
-    return any(i.stage_id == stage_id and i.boundary == boundary for s in graph.stages for i in s.inputs)
+    return any(
+        i.stage_id == stage_id and i.boundary == boundary for s in graph.stages for i in s.inputs
+    )
 
 
 @pytest.mark.parametrize("q", [1, 3, 5, 9, 18])

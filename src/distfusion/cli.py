@@ -41,8 +41,15 @@ def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runtime", default="local", choices=RUNTIMES, help="what runs the tasks (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=None, help="number of workers (default: one per core)")
+    p.add_argument(
+        "--runtime",
+        default="local",
+        choices=RUNTIMES,
+        help="what runs the tasks (default: %(default)s)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="number of workers (default: one per core)"
+    )
 
 
 def _register_tables(ctx, args) -> None:
@@ -53,7 +60,9 @@ def _register_tables(ctx, args) -> None:
         if not sep or not name or not path:
             msg = f"--table expects name=path, got {spec!r}"
             raise DistfusionError(msg)
-        if path.endswith(".csv") or (os.path.isdir(path) and any(f.endswith(".csv") for f in os.listdir(path))):
+        if path.endswith(".csv") or (
+            os.path.isdir(path) and any(f.endswith(".csv") for f in os.listdir(path))
+        ):
             ctx.register_csv(name, path)
         else:
             ctx.register_parquet(name, path)
@@ -72,7 +81,9 @@ def cmd_query(args) -> int:
         print("error: give the SQL as an argument or with --file", file=sys.stderr)
         return 2
     config = DistributedConfig(tasks_per_stage=args.tasks_per_stage)
-    with DistributedContext(runtime=make_runtime(args.runtime, args.workers, args), config=config) as ctx:
+    with DistributedContext(
+        runtime=make_runtime(args.runtime, args.workers, args), config=config
+    ) as ctx:
         _register_tables(ctx, args)
         df = ctx.sql(sql)
         if args.explain:
@@ -86,7 +97,9 @@ def cmd_query(args) -> int:
             print(f"wrote {table.num_rows} rows to {args.output}")
         else:
             print_table(table, limit=args.limit)
-        print(f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)")
+        print(
+            f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)"
+        )
     return 0
 
 
@@ -96,7 +109,10 @@ def _write(table, path: str) -> None:
     # Writers of pyarrow 26 lack string_view support; views become plain strings.
     table = table.cast(
         pa.schema(
-            [f.with_type(pa.string()) if pa.types.is_string_view(f.type) else f for f in table.schema]
+            [
+                f.with_type(pa.string()) if pa.types.is_string_view(f.type) else f
+                for f in table.schema
+            ]
         )
     )
     if path.endswith(".parquet"):
@@ -116,7 +132,9 @@ def cmd_datagen(args) -> int:
     """Generate TPC-H Parquet with tpchgen-cli."""
     start = time.perf_counter()
     tpch.generate(args.scale, args.out, args.parts)
-    print(f"TPC-H scale factor {args.scale:g} written to {args.out} in {time.perf_counter() - start:.1f} s")
+    print(
+        f"TPC-H scale factor {args.scale:g} written to {args.out} in {time.perf_counter() - start:.1f} s"
+    )
     return 0
 
 
@@ -131,13 +149,21 @@ def cmd_bench(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="distfusion", description="Distributed SQL on Apache DataFusion")
+    parser = argparse.ArgumentParser(
+        prog="distfusion", description="Distributed SQL on Apache DataFusion"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     q = sub.add_parser("query", help="run SQL distributed and print or write the result")
     q.add_argument("sql", nargs="?", default="", help="SQL text; statements separated by ';'")
     q.add_argument("--file", "-f", help="read the SQL from this file")
-    q.add_argument("--table", "-t", action="append", metavar="NAME=PATH", help="register a Parquet/CSV file, directory or glob")
+    q.add_argument(
+        "--table",
+        "-t",
+        action="append",
+        metavar="NAME=PATH",
+        help="register a Parquet/CSV file, directory or glob",
+    )
     q.add_argument("--tpch", metavar="DIR", help="register the eight TPC-H tables under DIR")
     q.add_argument("--explain", action="store_true", help="print the distributed plan first")
     q.add_argument("--output", "-o", help="write the result to a .parquet or .csv file")
@@ -150,13 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("benchmark", choices=["tpch"])
     d.add_argument("--scale", type=float, default=1.0, help="scale factor (default: %(default)s)")
     d.add_argument("--out", required=True, help="output directory")
-    d.add_argument("--parts", type=int, default=None, help="files per table (default: 8 per scale unit, at least 4)")
+    d.add_argument(
+        "--parts",
+        type=int,
+        default=None,
+        help="files per table (default: 8 per scale unit, at least 4)",
+    )
     d.set_defaults(func=cmd_datagen)
 
     b = sub.add_parser("bench", help="benchmark against single-node DataFusion")
     b.add_argument("benchmark", choices=["tpch"])
     b.add_argument("--data", required=True, help="TPC-H Parquet directory (see datagen)")
-    b.add_argument("--runs", type=int, default=5, help="timed runs per query and engine (default: %(default)s)")
+    b.add_argument(
+        "--runs", type=int, default=5, help="timed runs per query and engine (default: %(default)s)"
+    )
     b.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
     _add_runtime_args(b)
     b.set_defaults(func=cmd_bench)

@@ -121,7 +121,9 @@ class DistributedContext:
         self.sources: dict[str, TableSource] = {}
 
     # ------------------------------------------------------------- registration
-    def register_parquet(self, name: str, path: str | os.PathLike, schema: pa.Schema | None = None) -> None:
+    def register_parquet(
+        self, name: str, path: str | os.PathLike, schema: pa.Schema | None = None
+    ) -> None:
         """Register the Parquet file, directory (recursively) or glob at ``path`` as ``name``.
 
         Each file becomes one work unit; its footer gives row counts and sizes.
@@ -154,7 +156,9 @@ class DistributedContext:
         """
         path = os.fspath(path)
         try:
-            self.ctx.register_csv(name, path, schema=schema, has_header=has_header, delimiter=delimiter)
+            self.ctx.register_csv(
+                name, path, schema=schema, has_header=has_header, delimiter=delimiter
+            )
             table_schema = self.ctx.table(name).schema()
         except Exception as exc:
             self._forget(name)
@@ -278,8 +282,11 @@ class DistributedDataFrame:
         return self._graph
 
     def explain(self) -> str:
-        """The distributed plan as text: stages (head first), task counts,
-        boundaries, work units per task and each stage's fragment."""
+        """The distributed plan as text.
+
+        Stages head first, with task counts, boundaries, work units per task and
+        each stage's fragment as DataFusion renders it.
+        """
         return self.stage_graph().render()
 
     def execute_stream(self) -> Iterator[pa.RecordBatch]:

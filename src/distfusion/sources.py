@@ -144,7 +144,11 @@ def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> Tab
     for f in schema:
         column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * _arrow_width(f.type))
     units = [
-        WorkUnit(u.path, max(u.size_bytes, (u.num_rows or 0) * sum(_arrow_width(f.type) for f in schema)), u.num_rows)
+        WorkUnit(
+            u.path,
+            max(u.size_bytes, (u.num_rows or 0) * sum(_arrow_width(f.type) for f in schema)),
+            u.num_rows,
+        )
         for u in units
     ]
     return TableSource(name, "parquet", schema, tuple(units), column_bytes)
@@ -191,7 +195,9 @@ def memory_source(name: str, partitions: list[list[pa.RecordBatch]]) -> TableSou
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema) as w:
             w.write_batch(b)
-        units.append(WorkUnit(size_bytes=b.nbytes, num_rows=b.num_rows, ipc=sink.getvalue().to_pybytes()))
+        units.append(
+            WorkUnit(size_bytes=b.nbytes, num_rows=b.num_rows, ipc=sink.getvalue().to_pybytes())
+        )
     return TableSource(name, "memory", schema, tuple(units))
 
 
@@ -206,7 +212,9 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
             wraps it into a :class:`~distfusion.errors.TaskError`).
     """
     if not units:
-        ctx.register_record_batches(source.name, [[pa.RecordBatch.from_pylist([], schema=source.schema)]])
+        ctx.register_record_batches(
+            source.name, [[pa.RecordBatch.from_pylist([], schema=source.schema)]]
+        )
         return
     if source.format == "memory":
         batches = []

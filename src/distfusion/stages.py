@@ -85,7 +85,11 @@ class OutputPartitioning:
     def describe(self) -> str:
         """One line for ``explain()``."""
         if self.kind == SHUFFLE:
-            how = f"hash {['c%d' % k for k in self.key_columns]}" if self.key_columns else "round-robin"
+            how = (
+                f"hash {[f'c{k}' for k in self.key_columns]}"
+                if self.key_columns
+                else "round-robin"
+            )
             return f"shuffle ({how}) -> {self.num_partitions} partitions"
         if self.kind == BROADCAST:
             return f"broadcast -> {self.readers} tasks"

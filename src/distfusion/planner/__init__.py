@@ -1,0 +1,11 @@
+"""The distributed planner: a Substrait plan in, a StageGraph out.
+
+One module per pass or rule: ``inject_network_boundaries`` (the walk that cuts
+stages), ``decompose_aggregate`` (partial/final aggregates), ``estimate`` (sizes
+and task counts), ``substrait`` (helpers over the protobuf tree).
+"""
+
+from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+
+__all__ = ["DefaultTaskEstimator", "PlannerConfig", "TaskEstimator", "plan_stages"]

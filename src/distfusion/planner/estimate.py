@@ -45,8 +45,10 @@ broadcast something large."""
 
 
 def filter_selectivity(function_names: list[str | None]) -> float:
-    """Selectivity of a conjunction whose conjuncts call ``function_names``
-    (None for a conjunct that is not a function call)."""
+    """Selectivity of a conjunction whose conjuncts call ``function_names``.
+
+    ``None`` stands for a conjunct that is not a function call.
+    """
     sel = 1.0
     for name in function_names:
         sel *= CONJUNCT_SELECTIVITY.get(name or "", FILTER_SELECTIVITY)

@@ -135,9 +135,7 @@ class PlannerConfig:
 
 
 class _Planner:
-    def __init__(
-        self, plan: Plan, sources: dict[str, TableSource], config: PlannerConfig
-    ) -> None:
+    def __init__(self, plan: Plan, sources: dict[str, TableSource], config: PlannerConfig) -> None:
         self.plan = plan
         self.sources = sources
         self.config = config
@@ -175,9 +173,7 @@ class _Planner:
             proj.project.expressions.extend(appended)
             rel = proj
         full_schema = self.oracle.schema(rel) if appended else base_schema
-        renamed = pa.schema(
-            [pa.field(f"c{i}", f.type, True) for i, f in enumerate(full_schema)]
-        )
+        renamed = pa.schema([pa.field(f"c{i}", f.type, True) for i, f in enumerate(full_schema)])
         fragment_names = names if names is not None else list(named_struct(renamed).names)
         fragment = self.oracle.plan_bytes(rel, fragment_names)
         try:
@@ -223,8 +219,7 @@ class _Planner:
 
         contains(rel, visit)
         return tuple(
-            SourceScan(self.sources[n], _split_units(self.sources[n].units, tasks))
-            for n in names
+            SourceScan(self.sources[n], _split_units(self.sources[n].units, tasks)) for n in names
         )
 
     def gather(self, frag: _Fragment) -> _Fragment:
@@ -270,7 +265,9 @@ class _Planner:
         name = read.named_table.names[-1]
         source = self.sources.get(name)
         if source is None:
-            msg = f"table {name!r} is not registered with distfusion (register_parquet/register_csv)"
+            msg = (
+                f"table {name!r} is not registered with distfusion (register_parquet/register_csv)"
+            )
             raise PlanningError(msg)
         cols = None
         if read.HasField("projection"):
@@ -278,9 +275,7 @@ class _Planner:
             cols = [all_names[i.field] for i in read.projection.select.struct_items]
         scan_bytes = source.projected_bytes(cols)
         rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
-        tasks = self.config.estimator.leaf_tasks(
-            scan_bytes, len(source.units), self.config.workers
-        )
+        tasks = self.config.estimator.leaf_tasks(scan_bytes, len(source.units), self.config.workers)
         tasks = max(1, min(tasks, self.config.workers, len(source.units)))
         return _Fragment(unproject_read(rel), tasks, Estimate(rows, scan_bytes))
 
@@ -302,7 +297,9 @@ class _Planner:
         windows = []
         contains(
             rel.project,
-            lambda m: isinstance(m, Expression.WindowFunction) and windows.append(m) is None and False,
+            lambda m: (
+                isinstance(m, Expression.WindowFunction) and windows.append(m) is None and False
+            ),
         )
         if not windows:
             return self._pipeline(rel)
@@ -376,9 +373,11 @@ class _Planner:
         join = rel.join
         left, right = self.visit(join.left), self.visit(join.right)
         left_arity = len(self.oracle.schema(join.left))
-        keys = _equi_keys(join.expression, left_arity, self.registry) if join.HasField(
-            "expression"
-        ) else []
+        keys = (
+            _equi_keys(join.expression, left_arity, self.registry)
+            if join.HasField("expression")
+            else []
+        )
         return self._join(rel, join.type, left, right, keys)
 
     def visit_cross(self, rel: Rel) -> _Fragment:
@@ -466,7 +465,7 @@ def _own_expressions_have_subquery(rel: Rel) -> bool:
 
 
 def _fetch_limit(fetch) -> int | None:
-    """offset + count of a FetchRel, or None when it has no count."""
+    """Offset + count of a FetchRel, or None when it has no count."""
     offset = fetch.offset_expr.literal.i64 if fetch.HasField("offset_expr") else 0
     if not fetch.HasField("count_expr") or fetch.count_expr.WhichOneof("rex_type") != "literal":
         return None
@@ -519,9 +518,7 @@ def _split_units(units: tuple[WorkUnit, ...], tasks: int) -> tuple[tuple[WorkUni
     return tuple(tuple(b) for b in bins)
 
 
-def plan_stages(
-    plan: Plan, sources: dict[str, TableSource], config: PlannerConfig
-) -> StageGraph:
+def plan_stages(plan: Plan, sources: dict[str, TableSource], config: PlannerConfig) -> StageGraph:
     """Cut a Substrait plan into a :class:`StageGraph`.
 
     Args:
@@ -540,4 +537,3 @@ def plan_stages(
         msg = "no workers: the worker resolver returned an empty list"
         raise PlanningError(msg)
     return _Planner(plan, sources, config).run()
-

@@ -123,9 +123,10 @@ def is_field_ref(expr: Expression) -> int | None:
     if expr.WhichOneof("rex_type") != "selection":
         return None
     sel = expr.selection
-    if not sel.HasField("root_reference") or sel.direct_reference.WhichOneof(
-        "reference_type"
-    ) != "struct_field":
+    if (
+        not sel.HasField("root_reference")
+        or sel.direct_reference.WhichOneof("reference_type") != "struct_field"
+    ):
         return None
     sf = sel.direct_reference.struct_field
     if sf.HasField("child"):
@@ -375,7 +376,9 @@ def unproject_read(rel: Rel) -> Rel:
     """
     read = rel.read
     if not (
-        read.HasField("projection") or read.HasField("filter") or read.HasField("best_effort_filter")
+        read.HasField("projection")
+        or read.HasField("filter")
+        or read.HasField("best_effort_filter")
     ):
         return rel
     cur = Rel()

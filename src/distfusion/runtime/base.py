@@ -46,8 +46,9 @@ class Runtime(Protocol):
         ...
 
     def execute(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
-        """Run ``graph``; yields the result batches. Closing the iterator early
-        cancels every task of the query.
+        """Run ``graph``; yields the result batches.
+
+        Closing the iterator early cancels every task of the query.
 
         Raises:
             TaskError: a task failed (names the stage, the task and the worker).
@@ -61,8 +62,11 @@ class Runtime(Protocol):
 
 
 def round_robin(graph: StageGraph, urls: list[str]) -> dict[tuple[int, int], str]:
-    """Default routing: tasks of each stage go to consecutive workers, continuing
-    where the previous stage stopped (so one-task stages spread out too)."""
+    """Default routing: tasks go to consecutive workers, round-robin.
+
+    Each stage continues where the previous one stopped, so one-task stages
+    spread out too.
+    """
     placement: dict[tuple[int, int], str] = {}
     i = 0
     for stage in graph.stages[:-1]:

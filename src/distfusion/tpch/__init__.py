@@ -40,7 +40,10 @@ def table_path(data_dir: str | os.PathLike, table: str) -> str:
     for candidate in (os.path.join(data_dir, table), os.path.join(data_dir, f"{table}.parquet")):
         if os.path.exists(candidate):
             return candidate
-    msg = f"TPC-H table {table!r} not found under {os.fspath(data_dir)!r}; generate it with `distfusion datagen tpch --scale 1 --out {os.fspath(data_dir)}`"
+    msg = (
+        f"TPC-H table {table!r} not found under {os.fspath(data_dir)!r}; generate it with "
+        f"`distfusion datagen tpch --scale 1 --out {os.fspath(data_dir)}`"
+    )
     raise FileNotFoundError(msg)
 
 
@@ -68,13 +71,24 @@ def generate(scale: float, out: str | os.PathLike, parts: int | None = None) -> 
     Raises:
         RuntimeError: ``tpchgen-cli`` is not installed or fails.
     """
-    exe = shutil.which("tpchgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
+    exe = shutil.which("tpchgen-cli") or os.path.join(
+        os.path.dirname(sys.executable), "tpchgen-cli"
+    )
     if not os.path.exists(exe):
         msg = "tpchgen-cli is not installed: pip install 'distfusion[datagen]' (or tpchgen-cli)"
         raise RuntimeError(msg)
     parts = parts or max(4, int(8 * scale))
     os.makedirs(out, exist_ok=True)
-    cmd = [exe, "parquet", "--scale-factor", str(scale), "--parts", str(parts), "--output-dir", os.fspath(out)]
+    cmd = [
+        exe,
+        "parquet",
+        "--scale-factor",
+        str(scale),
+        "--parts",
+        str(parts),
+        "--output-dir",
+        os.fspath(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         msg = f"tpchgen-cli failed ({' '.join(cmd)}): {proc.stderr.strip()[-2000:]}"

@@ -53,7 +53,8 @@ def _as_declared(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.Re
             out.append(b)
             continue
         columns = [
-            c if c.type == f.type else c.cast(f.type) for c, f in zip(b.columns, schema, strict=True)
+            c if c.type == f.type else c.cast(f.type)
+            for c, f in zip(b.columns, schema, strict=True)
         ]
         out.append(pa.RecordBatch.from_arrays(columns, schema=schema))
     return out
@@ -65,7 +66,9 @@ def bind_input(
     """Register ``batches`` as table ``inp.table``, split into up to ``target_partitions``."""
     batches = _as_declared(batches, inp.schema)
     if not batches:
-        ctx.register_record_batches(inp.table, [[pa.RecordBatch.from_pylist([], schema=inp.schema)]])
+        ctx.register_record_batches(
+            inp.table, [[pa.RecordBatch.from_pylist([], schema=inp.schema)]]
+        )
         return
     n = max(1, min(target_partitions, len(batches)))
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]

@@ -13,7 +13,14 @@ import json
 from dataclasses import dataclass
 
 from distfusion.sources import TableSource, WorkUnit
-from distfusion.stages import OutputPartitioning, Stage, StageInput, TaskKey, schema_from_json, schema_to_json
+from distfusion.stages import (
+    OutputPartitioning,
+    Stage,
+    StageInput,
+    TaskKey,
+    schema_from_json,
+    schema_to_json,
+)
 
 __all__ = ["TaskPlan", "ScanShare"]
 
@@ -143,7 +150,11 @@ class TaskPlan:
                 ),
                 input_workers=tuple(tuple(w) for w in d["input_workers"]),
                 output=OutputPartitioning(
-                    o["kind"], o["num_partitions"], tuple(o["key_columns"]), o["num_columns"], o["readers"]
+                    o["kind"],
+                    o["num_partitions"],
+                    tuple(o["key_columns"]),
+                    o["num_columns"],
+                    o["readers"],
                 ),
                 target_partitions=d["target_partitions"],
             )
