@@ -1,6 +1,8 @@
-"""Flight worker processes for tests: real ``python -m distfusion.worker.flight_server``
-processes on 127.0.0.1, each on a free port it picks itself (``--port 0``) and
-announces on its first stdout line."""
+"""Flight worker processes for tests.
+
+Real ``python -m distfusion.worker.flight_server`` processes on 127.0.0.1, each
+on a free port it picks itself (``--port 0``) and announces on its first stdout line.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ class WorkerProcess:
         self.proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s`` seconds
-        (a task stuck inside DataFusion keeps its thread until its next batch)."""
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s`` seconds.
+
+        A task stuck inside DataFusion keeps its thread until its next batch.
+        """
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -69,7 +69,9 @@ def _wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> float:
 
 def _idle(transport: FlightWorkerTransport, urls: list[str]) -> bool:
     stats = [transport.stats(u) for u in urls]
-    return all(s["live_tasks"] == 0 and s["bytes_held"] == 0 and s["live_queries"] == 0 for s in stats)
+    return all(
+        s["live_tasks"] == 0 and s["bytes_held"] == 0 and s["live_queries"] == 0 for s in stats
+    )
 
 
 def _busy(transport: FlightWorkerTransport, urls: list[str]) -> bool:
@@ -250,7 +252,9 @@ def test_tls_with_a_self_signed_certificate(own_workers, tpch_dir, oracle, tmp_p
 # ------------------------------------------------------------------ faults
 def _run_and_kill(workers, tpch_dir, max_retries: int):
     """Run MEDIUM on ``workers``; SIGKILL the last one once it holds a task.
-    Returns (result or error, seconds from the kill to the end, victim URL)."""
+
+    Returns (result or error, seconds from the kill to the end, victim URL).
+    """
     urls = [w.url for w in workers]
     victim = workers[-1]
     runtime = FlightRuntime(urls, max_retries=max_retries)
@@ -269,7 +273,9 @@ def _run_and_kill(workers, tpch_dir, max_retries: int):
     thread = threading.Thread(target=run)
     probe = FlightWorkerTransport(token="")
     thread.start()
-    _wait_until(lambda: "end" in outcome or probe.stats(victim.url)["plans_received"] > 0, 60, 0.005)
+    _wait_until(
+        lambda: "end" in outcome or probe.stats(victim.url)["plans_received"] > 0, 60, 0.005
+    )
     assert "end" not in outcome, "the query ended before the worker could be killed"
     victim.kill()
     killed = time.monotonic()
@@ -339,7 +345,9 @@ def test_empty_resolver_fails_at_planning(tpch_dir):
     runtime.close()
 
 
-def test_dynamic_resolver_picks_up_an_added_worker(flight_workers, own_workers, tpch_dir, oracle, tmp_path):
+def test_dynamic_resolver_picks_up_an_added_worker(
+    flight_workers, own_workers, tpch_dir, oracle, tmp_path
+):
     listing = tmp_path / "workers.txt"
     listing.write_text("\n".join(flight_workers[:2]))
     resolver = DynamicWorkerResolver(lambda: listing.read_text().split(), interval_s=0.1)

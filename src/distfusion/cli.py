@@ -5,6 +5,8 @@ distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime loca
                  [--workers N] [--explain] [--output out.parquet|out.csv]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
+distfusion worker --host 127.0.0.1 --port 50051 [--token T] [--tls-cert C --tls-key K]
+distfusion query ... --runtime flight --workers-url grpc://127.0.0.1:50051,...
 ```
 
 Exit status: 0 on success, 1 when the query fails (the error is printed), 2 on
@@ -23,7 +25,7 @@ from distfusion.errors import DistfusionError
 
 __all__ = ["main", "make_runtime"]
 
-RUNTIMES = ("local",)
+RUNTIMES = ("local", "flight")
 
 
 def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None = None):
@@ -36,6 +38,10 @@ def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None
         from distfusion.runtime.local import LocalRuntime
 
         return LocalRuntime(workers=workers)
+    if name == "flight":
+        from distfusion.runtime.flight import runtime_from_args
+
+        return runtime_from_args(workers, args)
     msg = f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}"
     raise ValueError(msg)
 
@@ -50,6 +56,17 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=int, default=None, help="number of workers (default: one per core)"
     )
+    f = p.add_argument_group("flight runtime")
+    f.add_argument(
+        "--workers-url",
+        default=None,
+        help="comma-separated worker URLs (grpc://host:port,...); "
+        "default: start --workers local worker processes (3)",
+    )
+    f.add_argument(
+        "--token", default=None, help="workers' shared secret (default: $DISTFUSION_TOKEN)"
+    )
+    f.add_argument("--tls-root-certs", default=None, help="PEM file verifying grpc+tls:// workers")
 
 
 def _register_tables(ctx, args) -> None:
@@ -147,6 +164,13 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_worker(args) -> int:
+    """Serve as an Arrow Flight worker until SIGINT/SIGTERM."""
+    from distfusion.worker.flight_cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -183,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="files per table (default: 8 per scale unit, at least 4)",
     )
     d.set_defaults(func=cmd_datagen)
+
+    w = sub.add_parser("worker", help="run an Arrow Flight worker (the flight runtime's workers)")
+    from distfusion.worker.flight_cli import add_arguments as add_worker_arguments
+
+    add_worker_arguments(w)
+    w.set_defaults(func=cmd_worker)
 
     b = sub.add_parser("bench", help="benchmark against single-node DataFusion")
     b.add_argument("benchmark", choices=["tpch"])

@@ -28,7 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import select
+import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -39,7 +45,9 @@ from distfusion.resolver import StaticWorkerResolver, WorkerResolver
 from distfusion.runtime.base import Routing, execute_graph, round_robin
 from distfusion.stages import StageGraph
 
-__all__ = ["FlightRuntime"]
+__all__ = ["FlightRuntime", "start_local_workers"]
+
+_READY = "distfusion worker listening on "
 
 log = logging.getLogger("distfusion.runtime.flight")
 
@@ -116,8 +124,9 @@ class FlightRuntime:
         return len(self._urls())
 
     def execute(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
-        """See :meth:`Runtime.execute`. Each run gets a fresh query id, so a
-        planned DataFrame can be executed again.
+        """See :meth:`Runtime.execute`.
+
+        Each run gets a fresh query id, so a planned DataFrame can run again.
 
         Raises:
             PlanningError: the resolver returned no URL.
@@ -157,7 +166,9 @@ class FlightRuntime:
                 if not remaining:
                     msg = f"every worker is unreachable ({', '.join(lost)}); last error: {exc}"
                     raise WorkerUnavailableError(lost[0], msg) from exc
-                log.warning("lost worker(s) %s (%s); running the query again on %s", lost, exc, remaining)
+                log.warning(
+                    "lost worker(s) %s (%s); running the query again on %s", lost, exc, remaining
+                )
                 urls = remaining
                 attempt += 1
             finally:
@@ -193,9 +204,11 @@ class FlightRuntime:
             self._running.pop(query_id, None)
 
     def _beat(self) -> None:
-        """Every ``heartbeat_s``: keepalive to each worker of a running query; a
-        worker that stopped answering aborts its queries (the coordinator may be
-        waiting on another worker and would not notice otherwise)."""
+        """Send keepalives every ``heartbeat_s`` to each worker of a running query.
+
+        A worker that stopped answering aborts its queries (the coordinator may
+        be waiting on another worker and would not notice otherwise).
+        """
         while not self._stop.wait(self.heartbeat_s):
             with self._lock:
                 by_url: dict[str, list[str]] = {}
@@ -215,20 +228,141 @@ class FlightRuntime:
 
     # ------------------------------------------------------------- extras
     def stats(self) -> dict[str, dict]:
-        """Per worker URL: ``{"live_tasks", "bytes_held", "plans_received",
-        "live_queries"}`` (tasks and bytes are zero between queries).
+        """Live tasks and bytes held, per worker URL (zero between queries).
+
+        Returns:
+            URL -> ``{"live_tasks", "bytes_held", "plans_received", "live_queries"}``.
 
         Raises:
             WorkerUnavailableError: a worker cannot be reached.
         """
         return {url: self.transport.stats(url) for url in self.resolver.get_urls()}
 
+    @classmethod
+    def with_local_workers(cls, workers: int = 3, *, slots: int = 1, **kwargs) -> FlightRuntime:
+        """A runtime on ``workers`` new worker processes on 127.0.0.1 (free ports).
+
+        The processes are stopped by :meth:`close`; for one machine and benchmarks.
+
+        Args:
+            workers: worker processes to start.
+            slots: tasks each worker runs at the same time.
+            **kwargs: passed to :class:`FlightRuntime`; ``token`` is given to
+                the workers too.
+
+        Raises:
+            RuntimeError: a worker did not start within 60 s.
+        """
+        token = kwargs.get("token")
+        args = ["--slots", str(slots)]
+        env = {"DISTFUSION_TOKEN": token} if token else None
+        procs = start_local_workers(workers, args, env=env)
+        runtime = cls([url for _, url in procs], **kwargs)
+        runtime._processes = [p for p, _ in procs]
+        return runtime
+
     def close(self) -> None:
-        """Stop the heartbeat thread and close the Flight clients. Workers keep running."""
+        """Stop the heartbeat, the Flight clients and the workers this runtime started.
+
+        Workers started elsewhere keep running.
+        """
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         self.transport.close()
+        _stop_processes(getattr(self, "_processes", []))
+        self._processes = []
 
     def __repr__(self) -> str:
         return f"FlightRuntime({self.resolver!r})"
+
+
+def start_local_workers(
+    n: int, args: list[str] | None = None, env: dict | None = None, timeout_s: float = 60.0
+) -> list[tuple[subprocess.Popen, str]]:
+    """Start ``n`` ``distfusion worker --port 0`` processes on 127.0.0.1.
+
+    Args:
+        n: processes to start.
+        args: extra worker options (``["--token", "..."]``).
+        env: extra environment variables of the processes.
+        timeout_s: how long one worker may take to announce its URL, seconds.
+
+    Returns:
+        ``(process, url)`` per worker; stop them with SIGTERM (or
+        :meth:`FlightRuntime.close` when it started them).
+
+    Raises:
+        RuntimeError: a worker exited or did not start in time (the others are stopped).
+    """
+    started: list[tuple[subprocess.Popen, str]] = []
+    try:
+        for _ in range(n):
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distfusion.worker.flight_server",
+                    "--port",
+                    "0",
+                    *(args or []),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                text=True,
+            )
+            started.append((proc, ""))
+            deadline = time.monotonic() + timeout_s
+            line = ""
+            while not line and time.monotonic() < deadline and proc.poll() is None:
+                if select.select([proc.stdout], [], [], 0.2)[0]:
+                    line = proc.stdout.readline()
+            if not line.startswith(_READY):
+                msg = f"a Flight worker did not start (exit code {proc.poll()}): {line!r}"
+                raise RuntimeError(msg)
+            started[-1] = (proc, line[len(_READY) :].strip())
+    except BaseException:
+        _stop_processes([p for p, _ in started])
+        raise
+    return started
+
+
+def _stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:  # a task stuck in DataFusion keeps it alive
+            p.kill()
+            p.wait()
+        if p.stdout:
+            p.stdout.close()
+
+
+def runtime_from_args(workers: int | None, args) -> FlightRuntime:
+    """The runtime of ``distfusion query/bench --runtime flight``.
+
+    With ``--workers-url u1,u2``: those workers (a static resolver). Without:
+    ``workers`` (default 3) new local worker processes, stopped on close.
+
+    Raises:
+        ValueError: ``--workers-url`` lists no URL.
+        RuntimeError: a local worker did not start.
+    """
+    urls_arg = getattr(args, "workers_url", None)
+    token = getattr(args, "token", None)
+    roots_path = getattr(args, "tls_root_certs", None)
+    roots = None
+    if roots_path:
+        with open(roots_path, "rb") as f:
+            roots = f.read()
+    if urls_arg:
+        urls = [u.strip() for u in urls_arg.split(",") if u.strip()]
+        if not urls:
+            msg = f"--workers-url lists no URL: {urls_arg!r}"
+            raise ValueError(msg)
+        return FlightRuntime(urls, token=token, tls_root_certs=roots)
+    return FlightRuntime.with_local_workers(workers or 3, token=token, tls_root_certs=roots)

@@ -310,7 +310,9 @@ class FlightWorkerTransport:
             self._action(url, ACTION_SET_PLAN, plan.to_json().encode(), self.action_timeout_s)
         except WorkerUnavailableError as exc:
             detail = str(exc).split(": ", 1)[-1]
-            raise WorkerUnavailableError(url, f"delivering {task_name(plan.key)}: {detail}") from None
+            raise WorkerUnavailableError(
+                url, f"delivering {task_name(plan.key)}: {detail}"
+            ) from None
 
     def execute_partition(
         self, url: str, key: TaskKey, partition: int, timeout_s: float | None = None
@@ -383,9 +385,11 @@ class FlightWorkerTransport:
         return True
 
     def abort_query(self, query_id: str, error: Exception) -> None:
-        """Make every read of ``query_id`` through this transport raise ``error``,
-        within one poll round (``poll_s``); for a coordinator that learnt a worker
-        of the query died while it waits on another one."""
+        """Make every read of ``query_id`` through this transport raise ``error``.
+
+        Takes effect within one poll round (``poll_s``); for a coordinator that
+        learnt a worker of the query died while it waits on another one.
+        """
         with self._lock:
             self._aborted[query_id] = error
             while len(self._aborted) > _ABORTED_KEPT:
@@ -424,4 +428,5 @@ class FlightWorkerTransport:
                 pass
 
     def __repr__(self) -> str:
-        return f"FlightWorkerTransport(clients={len(self._clients)}, token={'set' if self._headers else 'none'})"
+        token = "set" if self._headers else "none"
+        return f"FlightWorkerTransport(clients={len(self._clients)}, token={token})"

@@ -1,4 +1,4 @@
-"""A worker as an Arrow Flight server: ``distfusion worker --port 50051``.
+r"""A worker as an Arrow Flight server: ``distfusion worker --port 50051``.
 
 :class:`FlightWorker` forwards the worker protocol (see
 :mod:`distfusion.transport.flight`) to a :class:`~distfusion.worker.worker.Worker`,
@@ -56,6 +56,7 @@ from distfusion.transport.flight import (
     encode_error,
     import_flight,
 )
+from distfusion.worker import flight_cli
 from distfusion.worker.task_plan import TaskPlan
 from distfusion.worker.worker import Worker
 
@@ -64,9 +65,9 @@ __all__ = ["FlightWorker", "main"]
 flight = import_flight()
 log = logging.getLogger("distfusion.worker")
 
-DEFAULT_QUERY_TTL_S = 120.0
-"""A query nobody asked about for this long is dropped (its coordinator is gone).
-Coordinators send a keepalive every few seconds while a query runs."""
+DEFAULT_QUERY_TTL_S = flight_cli.DEFAULT_QUERY_TTL_S
+"""A query nobody asked about for this long (seconds) is dropped: its coordinator
+is gone. Coordinators send a keepalive every second while a query runs."""
 
 
 class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
@@ -191,7 +192,9 @@ class FlightWorker:
         self.port: int = self._server.port
         self.url = advertise_url or f"{scheme}://{host}:{self.port}"
         self.worker.url = self.url
-        self._reaper = threading.Thread(target=self._reap, name=f"distfusion-reaper-{self.port}", daemon=True)
+        self._reaper = threading.Thread(
+            target=self._reap, name=f"distfusion-reaper-{self.port}", daemon=True
+        )
         self._reaper.start()
 
     # ------------------------------------------------------------- lifecycle
@@ -289,66 +292,13 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 # ---------------------------------------------------------------------- command line
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The worker's command-line options (shared with ``distfusion worker``)."""
-    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=50051, help="TCP port; 0 picks a free one")
-    parser.add_argument(
-        "--token",
-        default=None,
-        help=f"shared secret every call must carry (default: ${TOKEN_ENV}; none: accept all)",
-    )
-    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve grpc+tls://")
-    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--tls-root-certs",
-        default=None,
-        help="PEM roots to verify other TLS workers (default: --tls-cert)",
-    )
-    parser.add_argument("--slots", type=int, default=1, help="tasks run at the same time")
-    parser.add_argument(
-        "--query-ttl",
-        type=float,
-        default=DEFAULT_QUERY_TTL_S,
-        help="seconds without a call about a query before its state is dropped",
-    )
-    parser.add_argument("--advertise-url", default=None, help="URL this worker names itself by")
-
-
-def _read(path: str | None) -> bytes | None:
-    if path is None:
-        return None
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def run(args: argparse.Namespace) -> int:
-    """Start a worker from parsed :func:`add_arguments` options; serve until SIGINT/SIGTERM."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    worker = FlightWorker(
-        args.host,
-        args.port,
-        token=args.token,
-        tls_cert_chain=_read(args.tls_cert),
-        tls_private_key=_read(args.tls_key),
-        tls_root_certs=_read(args.tls_root_certs),
-        slots=args.slots,
-        query_ttl_s=args.query_ttl,
-        advertise_url=args.advertise_url,
-    )
-    print(f"distfusion worker listening on {worker.url}", flush=True)
-    try:
-        worker.serve()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        worker.close()
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m distfusion.worker.flight_server [options]``."""
-    parser = argparse.ArgumentParser(prog="distfusion worker", description="Run an Arrow Flight worker.")
+    """``python -m distfusion.worker.flight_server [options]`` (see ``distfusion worker -h``)."""
+    from distfusion.worker.flight_cli import add_arguments, run
+
+    parser = argparse.ArgumentParser(
+        prog="distfusion worker", description="Run an Arrow Flight worker."
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
