@@ -7,6 +7,7 @@ executing its Substrait fragment natively with DataFusion.
 
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
 from distfusion.errors import (
+    AuthenticationError,
     DistfusionError,
     PlanningError,
     QueryCancelled,
@@ -16,19 +17,23 @@ from distfusion.errors import (
     WorkerUnavailableError,
 )
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.resolver import StaticWorkerResolver, WorkerResolver
+from distfusion.resolver import DynamicWorkerResolver, StaticWorkerResolver, WorkerResolver
 from distfusion.runtime.base import Runtime
+from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
 from distfusion.stages import StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.transport.in_memory import InMemoryTransport
 
 __all__ = [
+    "AuthenticationError",
     "DefaultTaskEstimator",
     "DistfusionError",
     "DistributedConfig",
     "DistributedContext",
     "DistributedDataFrame",
+    "DynamicWorkerResolver",
+    "FlightRuntime",
     "InMemoryTransport",
     "LocalRuntime",
     "PlanningError",
