@@ -81,6 +81,16 @@ def default_target_partitions() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def _threads(cores: int, stage: Stage, urls: list[str]) -> int:
+    """DataFusion partitions per task: the cores shared by the stage's concurrent tasks.
+
+    Tasks of one stage already run in parallel; giving each every core would make
+    DataFusion repartition inside each task on top of the stage's own split.
+    Used when several workers share the machine's cores (the local runtime).
+    """
+    return max(1, cores // max(1, min(stage.num_tasks, len(urls))))
+
+
 def _input_workers(
     stage: Stage, graph: StageGraph, placement: dict[tuple[int, int], str]
 ) -> tuple[tuple[str, ...], ...]:
@@ -124,7 +134,7 @@ def execute_graph(
         for stage in graph.stages[:-1]:
             inputs = _input_workers(stage, graph, placement)
             for t in range(stage.num_tasks):
-                plan = TaskPlan.for_task(qid, stage, t, inputs, tp)
+                plan = TaskPlan.for_task(qid, stage, t, inputs, _threads(tp, stage, urls))
                 transport.set_plan(placement[(stage.stage_id, t)], plan)
         head = graph.head
         plan = TaskPlan.for_task(qid, head, 0, _input_workers(head, graph, placement), tp)
