@@ -39,8 +39,10 @@ T = pa.table(
         "v": pa.array([1.5, 2.0, 3.25, 4.0, 5.0, 6.5, 7.0, 8.0, 9.0, None, 11.0, 12.0]),
         "s": pa.array(["a", "b", "c", "d", "a", "b", "c", None, "a", "e", "f", "b"]),
         "d": pa.array(
-            [decimal.Decimal(x) for x in
-             ("1.10", "2.20", "3.33", "4.00", "5.55", "6.01", "7.77", "8.80", "9.99", "0.01", "1.00", "2.50")],
+            [
+                decimal.Decimal(x)
+                for x in "1.10 2.20 3.33 4.00 5.55 6.01 7.77 8.80 9.99 0.01 1.00 2.50".split()
+            ],
             pa.decimal128(10, 2),
         ),
     }
@@ -74,7 +76,9 @@ def make_contexts(
 
     ``tables`` maps name -> (pyarrow table, rows per work unit).
     """
-    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=tasks, **config))
+    ctx = DistributedContext(
+        runtime=runtime, config=DistributedConfig(tasks_per_stage=tasks, **config)
+    )
     oracle = SessionContext()
     for name, (table, rows_per_unit) in tables.items():
         ctx.register_table(name, table, max_rows_per_unit=rows_per_unit)
@@ -181,7 +185,9 @@ def test_tasks_capped_by_workers_and_work_units(runtimes):
 
 
 def test_grouped_aggregate_partial_below_shuffle_final_above(small):
-    g = run(small, "SELECT k, sum(v) AS sv, count(*) AS n, min(s) AS lo, max(s) AS hi FROM t GROUP BY k")
+    g = run(
+        small, "SELECT k, sum(v) AS sv, count(*) AS n, min(s) AS lo, max(s) AS hi FROM t GROUP BY k"
+    )
     check_well_formed(g)
     leaf, final, head = g.stages
     assert leaf.is_leaf and leaf.num_tasks == 4
@@ -192,7 +198,9 @@ def test_grouped_aggregate_partial_below_shuffle_final_above(small):
 
 
 def test_global_aggregate_partial_per_task_then_coalesce(small):
-    g = run(small, "SELECT count(*) AS n, sum(v) AS sv, min(k) AS lo, max(s) AS hi, avg(v) AS av FROM t")
+    g = run(
+        small, "SELECT count(*) AS n, sum(v) AS sv, min(k) AS lo, max(s) AS hi, avg(v) AS av FROM t"
+    )
     check_well_formed(g)
     leaf, head = g.stages
     assert leaf.num_tasks == 4 and "Aggregate" in leaf.plan_text
@@ -242,7 +250,14 @@ def test_count_distinct_grouped(small):
         "SELECT k, avg(d) AS ad, avg(v) AS av FROM t GROUP BY k",
         "SELECT bool_and(v > 2) AS ba, bool_or(v > 10) AS bo FROM t",
     ],
-    ids=["decimal-grouped", "decimal-global", "float-grouped", "float-global-stats", "avg-grouped", "bool"],
+    ids=[
+        "decimal-grouped",
+        "decimal-global",
+        "float-grouped",
+        "float-global-stats",
+        "avg-grouped",
+        "bool",
+    ],
 )
 def test_decimal_and_float_aggregates(small, sql):
     g = run(small, sql)
@@ -292,7 +307,9 @@ def test_join_large_sides_are_both_shuffled(large, name):
     g = run(large, JOINS[name])
     check_well_formed(g)
     assert BROADCAST not in kinds(g)
-    (join_stage,) = [s for s in g.stages if len([i for i in s.inputs if i.boundary == SHUFFLE]) == 2]
+    (join_stage,) = [
+        s for s in g.stages if len([i for i in s.inputs if i.boundary == SHUFFLE]) == 2
+    ]
     left, right = producer_of(g, join_stage.stage_id, SHUFFLE)
     assert join_stage.num_tasks == 4
     assert left.output.num_partitions == right.output.num_partitions == 4
@@ -303,13 +320,17 @@ def test_broadcast_side_is_the_small_one(runtimes):
     # 4 rows against 400: whichever side is written first, the 4-row side is copied.
     big = pa.table({"k": pa.array(range(400), pa.int64()), "x": pa.array(range(400), pa.int64())})
     tiny = pa.table({"k": pa.array([3, 5, 7, 1000], pa.int64()), "y": ["a", "b", "c", "d"]})
-    contexts = make_contexts(runtimes[4], {"big": (big, 100), "tiny": (tiny, 1)}, broadcast_threshold_bytes=1024)
+    contexts = make_contexts(
+        runtimes[4], {"big": (big, 100), "tiny": (tiny, 1)}, broadcast_threshold_bytes=1024
+    )
     for sql in (
         "SELECT big.x, tiny.y FROM big JOIN tiny ON big.k = tiny.k",
         "SELECT big.x, tiny.y FROM tiny JOIN big ON big.k = tiny.k",
     ):
         g = run(contexts, sql)
-        (bcast,) = [g.stage(i.stage_id) for s in g.stages for i in s.inputs if i.boundary == BROADCAST]
+        (bcast,) = [
+            g.stage(i.stage_id) for s in g.stages for i in s.inputs if i.boundary == BROADCAST
+        ]
         assert [scan.source.name for scan in bcast.scans] == ["tiny"]
 
 
@@ -378,7 +399,9 @@ def test_null_join_keys_survive_outer_joins(request, contexts):
     rows = ctx.sql(sql).to_arrow_table().to_pylist()
     # The two NULL-key rows of t and the two of u each survive once, unmatched.
     assert sum(1 for r in rows if r["k"] is None and r["v"] is not None and r["uk"] is None) == 2
-    assert sorted(r["w"] for r in rows if r["uk"] is None and r["w"] is not None and r["k"] is None) == ["c", "y"]
+    assert sorted(
+        r["w"] for r in rows if r["uk"] is None and r["w"] is not None and r["k"] is None
+    ) == ["c", "y"]
     run(c, "SELECT t.k, t.v, u.w FROM t LEFT JOIN u ON t.k = u.k")
     run(c, "SELECT u.k, u.w, t.v FROM t RIGHT JOIN u ON t.k = u.k")
 
@@ -400,14 +423,21 @@ def _int_keys(n: int, typ: pa.DataType, mod: int, offset: int) -> pa.Array:
 
 @pytest.mark.parametrize(
     ("left_type", "right_type"),
-    [(pa.int32(), pa.int64()), (pa.int8(), pa.int64()), (pa.int64(), pa.int16()), (pa.uint8(), pa.int32())],
+    [
+        (pa.int32(), pa.int64()),
+        (pa.int8(), pa.int64()),
+        (pa.int64(), pa.int16()),
+        (pa.uint8(), pa.int32()),
+    ],
     ids=["int32-int64", "int8-int64", "int64-int16", "uint8-int32"],
 )
 def test_join_keys_of_different_integer_types(runtimes, left_type, right_type):
     # Both sides shuffled into 4 partitions: equal keys of different widths must
     # hash alike, else matches are lost.
     offset = 0 if pa.types.is_unsigned_integer(left_type) else 60
-    a = pa.table({"k": _int_keys(300, left_type, 120, offset), "x": pa.array(range(300), pa.int64())})
+    a = pa.table(
+        {"k": _int_keys(300, left_type, 120, offset), "x": pa.array(range(300), pa.int64())}
+    )
     b = pa.table({"k": pa.array(range(-70, 130), right_type), "y": [f"n{i}" for i in range(200)]})
     contexts = make_contexts(runtimes[4], {"a": (a, 40), "b": (b, 25)}, **LARGE)
     for sql in (
@@ -443,7 +473,9 @@ def test_select_star_join_with_same_column_names(small):
 
 
 def test_join_then_grouped_aggregate(large):
-    g = run(large, "SELECT u.w, sum(t.v) AS sv, count(*) AS n FROM t JOIN u ON t.k = u.k GROUP BY u.w")
+    g = run(
+        large, "SELECT u.w, sum(t.v) AS sv, count(*) AS n FROM t JOIN u ON t.k = u.k GROUP BY u.w"
+    )
     check_well_formed(g)
     assert kinds(g).count(SHUFFLE) == 3  # both join sides, then the aggregate keys
 
@@ -540,12 +572,17 @@ def test_ranking_windows_with_partition_and_order(small):
 
 
 def test_window_on_string_partition_key(small):
-    g = run(small, "SELECT s, v, avg(v) OVER (PARTITION BY s) AS av, count(*) OVER (PARTITION BY s) AS n FROM t")
+    g = run(
+        small,
+        "SELECT s, v, avg(v) OVER (PARTITION BY s) AS av, count(*) OVER (PARTITION BY s) AS n FROM t",
+    )
     check_well_formed(g)
 
 
 def test_window_without_partition_by_coalesces(small):
-    g = run(small, "SELECT k, v, rank() OVER (ORDER BY v DESC) AS r, sum(v) OVER () AS total FROM t")
+    g = run(
+        small, "SELECT k, v, rank() OVER (ORDER BY v DESC) AS r, sum(v) OVER () AS total FROM t"
+    )
     check_well_formed(g)
     window = stage_with(g, "WindowAggr")
     assert window.num_tasks == 1
@@ -554,7 +591,10 @@ def test_window_without_partition_by_coalesces(small):
 
 
 def test_windows_with_different_partitions_coalesce(small):
-    g = run(small, "SELECT k, s, sum(v) OVER (PARTITION BY k) AS a, sum(v) OVER (PARTITION BY s) AS b FROM t")
+    g = run(
+        small,
+        "SELECT k, s, sum(v) OVER (PARTITION BY k) AS a, sum(v) OVER (PARTITION BY s) AS b FROM t",
+    )
     check_well_formed(g)
 
 
@@ -667,7 +707,9 @@ _keys = st.one_of(st.none(), st.integers(-3, 3))
 _rows = st.lists(st.tuples(_keys, st.one_of(st.none(), st.integers(-100, 100))), max_size=30)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     left=_rows,
     right=_rows,
@@ -676,12 +718,20 @@ _rows = st.lists(st.tuples(_keys, st.one_of(st.none(), st.integers(-100, 100))),
     broadcast=st.booleans(),
     key_type=st.sampled_from([pa.int32(), pa.int64(), pa.int8()]),
 )
-def test_random_tables_match_single_node(runtimes, left, right, workers, rows_per_unit, broadcast, key_type):
+def test_random_tables_match_single_node(
+    runtimes, left, right, workers, rows_per_unit, broadcast, key_type
+):
     a = pa.table(
-        {"k": pa.array([r[0] for r in left], pa.int64()), "x": pa.array([r[1] for r in left], pa.int64())}
+        {
+            "k": pa.array([r[0] for r in left], pa.int64()),
+            "x": pa.array([r[1] for r in left], pa.int64()),
+        }
     )
     b = pa.table(
-        {"k": pa.array([r[0] for r in right], key_type), "y": pa.array([r[1] for r in right], pa.int64())}
+        {
+            "k": pa.array([r[0] for r in right], key_type),
+            "y": pa.array([r[1] for r in right], pa.int64()),
+        }
     )
     contexts = make_contexts(
         runtimes[workers],
