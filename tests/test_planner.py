@@ -550,12 +550,6 @@ def test_window_with_partition_by_shuffles_by_its_keys(small):
     assert "k AS c0" in producer.plan_text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="visit_project looks for window functions in the whole subtree "
-    "(contains(rel.project, ...)), so every projection above a window re-shuffles "
-    "its input by the same keys: one window gets two shuffles",
-)
 def test_window_with_partition_by_shuffles_once(small):
     g = run(small, "SELECT k, v, sum(v) OVER (PARTITION BY k) AS sv FROM t")
     assert kinds(g) == [COALESCE, SHUFFLE]

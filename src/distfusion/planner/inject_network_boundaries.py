@@ -106,6 +106,8 @@ class _Fragment:
     tasks: int
     est: Estimate
     inputs: list[StageInput] = field(default_factory=list)
+    # Small source tables every task reads in full (a broadcast without a stage).
+    replicated: frozenset[str] = frozenset()
 
     def with_rel(self, rel: Rel, est: Estimate | None = None) -> _Fragment:
         return replace(self, rel=rel, est=est or self.est)
@@ -188,7 +190,7 @@ class _Planner:
             num_tasks=frag.tasks,
             fragment=fragment,
             inputs=tuple(frag.inputs),
-            scans=self._scans(rel, frag.tasks),
+            scans=self._scans(rel, frag.tasks, frag.replicated),
             output=OutputPartitioning(
                 kind=kind,
                 num_partitions=partitions,
@@ -207,7 +209,8 @@ class _Planner:
             table, stage_id, boundary, declared
         )
 
-    def _scans(self, rel: Rel, tasks: int) -> tuple[SourceScan, ...]:
+    def _source_names(self, rel: Rel) -> list[str]:
+        """Source tables read anywhere in ``rel`` (subqueries included), in order."""
         names: list[str] = []
 
         def visit(m) -> bool:
@@ -218,9 +221,33 @@ class _Planner:
             return False
 
         contains(rel, visit)
-        return tuple(
-            SourceScan(self.sources[n], _split_units(self.sources[n].units, tasks)) for n in names
-        )
+        return names
+
+    def _scans(self, rel: Rel, tasks: int, replicated: frozenset[str]) -> tuple[SourceScan, ...]:
+        scans = []
+        for n in self._source_names(rel):
+            units = self.sources[n].units
+            if n in replicated:
+                scans.append(SourceScan(self.sources[n], (units,) * tasks, replicated=True))
+            else:
+                scans.append(SourceScan(self.sources[n], _split_units(units, tasks)))
+        return tuple(scans)
+
+    def _replicable(self, build: _Fragment, probe: _Fragment) -> frozenset[str] | None:
+        """The source tables of ``build`` if every probe task can read them in full.
+
+        That is a broadcast without a stage: ``build`` must be one task over
+        source tables only, all of them at most ``replicate_scan_bytes`` in total
+        (re-reading costs a scan per task), none also read split by the probe.
+        """
+        if build.tasks != 1 or build.inputs:
+            return None
+        names = frozenset(self._source_names(build.rel))
+        total = sum(self.sources[n].size_bytes for n in names)
+        if not names or total > self.config.replicate_scan_bytes:
+            return None
+        split = set(self._source_names(probe.rel)) - probe.replicated
+        return None if names & split else names
 
     def gather(self, frag: _Fragment) -> _Fragment:
         """``frag`` as a single-task fragment: coalesced if it has several tasks."""
@@ -294,13 +321,16 @@ class _Planner:
         return self._pipeline(rel, filter_selectivity(names))
 
     def visit_project(self, rel: Rel) -> _Fragment:
+        # Only this projection's own expressions: a projection above a window
+        # pipelines on the window's partitioning, it does not shuffle again.
         windows = []
-        contains(
-            rel.project,
-            lambda m: (
-                isinstance(m, Expression.WindowFunction) and windows.append(m) is None and False
-            ),
-        )
+        for expr in rel.project.expressions:
+            contains(
+                expr,
+                lambda m: (
+                    isinstance(m, Expression.WindowFunction) and windows.append(m) is None and False
+                ),
+            )
         if not windows:
             return self._pipeline(rel)
         frag = self.visit(rel.project.input)
@@ -400,7 +430,9 @@ class _Planner:
             est = Estimate(left.est.rows * right.est.rows, left.est.bytes * max(right.est.rows, 1))
         if left.tasks == 1 and right.tasks == 1:
             new = set_children(rel, [left.rel, right.rel])
-            return _Fragment(new, 1, est, left.inputs + right.inputs)
+            return _Fragment(
+                new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
+            )
         pays = self.config.broadcast_pays
         candidates = []
         if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
@@ -416,6 +448,16 @@ class _Planner:
         if candidates:
             side = min(candidates)[1]
             build, probe = (right, left) if side == "right" else (left, right)
+            replicated = self._replicable(build, probe)
+            if replicated is not None:
+                new_children = [probe.rel, build.rel] if side == "right" else [build.rel, probe.rel]
+                return _Fragment(
+                    set_children(rel, new_children),
+                    probe.tasks,
+                    est,
+                    probe.inputs,
+                    probe.replicated | replicated,
+                )
             kind = BROADCAST if probe.tasks > 1 else COALESCE
             read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
             new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
