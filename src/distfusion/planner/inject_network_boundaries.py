@@ -106,8 +106,6 @@ class _Fragment:
     tasks: int
     est: Estimate
     inputs: list[StageInput] = field(default_factory=list)
-    # Small source tables every task reads in full (a broadcast without a stage).
-    replicated: frozenset[str] = frozenset()
 
     def with_rel(self, rel: Rel, est: Estimate | None = None) -> _Fragment:
         return replace(self, rel=rel, est=est or self.est)
@@ -190,7 +188,7 @@ class _Planner:
             num_tasks=frag.tasks,
             fragment=fragment,
             inputs=tuple(frag.inputs),
-            scans=self._scans(rel, frag.tasks, frag.replicated),
+            scans=self._scans(rel, frag.tasks),
             output=OutputPartitioning(
                 kind=kind,
                 num_partitions=partitions,
@@ -209,8 +207,7 @@ class _Planner:
             table, stage_id, boundary, declared
         )
 
-    def _source_names(self, rel: Rel) -> list[str]:
-        """Source tables read anywhere in ``rel`` (subqueries included), in order."""
+    def _scans(self, rel: Rel, tasks: int) -> tuple[SourceScan, ...]:
         names: list[str] = []
 
         def visit(m) -> bool:
@@ -221,33 +218,9 @@ class _Planner:
             return False
 
         contains(rel, visit)
-        return names
-
-    def _scans(self, rel: Rel, tasks: int, replicated: frozenset[str]) -> tuple[SourceScan, ...]:
-        scans = []
-        for n in self._source_names(rel):
-            units = self.sources[n].units
-            if n in replicated:
-                scans.append(SourceScan(self.sources[n], (units,) * tasks, replicated=True))
-            else:
-                scans.append(SourceScan(self.sources[n], _split_units(units, tasks)))
-        return tuple(scans)
-
-    def _replicable(self, build: _Fragment, probe: _Fragment) -> frozenset[str] | None:
-        """The source tables of ``build`` if every probe task can read them in full.
-
-        That is a broadcast without a stage: ``build`` must be one task over
-        source tables only, all of them at most ``replicate_scan_bytes`` in total
-        (re-reading costs a scan per task), none also read split by the probe.
-        """
-        if build.tasks != 1 or build.inputs:
-            return None
-        names = frozenset(self._source_names(build.rel))
-        total = sum(self.sources[n].size_bytes for n in names)
-        if not names or total > self.config.replicate_scan_bytes:
-            return None
-        split = set(self._source_names(probe.rel)) - probe.replicated
-        return None if names & split else names
+        return tuple(
+            SourceScan(self.sources[n], _split_units(self.sources[n].units, tasks)) for n in names
+        )
 
     def gather(self, frag: _Fragment) -> _Fragment:
         """``frag`` as a single-task fragment: coalesced if it has several tasks."""
@@ -430,9 +403,7 @@ class _Planner:
             est = Estimate(left.est.rows * right.est.rows, left.est.bytes * max(right.est.rows, 1))
         if left.tasks == 1 and right.tasks == 1:
             new = set_children(rel, [left.rel, right.rel])
-            return _Fragment(
-                new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
-            )
+            return _Fragment(new, 1, est, left.inputs + right.inputs)
         pays = self.config.broadcast_pays
         candidates = []
         if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
@@ -448,16 +419,6 @@ class _Planner:
         if candidates:
             side = min(candidates)[1]
             build, probe = (right, left) if side == "right" else (left, right)
-            replicated = self._replicable(build, probe)
-            if replicated is not None:
-                new_children = [probe.rel, build.rel] if side == "right" else [build.rel, probe.rel]
-                return _Fragment(
-                    set_children(rel, new_children),
-                    probe.tasks,
-                    est,
-                    probe.inputs,
-                    probe.replicated | replicated,
-                )
             kind = BROADCAST if probe.tasks > 1 else COALESCE
             read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
             new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
