@@ -140,6 +140,10 @@ def check_well_formed(graph: StageGraph) -> None:
                 assert producer.output.readers == s.num_tasks
         for scan in s.scans:
             assert len(scan.task_units) == s.num_tasks
+            if getattr(scan, "replicated", False):
+                # A small table every task reads in full (a broadcast without a stage).
+                assert all(tuple(units) == tuple(scan.source.units) for units in scan.task_units)
+                continue
             # Every work unit of the table is read by exactly one task.
             units = [u for per_task in scan.task_units for u in per_task]
             assert sorted(map(id, units)) == sorted(map(id, scan.source.units))
