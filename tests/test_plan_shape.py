@@ -16,6 +16,7 @@ SCALED = DistributedConfig(
     bytes_per_task=DistributedConfig.bytes_per_task // 10,
     broadcast_threshold_bytes=DistributedConfig.broadcast_threshold_bytes // 10,
     max_broadcast_bytes=DistributedConfig.max_broadcast_bytes // 10,
+    replicate_scan_bytes=DistributedConfig.replicate_scan_bytes // 10,
 )
 
 
@@ -52,12 +53,20 @@ def test_leaf_stage_has_several_tasks_and_aggregate_is_shuffled(ctx, q):
 
 @pytest.mark.parametrize(("q", "tables"), [(5, ["nation", "region"]), (9, ["nation"])])
 def test_nation_and_region_are_broadcast(ctx, q, tables):
-    graph = ctx.sql(tpch.query(q)).stage_graph()
+    """Every task joining with nation/region gets all their rows: through a broadcast
+    stage, or (tables this small) by reading them whole ("broadcast scan")."""
+    df = ctx.sql(tpch.query(q))
+    graph = df.stage_graph()
     for table in tables:
         (stage,) = _scan_stage(graph, table)
-        assert stage.num_tasks == 1
-        assert stage.output.kind == BROADCAST, graph.render()
-        assert _fed_by(graph, stage.stage_id, BROADCAST)
+        (scan,) = [s for s in stage.scans if s.source.name == table]
+        if scan.replicated:
+            assert stage.num_tasks > 1
+            assert all(units == scan.source.units for units in scan.task_units)
+            assert f"<- broadcast scan {table} " in df.explain()
+        else:
+            assert stage.output.kind == BROADCAST, graph.render()
+            assert _fed_by(graph, stage.stage_id, BROADCAST)
 
 
 def test_large_join_is_shuffled_on_both_sides(ctx):
@@ -74,7 +83,8 @@ def test_large_join_is_shuffled_on_both_sides(ctx):
 
 def test_explain_names_stages_tasks_and_boundaries(ctx):
     text = ctx.sql(tpch.query(5)).explain()
-    assert text.startswith("Stage 8 [head, 1 task]")
+    assert text.startswith("Stage 5 [head, 1 task]")
     assert "<- scan lineitem (4 work units, per task [1, 1, 1, 1])" in text
+    assert "<- broadcast scan region (1 work units, every task reads all)" in text
     assert "output: broadcast -> 4 tasks" in text
-    assert "<- coalesce from stage 7 (4 tasks)" in text
+    assert "<- coalesce from stage 4 (4 tasks)" in text

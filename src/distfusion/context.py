@@ -56,6 +56,10 @@ class DistributedConfig:
             Trino's ``join-max-broadcast-table-size``) is still broadcast when
             copying it to every probe task moves fewer bytes than shuffling
             both sides.
+        replicate_scan_bytes: a broadcast side that only reads source tables
+            totalling at most this many bytes (default 4 MiB: TPC-H's nation,
+            region and, at scale factor 1, supplier) gets no stage of its own:
+            every probe task reads those tables in full ("broadcast scan").
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
     """
@@ -64,6 +68,7 @@ class DistributedConfig:
     tasks_per_stage: int | None = None
     broadcast_threshold_bytes: int = 10 * 1024 * 1024
     max_broadcast_bytes: int = 100 * 1024 * 1024
+    replicate_scan_bytes: int = 4 * 1024 * 1024
     estimator: TaskEstimator | None = None
 
     def task_estimator(self) -> TaskEstimator:
@@ -277,6 +282,7 @@ class DistributedDataFrame:
                 estimator=ctx.config.task_estimator(),
                 broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
                 max_broadcast_bytes=ctx.config.max_broadcast_bytes,
+                replicate_scan_bytes=ctx.config.replicate_scan_bytes,
             )
             self._graph = plan_stages(plan, ctx.sources, config)
         return self._graph

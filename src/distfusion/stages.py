@@ -126,11 +126,14 @@ class SourceScan:
     Attributes:
         source: the table.
         task_units: ``task_units[i]`` are the units task *i* reads; every unit of
-            the table appears in exactly one task.
+            the table appears in exactly one task, unless ``replicated``.
+        replicated: every task reads the whole (small) table: a broadcast of a
+            source without a stage of its own.
     """
 
     source: TableSource
     task_units: tuple[tuple[WorkUnit, ...], ...]
+    replicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,11 +216,15 @@ class StageGraph:
                     f"({producer.num_tasks} tasks) as {inp.table}"
                 )
             for scan in s.scans:
-                counts = [len(u) for u in scan.task_units]
-                lines.append(
-                    f"  <- scan {scan.source.name} ({len(scan.source.units)} work units, "
-                    f"per task {counts})"
-                )
+                n = len(scan.source.units)
+                if scan.replicated:
+                    lines.append(
+                        f"  <- broadcast scan {scan.source.name} ({n} work units, "
+                        "every task reads all)"
+                    )
+                else:
+                    counts = [len(u) for u in scan.task_units]
+                    lines.append(f"  <- scan {scan.source.name} ({n} work units, per task {counts})")
             lines.extend("    " + ln for ln in s.plan_text.rstrip().splitlines())
         return "\n".join(lines)
 
@@ -227,6 +234,9 @@ class StageGraph:
         for s in self.stages:
             for inp in s.inputs:
                 kinds[inp.boundary] = kinds.get(inp.boundary, 0) + 1
+            for scan in s.scans:
+                if scan.replicated:
+                    kinds["broadcast scan"] = kinds.get("broadcast scan", 0) + 1
         return {
             "stages": len(self.stages),
             "tasks": sum(s.num_tasks for s in self.stages),

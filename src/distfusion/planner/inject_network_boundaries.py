@@ -106,6 +106,8 @@ class _Fragment:
     tasks: int
     est: Estimate
     inputs: list[StageInput] = field(default_factory=list)
+    # Small source tables every task reads in full (a broadcast without a stage).
+    replicated: frozenset[str] = frozenset()
 
     def with_rel(self, rel: Rel, est: Estimate | None = None) -> _Fragment:
         return replace(self, rel=rel, est=est or self.est)
@@ -119,6 +121,7 @@ class PlannerConfig:
     estimator: TaskEstimator
     broadcast_threshold_bytes: int
     max_broadcast_bytes: int = 100 * 1024 * 1024
+    replicate_scan_bytes: int = 4 * 1024 * 1024
 
     def broadcast_pays(self, build_bytes: float, probe_bytes: float, probe_tasks: int) -> bool:
         """Whether to broadcast a join side of ``build_bytes`` to ``probe_tasks`` tasks.
@@ -188,7 +191,7 @@ class _Planner:
             num_tasks=frag.tasks,
             fragment=fragment,
             inputs=tuple(frag.inputs),
-            scans=self._scans(rel, frag.tasks),
+            scans=self._scans(rel, frag.tasks, frag.replicated),
             output=OutputPartitioning(
                 kind=kind,
                 num_partitions=partitions,
@@ -207,7 +210,8 @@ class _Planner:
             table, stage_id, boundary, declared
         )
 
-    def _scans(self, rel: Rel, tasks: int) -> tuple[SourceScan, ...]:
+    def _source_names(self, rel: Rel) -> list[str]:
+        """Source tables read anywhere in ``rel`` (subqueries included), in order."""
         names: list[str] = []
 
         def visit(m) -> bool:
@@ -218,9 +222,33 @@ class _Planner:
             return False
 
         contains(rel, visit)
-        return tuple(
-            SourceScan(self.sources[n], _split_units(self.sources[n].units, tasks)) for n in names
-        )
+        return names
+
+    def _scans(self, rel: Rel, tasks: int, replicated: frozenset[str]) -> tuple[SourceScan, ...]:
+        scans = []
+        for n in self._source_names(rel):
+            units = self.sources[n].units
+            if n in replicated:
+                scans.append(SourceScan(self.sources[n], (units,) * tasks, replicated=True))
+            else:
+                scans.append(SourceScan(self.sources[n], _split_units(units, tasks)))
+        return tuple(scans)
+
+    def _replicable(self, build: _Fragment, probe: _Fragment) -> frozenset[str] | None:
+        """The source tables of ``build`` if every probe task can read them in full.
+
+        That is a broadcast without a stage: ``build`` must be one task over
+        source tables only, all of them at most ``replicate_scan_bytes`` in total
+        (re-reading costs a scan per task), none also read split by the probe.
+        """
+        if build.tasks != 1 or build.inputs:
+            return None
+        names = frozenset(self._source_names(build.rel))
+        total = sum(self.sources[n].size_bytes for n in names)
+        if not names or total > self.config.replicate_scan_bytes:
+            return None
+        split = set(self._source_names(probe.rel)) - probe.replicated
+        return None if names & split else names
 
     def gather(self, frag: _Fragment) -> _Fragment:
         """``frag`` as a single-task fragment: coalesced if it has several tasks."""
@@ -248,15 +276,21 @@ class _Planner:
             return self.visit_single(rel)
         return method(rel)
 
-    def visit_single(self, rel: Rel) -> _Fragment:
-        """Run ``rel`` in one task after coalescing every input."""
-        frags = [self.gather(self.visit(c)) for c in children(rel)]
+    def visit_single(self, rel: Rel, visited: list[_Fragment] | None = None) -> _Fragment:
+        """Run ``rel`` in one task after coalescing every input.
+
+        ``visited`` are the children's fragments when the caller already visited them.
+        """
+        if visited is None:
+            visited = [self.visit(c) for c in children(rel)]
+        frags = [self.gather(f) for f in visited]
         est = sum((f.est for f in frags), Estimate(1, 64))
         inputs = [i for f in frags for i in f.inputs]
         new = Rel()
         new.CopyFrom(set_children(rel, [f.rel for f in frags]) if frags else rel)
         unproject_source_reads(new, set(self.sources))  # reads inside subqueries
-        return _Fragment(new, 1, est, inputs)
+        replicated = frozenset().union(*(f.replicated for f in frags))
+        return _Fragment(new, 1, est, inputs, replicated)
 
     def visit_read(self, rel: Rel) -> _Fragment:
         read = rel.read
@@ -403,7 +437,9 @@ class _Planner:
             est = Estimate(left.est.rows * right.est.rows, left.est.bytes * max(right.est.rows, 1))
         if left.tasks == 1 and right.tasks == 1:
             new = set_children(rel, [left.rel, right.rel])
-            return _Fragment(new, 1, est, left.inputs + right.inputs)
+            return _Fragment(
+                new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
+            )
         pays = self.config.broadcast_pays
         candidates = []
         if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
@@ -419,11 +455,25 @@ class _Planner:
         if candidates:
             side = min(candidates)[1]
             build, probe = (right, left) if side == "right" else (left, right)
+            replicated = self._replicable(build, probe)
+            if replicated is not None:
+                new_children = [probe.rel, build.rel] if side == "right" else [build.rel, probe.rel]
+                return _Fragment(
+                    set_children(rel, new_children),
+                    probe.tasks,
+                    est,
+                    probe.inputs,
+                    probe.replicated | replicated,
+                )
             kind = BROADCAST if probe.tasks > 1 else COALESCE
             read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
             new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
             return _Fragment(
-                set_children(rel, new_children), probe.tasks, est, probe.inputs + [inp]
+                set_children(rel, new_children),
+                probe.tasks,
+                est,
+                probe.inputs + [inp],
+                probe.replicated,
             )
         if keys:
             n = self.shuffle_tasks(left.est + right.est)
@@ -437,11 +487,8 @@ class _Planner:
     def visit_set(self, rel: Rel) -> _Fragment:
         frags = [self.visit(c) for c in children(rel)]
         est = sum((f.est for f in frags), Estimate(0, 0))
-        if rel.set.op != SetRel.SET_OP_UNION_ALL:
-            return self.visit_single(rel)
-        if all(f.tasks == 1 for f in frags):
-            new = set_children(rel, [f.rel for f in frags])
-            return _Fragment(new, 1, est, [i for f in frags for i in f.inputs])
+        if rel.set.op != SetRel.SET_OP_UNION_ALL or all(f.tasks == 1 for f in frags):
+            return self.visit_single(rel, frags)
         n = max(1, min(self.config.workers, max(f.tasks for f in frags)))
         reads, inputs = [], []
         for f in frags:
