@@ -49,7 +49,7 @@ from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import default_target_partitions
 from distfusion.stages import BROADCAST, Stage, StageGraph
 
-__all__ = ["SparkRuntime", "FAIL_TASK_PROPERTY", "import_pyspark"]
+__all__ = ["SparkRuntime", "FAIL_TASK_PROPERTY", "import_pyspark", "job_group", "with_local_retries"]
 
 ERROR_MARKER = "DISTFUSION_TASK_ERROR "
 """Prefix of the one-line error report a failed Spark task raises."""
@@ -86,7 +86,7 @@ def import_pyspark():
     return pyspark
 
 
-def _with_local_retries(master: str, task_max_failures: int) -> str:
+def with_local_retries(master: str, task_max_failures: int) -> str:
     """``local[N]`` -> ``local[N,F]``: Spark's local mode retries a task only when F > 1."""
     m = _LOCAL_MASTER.match(master.replace(" ", ""))
     if m is None or task_max_failures <= 1:
@@ -158,7 +158,7 @@ class SparkRuntime:
                     **(conf or {}),
                 }
                 builder = SparkSession.builder.master(
-                    _with_local_retries(master, task_max_failures)
+                    with_local_retries(master, task_max_failures)
                 ).appName("distfusion")
                 for key, value in settings.items():
                     builder = builder.config(key, value)
@@ -227,6 +227,11 @@ class SparkRuntime:
         return f"SparkRuntime(master={self.sc.master!r}, workers={len(self.resolver.get_urls())})"
 
 
+def job_group(query_id: str) -> str:
+    """The Spark job group of query ``query_id`` (every Spark job of the query runs in it)."""
+    return f"distfusion-{query_id}"
+
+
 class _SparkQuery:
     """One execution of a stage graph on Spark (driver side)."""
 
@@ -234,7 +239,7 @@ class _SparkQuery:
         self.runtime = runtime
         self.sc = runtime.sc
         self.graph = graph
-        self.group = f"distfusion-{graph.query_id}"
+        self.group = job_group(graph.query_id)
         self.rdds: dict[int, object] = {}  # stage id -> RDD of (partition, (task, ipc))
         self.broadcasts: dict[int, object] = {}  # stage id -> Broadcast of [(task, ipc)]
         self.persisted: list = []
@@ -250,6 +255,7 @@ class _SparkQuery:
         sc.setJobGroup(self.group, f"distfusion query {self.graph.query_id[:8]}", True)
         try:
             head = self.graph.head
+            self._collect_broadcasts()
             records = self._collect_inputs(head)
             plan = TaskPlan.for_task(
                 self.graph.query_id, head, 0, _dummy_workers(head, self.graph), self.runtime.target_partitions
@@ -307,7 +313,7 @@ class _SparkQuery:
         stage = self.graph.stage(stage_id)
         shuffled = [(i, inp) for i, inp in enumerate(stage.inputs) if inp.boundary != BROADCAST]
         broadcast = {
-            i: self._broadcast(inp.stage_id)
+            i: self.broadcasts[inp.stage_id]
             for i, inp in enumerate(stage.inputs)
             if inp.boundary == BROADCAST
         }
@@ -336,14 +342,44 @@ class _SparkQuery:
         self.rdds[stage_id] = rdd
         return rdd
 
-    def _broadcast(self, stage_id: int):
-        """Collect ``stage_id``'s output on the driver and broadcast it (once)."""
-        if stage_id not in self.broadcasts:
-            rdd = self._stage_rdd(stage_id)
-            values = self._spark_call(rdd.map(lambda r: r[1]).collect)
-            self._hold(sum(len(v[1]) for v in values))
-            self.broadcasts[stage_id] = self.sc.broadcast(values)
-        return self.broadcasts[stage_id]
+    def _collect_broadcasts(self) -> None:
+        """Collect every broadcast stage output on the driver and ``sc.broadcast`` it.
+
+        One Spark job per round: a round collects every broadcast whose producer
+        needs no broadcast of a later round (``_rounds``), as a union tagged with
+        the producer's stage id, so independent broadcasts run side by side.
+        """
+        for round_ in _rounds(self.graph):
+            parts = [
+                self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[1][0], r[1][1])) for sid in round_
+            ]
+            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            collected = self._spark_call(union.collect)
+            self._hold(sum(len(v[2]) for v in collected))
+            values: dict[int, list] = {sid: [] for sid in round_}
+            for sid, task, payload in collected:
+                values[sid].append((task, payload))
+            for sid in round_:
+                self.broadcasts[sid] = self.sc.broadcast(values[sid])
+
+
+def _rounds(graph: StageGraph) -> list[list[int]]:
+    """Broadcast producers grouped by collection round, earliest first.
+
+    ``depth(s)`` is how many rounds must finish before stage *s* can run: the
+    largest, over its inputs, of the input's depth plus one for a broadcast
+    input. A broadcast producer is collected in round ``depth(producer)``.
+    """
+    depth: dict[int, int] = {}
+    for s in graph.stages:  # producers first
+        depth[s.stage_id] = max(
+            (depth[i.stage_id] + (1 if i.boundary == BROADCAST else 0) for i in s.inputs), default=0
+        )
+    producers = sorted({i.stage_id for s in graph.stages for i in s.inputs if i.boundary == BROADCAST})
+    rounds: dict[int, list[int]] = {}
+    for sid in producers:
+        rounds.setdefault(depth[sid], []).append(sid)
+    return [rounds[d] for d in sorted(rounds)]
 
 
 def _uses(graph: StageGraph) -> dict[int, int]:
@@ -482,6 +518,10 @@ def _maybe_inject_failure(stage_id: int, task_index: int) -> None:
 
 
 def _report(err: TaskError) -> str:
+    """``err`` as the JSON report of :data:`ERROR_MARKER`, with Spark's attempt count."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
     return json.dumps(
         {
             "stage": err.stage_id,
@@ -489,6 +529,7 @@ def _report(err: TaskError) -> str:
             "worker": err.worker,
             "cause": err.cause,
             "traceback": err.remote_traceback,
+            "attempts": ctx.attemptNumber() + 1 if ctx is not None else 1,
         }
     )
 
@@ -508,9 +549,8 @@ def _translate_error(exc: Exception, master: str) -> Exception:
         except ValueError:
             continue
         cause = r["cause"]
-        attempts = re.search(r"failed (\d+) times", text)
-        if attempts:
-            cause += f" (Spark gave up after {attempts.group(1)} attempts)"
+        if r.get("attempts", 1) > 1:
+            cause += f" (Spark gave up after {r['attempts']} attempts)"
         return TaskError(r["stage"], r["task"], r["worker"], cause, r["traceback"] or text)
     missing = _MISSING_MODULE.search(text)
     if missing:

@@ -1,0 +1,252 @@
+"""distfusion for PySpark users: run SQL over Spark's tables, get a Spark DataFrame back.
+
+Swap ``spark.sql(q)`` for ``distfusion.spark.sql(spark, q)`` in a pipeline::
+
+    import distfusion.spark
+
+    spark.read.parquet("data/tpch-sf1/lineitem").createOrReplaceTempView("lineitem")
+    df = distfusion.spark.sql(spark, "SELECT l_returnflag, count(*) AS n FROM lineitem GROUP BY 1")
+    df.to_spark().write.parquet("out/")     # the pipeline goes on in Spark
+    df.to_pandas()                          # or Arrow/pandas, as in the core API
+
+The query runs on the same SparkSession with the
+:class:`~distfusion.runtime.spark.SparkRuntime`: every task executes natively
+with DataFusion inside a Spark task. Table names resolve from Spark's catalog
+(temp views and tables of the current database): a table whose optimized plan
+is a plain scan of Parquet or CSV files becomes a distfusion source, its files
+from ``DataFrame.inputFiles()`` and its schema from Spark. Anything else (a view
+with a filter or a join, a JDBC table, a table partitioned by directory) is
+not read: using it in the query raises a :class:`~distfusion.errors.PlanningError`
+naming it.
+
+Types: the result keeps DataFusion's types, converted to Spark's by
+``SparkSession.createDataFrame``. They match Spark SQL's for the TPC-H queries
+except where the engines' rules differ (documented in the README): Arrow's
+view and large string types become ``StringType``; DataFusion's
+``decimal * decimal`` and ``avg(decimal)`` precision can differ from Spark's
+by a few digits of precision (same scale and values); nullability follows
+DataFusion (e.g. ``count(*)`` is non-nullable in both).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+
+from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
+from distfusion.errors import PlanningError
+from distfusion.runtime.spark import SparkRuntime, import_pyspark
+
+__all__ = ["sql", "register_spark_table", "SparkDataFrame", "to_spark_compatible"]
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
+_FORMATS = {"parquet": "parquet", "csv": "csv"}
+_runtimes: dict[int, SparkRuntime] = {}
+
+
+class SparkDataFrame(DistributedDataFrame):
+    """A distfusion query planned over Spark's tables; converts to a Spark DataFrame.
+
+    Everything of :class:`~distfusion.context.DistributedDataFrame`
+    (``explain``, ``to_arrow_table``, ``to_pandas``, ``execute_stream``, ...)
+    plus :meth:`to_spark`.
+    """
+
+    def __init__(self, context: DistributedContext, df, spark) -> None:
+        super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df)
+        self.spark = spark
+
+    def to_spark(self):
+        """The result as a Spark DataFrame on the same SparkSession.
+
+        The result is computed by distfusion, collected on the driver as Arrow
+        and handed to ``spark.createDataFrame``: meant for results that fit in
+        the driver's memory (aggregates, top-k, filtered rows).
+
+        Raises:
+            TaskError: a task failed (see :meth:`execute_stream`).
+        """
+        return self.spark.createDataFrame(to_spark_compatible(self.to_arrow_table()))
+
+
+def to_spark_compatible(table: pa.Table) -> pa.Table:
+    """``table`` with Arrow types Spark reads: view and large string/binary -> plain.
+
+    Returns:
+        The same rows and names; only column types change.
+    """
+    fields = []
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+            t = pa.string()
+        elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+            t = pa.binary()
+        fields.append(f.with_type(t))
+    schema = pa.schema(fields)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
+def _runtime_for(spark) -> SparkRuntime:
+    runtime = _runtimes.get(id(spark))
+    if runtime is None or runtime.sc is not spark.sparkContext or runtime.sc._jsc is None:
+        runtime = SparkRuntime(spark=spark)
+        _runtimes[id(spark)] = runtime
+    return runtime
+
+
+def _referenced_names(query: str) -> set[str]:
+    """Identifiers in ``query`` (string literals removed), lower-cased: the table candidates."""
+    return {w.lower() for w in _WORD.findall(_LITERAL.sub("''", query))}
+
+
+def sql(
+    spark,
+    query: str,
+    runtime: SparkRuntime | None = None,
+    config: DistributedConfig | None = None,
+) -> SparkDataFrame:
+    """Plan ``query`` with distfusion over the tables of ``spark``'s catalog.
+
+    Tables the query names (temp views and tables of the current database,
+    unqualified, case-insensitive) are registered as distfusion sources with
+    :func:`register_spark_table`. Nothing runs until a result is asked for.
+
+    Args:
+        spark: the SparkSession; its catalog names the tables and its
+            SparkContext runs the tasks.
+        query: DataFusion SQL (one or more statements, as
+            :meth:`DistributedContext.sql`).
+        runtime: the Spark runtime to use (default: one per SparkSession, created
+            on first use, with default settings).
+        config: planner settings.
+
+    Returns:
+        A :class:`SparkDataFrame`; ``.to_spark()`` gives a Spark DataFrame.
+
+    Raises:
+        ImportError: pyspark is not installed.
+        PlanningError: invalid SQL, an unknown table or column, or a table of
+            Spark's catalog that distfusion cannot read directly (the message
+            names it and says why).
+    """
+    import_pyspark()
+    runtime = runtime or _runtime_for(spark)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    names = _referenced_names(query)
+    unreadable: dict[str, str] = {}
+    for table in spark.catalog.listTables():
+        if table.name.lower() in names and table.name.lower() not in ctx.sources:
+            try:
+                register_spark_table(ctx, spark, table.name)
+            except PlanningError as exc:
+                unreadable[table.name.lower()] = str(exc)
+    try:
+        df = ctx.sql(query)
+    except PlanningError as exc:
+        for name, reason in unreadable.items():
+            if re.search(rf"\b{re.escape(name)}\b", str(exc), re.IGNORECASE):
+                raise PlanningError(reason) from exc
+        raise
+    return SparkDataFrame(ctx, df, spark)
+
+
+def register_spark_table(ctx: DistributedContext, spark, name: str, as_name: str | None = None) -> None:
+    """Register Spark table or temp view ``name`` in ``ctx`` as a distfusion source.
+
+    The table must be a plain scan of Parquet or CSV files: Spark's optimized
+    plan of ``spark.table(name)`` is a ``LogicalRelation`` over a
+    ``HadoopFsRelation`` with no partition columns. Its files come from
+    ``DataFrame.inputFiles()`` (local paths or ``file://`` URIs), its schema
+    from Spark (converted to Arrow), CSV options (``header``, ``sep``) from the
+    relation.
+
+    Args:
+        ctx: where to register.
+        spark: the SparkSession whose catalog holds ``name``.
+        name: the Spark table or view.
+        as_name: the distfusion table name (default ``name`` lower-cased, as
+            DataFusion folds unquoted identifiers).
+
+    Raises:
+        PlanningError: ``name`` is unknown to Spark, is not a plain file scan, is
+            partitioned by directory, is neither Parquet nor CSV, or has files
+            that are not local.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    as_name = as_name or name.lower()
+    try:
+        df = spark.table(name)
+        plan = df._jdf.queryExecution().optimizedPlan()
+    except Exception as exc:
+        msg = f"table {name!r}: Spark cannot resolve it: {exc}"
+        raise PlanningError(msg) from exc
+
+    def unreadable(why: str) -> PlanningError:
+        return PlanningError(
+            f"table {name!r} from Spark's catalog cannot be read by distfusion: {why}; "
+            "use spark.sql for it, or write it to Parquet first"
+        )
+
+    kind = plan.getClass().getSimpleName()
+    if kind != "LogicalRelation" or plan.relation().getClass().getSimpleName() != "HadoopFsRelation":
+        raise unreadable(f"it is not a plain scan of files (Spark's optimized plan is a {kind})")
+    relation = plan.relation()
+    fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower())
+    if fmt is None:
+        raise unreadable(f"its format is {relation.fileFormat().toString()}, not Parquet or CSV")
+    if relation.partitionSchema().nonEmpty():
+        raise unreadable("it is partitioned by directory (partition columns are not in the files)")
+    files = []
+    for uri in df.inputFiles():
+        parsed = urlparse(uri)
+        if parsed.scheme not in ("", "file"):
+            raise unreadable(f"its file {uri} is not on a local file system")
+        files.append(unquote(parsed.path))
+    if not files:
+        raise unreadable("it has no input file")
+    try:
+        schema = to_arrow_schema(df.schema)
+    except Exception as exc:
+        raise unreadable(f"its schema has a type Arrow cannot express ({exc})") from exc
+    path = _common_path(sorted(files), fmt)
+    if fmt == "parquet":
+        ctx.register_parquet(as_name, path, schema=schema)
+    else:
+        options = relation.options()
+
+        def option(key: str, default: str) -> str:
+            value = options.get(key)
+            return str(value.get()) if value.isDefined() else default
+
+        header = option("header", "false").lower() == "true"
+        delimiter = option("sep", option("delimiter", ","))
+        ctx.register_csv(as_name, path, schema=schema, has_header=header, delimiter=delimiter)
+
+
+def _common_path(files: list[str], fmt: str) -> str:
+    """A path naming exactly ``files``: the file, their directory, or a directory of links.
+
+    distfusion registers a file, a directory or a glob; when Spark reads a
+    subset of a directory, the files are linked into a fresh temporary
+    directory (same machine; every executor sees the same paths).
+    """
+    import glob
+
+    if len(files) == 1:
+        return files[0]
+    directory = os.path.commonpath(files)
+    if os.path.isdir(directory):
+        present = sorted(glob.glob(os.path.join(directory, "**", f"*.{fmt}"), recursive=True))
+        if present == files:
+            return directory
+    links = tempfile.mkdtemp(prefix="distfusion-spark-")
+    for i, f in enumerate(files):
+        os.symlink(f, os.path.join(links, f"{i:06d}.{fmt}"))
+    return links

@@ -1,0 +1,107 @@
+"""The Spark runtime: retries come from Spark; failures name the stage and the task.
+
+Runs on the test session's one embedded ``local[2]`` SparkSession
+(``spark_session`` in conftest.py); TPC-H correctness is in test_tpch.py.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
+from distfusion.resolver import SparkWorkerResolver
+from distfusion.runtime.spark import FAIL_TASK_PROPERTY, job_group, with_local_retries
+from tests.compare import assert_same_result, is_ordered, oracle_result
+
+
+@pytest.fixture
+def runtime(runtime_for):
+    return runtime_for("spark", 2)
+
+
+@pytest.fixture
+def ctx(runtime, tpch_dir) -> DistributedContext:
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
+    tpch.register_tpch(ctx, tpch_dir)
+    return ctx
+
+
+@pytest.fixture
+def fail_task(spark_session):
+    """``fail_task("STAGE:TASK:ATTEMPTS")`` makes that task raise inside Spark (cleared after)."""
+    sc = spark_session.sparkContext
+    yield lambda spec: sc.setLocalProperty(FAIL_TASK_PROPERTY, spec)
+    sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
+
+
+def _run(runtime, df) -> tuple[pa.Table, str]:
+    """Execute ``df``'s graph directly so the Spark job group is known."""
+    graph = df.stage_graph()
+    table = pa.Table.from_batches(list(runtime.execute(graph)), schema=None)
+    return table.rename_columns(df.schema().names), job_group(graph.query_id)
+
+
+def _failed_attempts(spark_session, group: str) -> int:
+    tracker = spark_session.sparkContext.statusTracker()
+    stages = {s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds}
+    return sum(tracker.getStageInfo(s).numFailedTasks for s in stages)
+
+
+def _leaf(df):
+    return next(s for s in df.stage_graph().stages if s.is_leaf and s.num_tasks == 2)
+
+
+def test_resolver_reports_one_worker_per_core(spark_session, runtime):
+    urls = SparkWorkerResolver(spark_session.sparkContext).get_urls()
+    assert urls == ["spark-local://0", "spark-local://1"]
+    assert runtime.num_workers() == 2
+
+
+def test_local_master_gets_spark_retries():
+    assert with_local_retries("local[2]", 4) == "local[2,4]"
+    assert with_local_retries("local[*]", 3) == "local[*,3]"
+    assert with_local_retries("spark://h:7077", 4) == "spark://h:7077"
+
+
+def test_first_attempt_failure_is_retried_by_spark(ctx, runtime, fail_task, spark_session, oracle):
+    sql = tpch.query(3)
+    df = ctx.sql(sql)
+    leaf = _leaf(df)
+    fail_task(f"{leaf.stage_id}:1:1")  # task 1 of the leaf stage fails on its first attempt
+    got, group = _run(runtime, df)
+    assert_same_result(got, oracle_result(oracle, sql), is_ordered(sql))
+    assert _failed_attempts(spark_session, group) == 1
+    assert runtime.stats()[spark_session.sparkContext.master] == {"live_tasks": 0, "bytes_held": 0}
+
+
+def test_always_failing_task_names_stage_task_and_traceback(ctx, runtime, fail_task):
+    df = ctx.sql(tpch.query(1))
+    leaf = _leaf(df)
+    fail_task(f"{leaf.stage_id}:0:always")
+    with pytest.raises(TaskError) as info:
+        df.to_arrow_table()
+    err = info.value
+    assert (err.stage_id, err.task_index) == (leaf.stage_id, 0)
+    assert err.worker.startswith("spark-executor://")
+    last_line = err.remote_traceback.strip().splitlines()[-1]
+    assert last_line.startswith("RuntimeError: injected failure")
+    assert last_line in str(err)
+    assert "Spark gave up after 4 attempts" in str(err)
+
+
+def test_datafusion_error_in_a_task_is_a_task_error(ctx):
+    df = ctx.sql("SELECT l_orderkey / (l_linenumber - l_linenumber) AS x FROM lineitem")
+    head = df.stage_graph().head.stage_id
+    with pytest.raises(TaskError, match="Divide by zero") as info:
+        df.to_arrow_table()
+    assert info.value.stage_id != head  # raised inside a Spark task, not on the driver
+    assert "Divide by zero" in info.value.remote_traceback
+
+
+def test_closing_the_stream_early_leaves_nothing_running(ctx, runtime, spark_session):
+    stream = ctx.sql("SELECT * FROM orders").execute_stream()
+    first = next(stream)
+    stream.close()
+    assert first.num_rows > 0
+    assert runtime.stats()[spark_session.sparkContext.master] == {"live_tasks": 0, "bytes_held": 0}
