@@ -61,8 +61,9 @@ def assert_same_result(got: pa.Table, expected: pa.Table, ordered: bool) -> None
     """
     assert got.column_names == expected.column_names, (got.column_names, expected.column_names)
     assert got.num_rows == expected.num_rows, f"{got.num_rows} rows, expected {expected.num_rows}"
-    rows_g = [tuple(r.values()) for r in got.to_pylist()]
-    rows_e = [tuple(r.values()) for r in expected.to_pylist()]
+    # Rows as tuples (not dicts: a result may repeat a column name).
+    rows_g = list(zip(*(c.to_pylist() for c in got.columns))) if got.num_columns else []
+    rows_e = list(zip(*(c.to_pylist() for c in expected.columns))) if expected.num_columns else []
     if not ordered:
         rows_g.sort(key=_sort_key)
         rows_e.sort(key=_sort_key)

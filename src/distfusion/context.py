@@ -33,6 +33,7 @@ from substrait.proto import Plan
 from distfusion.errors import PlanningError
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.runtime.base import Runtime
 from distfusion.sources import TableSource, csv_source, memory_source, parquet_source
 from distfusion.stages import StageGraph
@@ -104,6 +105,20 @@ def split_statements(sql: str) -> list[str]:
 
 def _datafusion_error(exc: Exception) -> PlanningError:
     return PlanningError(str(exc))
+
+
+def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
+    """``batches`` with the query's column names (stages name columns ``c0..``).
+
+    Closing the returned iterator closes ``batches`` (which cancels the query).
+    """
+    try:
+        for b in batches:
+            yield b if b.schema.names == names else pa.RecordBatch.from_arrays(b.columns, names=names)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
 
 
 class DistributedContext:
@@ -277,6 +292,7 @@ class DistributedDataFrame:
             except Exception as exc:
                 msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
                 raise PlanningError(msg) from exc
+            rewrite_null_aware_anti_joins(plan, logical)
             config = PlannerConfig(
                 workers=ctx.runtime.num_workers(),
                 estimator=ctx.config.task_estimator(),
@@ -309,7 +325,7 @@ class DistributedDataFrame:
             return iter(())
         # Every execution is a new query on the workers: a fresh id.
         graph = dataclasses.replace(self.stage_graph(), query_id=str(uuid.uuid4()))
-        return self.context.runtime.execute(graph)
+        return _named(self.context.runtime.execute(graph), self.df.schema().names)
 
     def collect(self) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for errors)."""
@@ -321,11 +337,7 @@ class DistributedDataFrame:
         schema = self.df.schema()
         if not batches:
             return schema.empty_table()
-        table = pa.Table.from_batches(batches)
-        names = schema.names
-        if table.column_names != names and len(names) == table.num_columns:
-            table = table.rename_columns(names)
-        return table
+        return pa.Table.from_batches(batches)
 
     def to_pandas(self):
         """The result as a pandas DataFrame (needs pandas)."""

@@ -155,7 +155,6 @@ class _Planner:
         partitions: int = 1,
         keys: list[Expression] | None = None,
         readers: int = 1,
-        names: list[str] | None = None,
     ) -> tuple[Rel, StageInput]:
         """Close ``frag`` as a stage; return the consumer's ``ReadRel`` and input."""
         rel = frag.rel
@@ -177,8 +176,7 @@ class _Planner:
             rel = proj
         full_schema = self.oracle.schema(rel) if appended else base_schema
         renamed = pa.schema([pa.field(f"c{i}", f.type, True) for i, f in enumerate(full_schema)])
-        fragment_names = names if names is not None else list(named_struct(renamed).names)
-        fragment = self.oracle.plan_bytes(rel, fragment_names)
+        fragment = self.oracle.plan_bytes(rel, list(named_struct(renamed).names))
         try:
             plan_text = self.oracle.logical_plan(fragment).display_indent()
         except Exception as exc:  # DataFusion raises bare Exception
@@ -504,7 +502,9 @@ class _Planner:
             raise PlanningError(msg)
         root = self.plan.relations[0].root
         frag = self.gather(self.visit(root.input))
-        self.seal(frag, RESULT, names=list(root.names))
+        # Columns are named c0.. like every stage's: the query's own names may
+        # repeat (SELECT * over a join); the caller restores them.
+        self.seal(frag, RESULT)
         return StageGraph(self.query_id, tuple(self.stages))
 
 

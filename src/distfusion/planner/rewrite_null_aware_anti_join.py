@@ -1,0 +1,113 @@
+"""Keep ``NOT IN`` semantics through Substrait: rewrite null-aware anti joins.
+
+DataFusion plans ``x NOT IN (SELECT y ...)`` as a *null-aware* left anti join:
+a row is dropped when the subquery is non-empty and ``x`` is NULL, or some
+``y`` is NULL, or some ``y = x``. Substrait has no null-aware flag and
+DataFusion's producer drops it, so the consumed plan would be a plain anti join
+(wrong as soon as a NULL appears). The equivalent plain anti join is::
+
+    LEFT ANTI JOIN ... ON (x = y OR x IS NULL OR y IS NULL) AND <other conjuncts>
+
+It has no equi key left, so the planner broadcasts the (subquery) right side, as
+for any non-equi anti join.
+"""
+
+from __future__ import annotations
+
+from substrait.proto import Expression, JoinRel, Plan, Rel, Type
+
+from distfusion.errors import PlanningError
+from distfusion.planner.substrait import FunctionRegistry, children, conjuncts
+
+__all__ = ["rewrite_null_aware_anti_joins"]
+
+
+def _null_aware_flags(logical_plan) -> list[bool]:
+    """Pre-order: for each LeftAnti join of the DataFusion plan, whether it is null-aware."""
+    flags: list[bool] = []
+
+    def walk(node) -> None:
+        line = node.display()
+        if line.startswith("LeftAnti Join"):
+            flags.append(line.rstrip().endswith("null_aware"))
+        for child in node.inputs():
+            walk(child)
+
+    walk(logical_plan)
+    return flags
+
+
+def _anti_joins(rel: Rel, out: list[Rel]) -> None:
+    if rel.WhichOneof("rel_type") == "join" and rel.join.type == JoinRel.JOIN_TYPE_LEFT_ANTI:
+        out.append(rel)
+    for child in children(rel):
+        _anti_joins(child, out)
+
+
+def _boolean() -> Type:
+    t = Type()
+    t.bool.nullability = Type.NULLABILITY_NULLABLE
+    return t
+
+
+def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
+    """Rewrite, in place, the anti joins of ``plan`` that ``logical_plan`` marks null-aware.
+
+    Args:
+        plan: the Substrait plan produced from ``logical_plan``.
+        logical_plan: DataFusion's optimized logical plan.
+
+    Returns:
+        ``plan``, modified.
+
+    Raises:
+        PlanningError: the two plans' anti joins cannot be matched one to one, or
+            a null-aware join has no equality to rewrite.
+    """
+    flags = _null_aware_flags(logical_plan)
+    if not any(flags):
+        return plan
+    joins: list[Rel] = []
+    for relation in plan.relations:
+        _anti_joins(relation.root.input if relation.HasField("root") else relation.rel, joins)
+    if len(joins) != len(flags):
+        msg = (
+            "cannot distribute NOT IN: the Substrait plan's anti joins do not match "
+            f"DataFusion's ({len(joins)} vs {len(flags)})"
+        )
+        raise PlanningError(msg)
+    registry = FunctionRegistry(plan)
+    for rel, null_aware in zip(joins, flags, strict=True):
+        if not null_aware:
+            continue
+        parts = conjuncts(rel.join.expression, registry)
+        key = next(
+            (
+                i
+                for i, c in enumerate(parts)
+                if c.WhichOneof("rex_type") == "scalar_function"
+                and registry.name(c.scalar_function.function_reference) == "equal"
+            ),
+            None,
+        )
+        if key is None:
+            msg = "cannot distribute NOT IN: its anti join has no equality condition"
+            raise PlanningError(msg)
+        a, b = (arg.value for arg in parts[key].scalar_function.arguments)
+        either_null = registry.call(
+            "or",
+            registry.call(
+                "or",
+                parts[key],
+                registry.call("is_null", a, output_type=_boolean()),
+                output_type=_boolean(),
+            ),
+            registry.call("is_null", b, output_type=_boolean()),
+            output_type=_boolean(),
+        )
+        parts[key] = either_null
+        condition = parts[0]
+        for other in parts[1:]:
+            condition = registry.call("and", condition, other, output_type=_boolean())
+        rel.join.expression.CopyFrom(condition)
+    return plan
