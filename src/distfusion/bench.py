@@ -45,13 +45,45 @@ def _datafusion_runner(data_dir: str) -> Runner:
     return run
 
 
+def _spark_sql_runner(spark, data_dir: str) -> Runner:
+    """Spark SQL on distfusion's SparkSession, the same files as temp views.
+
+    The result is collected on the driver as Arrow (``DataFrame.toArrow()``), as
+    distfusion's is. Q15's ``create view`` becomes a temporary view (Spark does
+    not let a permanent view read temporary ones).
+    """
+    import re
+
+    from distfusion.context import split_statements
+
+    for table in tpch.TABLES:
+        spark.read.parquet(tpch.table_path(data_dir, table)).createOrReplaceTempView(table)
+
+    def run(sql: str) -> int:
+        rows = 0
+        for stmt in split_statements(sql):
+            stmt = re.sub(r"(?i)^create view", "CREATE OR REPLACE TEMPORARY VIEW", stmt)
+            stmt = re.sub(r"(?i)^drop view", "DROP VIEW IF EXISTS", stmt)
+            df = spark.sql(stmt)
+            if df.columns:
+                rows = df.toArrow().num_rows
+        return rows
+
+    return run
+
+
 def peers_for(runtime_name: str, runtime, data_dir: str) -> dict[str, Runner]:
     """Peers measured next to distfusion: single-node DataFusion, plus per-runtime ones.
+
+    The Spark runtime adds Spark SQL on the same SparkSession (``spark-sql``).
 
     Returns:
         Peer name -> runner, in display order.
     """
-    return {"datafusion": _datafusion_runner(data_dir)}
+    peers = {"datafusion": _datafusion_runner(data_dir)}
+    if runtime_name == "spark":
+        peers["spark-sql"] = _spark_sql_runner(runtime.spark, data_dir)
+    return peers
 
 
 def _time(run: Runner, sql: str) -> tuple[float, int]:

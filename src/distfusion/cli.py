@@ -1,8 +1,8 @@
 """The ``distfusion`` command line.
 
 ```
-distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime local]
-                 [--workers N] [--explain] [--output out.parquet|out.csv]
+distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime spark|local|flight]
+                 [--workers N] [--master spark://host:7077] [--explain] [--output out.parquet|out.csv]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
 distfusion worker --host 127.0.0.1 --port 50051 [--token T] [--tls-cert C --tls-key K]
@@ -25,7 +25,7 @@ from distfusion.errors import DistfusionError
 
 __all__ = ["main", "make_runtime"]
 
-RUNTIMES = ("local", "flight")
+RUNTIMES = ("spark", "local", "flight")
 
 
 def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None = None):
@@ -34,6 +34,12 @@ def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None
     Raises:
         ValueError: unknown runtime name.
     """
+    if name == "spark":
+        from distfusion.runtime.spark import SparkRuntime
+
+        master = getattr(args, "master", None) or (f"local[{workers}]" if workers else "local[*]")
+        # Spark's console progress bar for interactive queries, not for benchmarks.
+        return SparkRuntime(master=master, progress=getattr(args, "command", None) == "query")
     if name == "local":
         from distfusion.runtime.local import LocalRuntime
 
@@ -49,12 +55,18 @@ def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runtime",
-        default="local",
+        default="spark",
         choices=RUNTIMES,
         help="what runs the tasks (default: %(default)s)",
     )
     p.add_argument(
         "--workers", type=int, default=None, help="number of workers (default: one per core)"
+    )
+    s = p.add_argument_group("spark runtime")
+    s.add_argument(
+        "--master",
+        default=None,
+        help="Spark master URL (default: embedded local[WORKERS], or local[*])",
     )
     f = p.add_argument_group("flight runtime")
     f.add_argument(
