@@ -125,16 +125,21 @@ class DistributedContext:
     """Registers tables and plans SQL for distributed execution.
 
     Args:
-        runtime: runs the stage graphs; default an in-process
-            :class:`~distfusion.runtime.local.LocalRuntime` with one worker per core.
+        runtime: runs the stage graphs; default a
+            :class:`~distfusion.runtime.spark.SparkRuntime` on an embedded
+            ``local[*]`` SparkSession (or the active one). Pass
+            ``LocalRuntime()`` to run in-process without Spark.
         config: planner settings (:class:`DistributedConfig`).
+
+    Raises:
+        ImportError: no ``runtime`` given and pyspark is not installed.
     """
 
     def __init__(self, runtime: Runtime | None = None, config: DistributedConfig | None = None):
         if runtime is None:
-            from distfusion.runtime.local import LocalRuntime
+            from distfusion.runtime.spark import SparkRuntime
 
-            runtime = LocalRuntime()
+            runtime = SparkRuntime()  # ImportError naming what to install without pyspark
         self.runtime = runtime
         self.config = config or DistributedConfig()
         self.ctx = SessionContext()
