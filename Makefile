@@ -1,4 +1,4 @@
-# distfusion: `make run` runs TPC-H Q5 distributed on scale factor 1; `make test` runs the tests.
+# distfusion: `make run` runs TPC-H Q5 distributed on Spark (embedded) at scale factor 1; `make test` runs the tests.
 # Both work on a fresh machine with Python 3.11 and Java 17: they create .venv and install.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -26,7 +26,7 @@ $(SF1)/.complete: | $(VENV)/.installed-run
 	touch $@
 
 run: $(VENV)/.installed-run $(SF1)/.complete
-	$(BIN)/distfusion query --file src/distfusion/tpch/queries/q5.sql --tpch $(SF1) --explain
+	$(BIN)/distfusion query --file src/distfusion/tpch/queries/q5.sql --tpch $(SF1) --explain --runtime spark
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -35,7 +35,7 @@ test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-run $(SF1)/.complete
-	$(BIN)/distfusion bench tpch --data $(SF1) --runtime local --workers 2
+	$(BIN)/distfusion bench tpch --data $(SF1) --runtime spark --workers 2
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
