@@ -6,6 +6,9 @@ Runs on the test session's one embedded ``local[2]`` SparkSession
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pyarrow as pa
 import pytest
 
@@ -13,6 +16,7 @@ from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.spark import FAIL_TASK_PROPERTY, job_group, with_local_retries
 from tests.compare import assert_same_result, is_ordered, oracle_result
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -105,3 +109,39 @@ def test_closing_the_stream_early_leaves_nothing_running(ctx, runtime, spark_ses
     stream.close()
     assert first.num_rows > 0
     assert runtime.stats()[spark_session.sparkContext.master] == {"live_tasks": 0, "bytes_held": 0}
+
+
+_NO_PACKAGES_DRIVER = """
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.argv[1]
+from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
+from distfusion.runtime.spark import SparkRuntime
+runtime = SparkRuntime(master="local[2]")
+ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
+tpch.register_tpch(ctx, sys.argv[2])
+df = ctx.sql("SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1")
+leaf = df.stage_graph().stages[0].stage_id
+try:
+    df.to_arrow_table()
+except TaskError as err:
+    print("LEAF", leaf, "ERROR", err.stage_id, err)
+runtime.close()
+"""
+
+
+def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
+    """Executors whose Python has no site-packages (``python -S``) cannot import
+    distfusion: the task error says so, names the stage and points to the README."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    driver = subprocess.run(
+        [sys.executable, "-c", _NO_PACKAGES_DRIVER, str(python), str(tpch_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    line = next((ln for ln in driver.stdout.splitlines() if ln.startswith("LEAF")), "")
+    assert line, driver.stdout + driver.stderr[-3000:]
+    _, leaf, _, stage, message = line.split(" ", 4)
+    assert stage == leaf
+    assert "No module named 'distfusion'" in message
+    assert "need distfusion and datafusion" in message and "README" in message

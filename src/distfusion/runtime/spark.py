@@ -328,6 +328,7 @@ class _SparkQuery:
             base = self.sc.parallelize(range(stage.num_tasks), stage.num_tasks)
         fn = _task_function(
             self.graph.query_id,
+            stage_id,
             pickle.dumps(stage),
             bool(shuffled),
             broadcast,
@@ -429,7 +430,7 @@ def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
 
 
 # ---------------------------------------------------------------------- executor side
-def _task_function(query_id, stage_bytes, shuffled, broadcast, target_partitions, compression):
+def _task_function(query_id, stage_id, stage_bytes, shuffled, broadcast, target_partitions, compression):
     """The function Spark ships to the executors for one stage.
 
     It is a closure, so cloudpickle ships it by value, and it refers to nothing
@@ -447,7 +448,7 @@ def _task_function(query_id, stage_bytes, shuffled, broadcast, target_partitions
             import socket as _socket
 
             report = {
-                "stage": -1,
+                "stage": stage_id,
                 "task": task_index,
                 "worker": f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}",
                 "cause": (
