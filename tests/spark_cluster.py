@@ -94,8 +94,9 @@ def _wait(cluster: Cluster, what: str, ready, timeout_s: float) -> None:
         time.sleep(0.25)
 
 
-def start_cluster(workdir: Path, workers: int = 2, cores: int = 1, memory: str = "2g",
-                  timeout_s: float = 120.0) -> Cluster:
+def start_cluster(
+    workdir: Path, workers: int = 2, cores: int = 1, memory: str = "2g", timeout_s: float = 120.0
+) -> Cluster:
     """Start a master and ``workers`` workers of ``cores`` cores on 127.0.0.1.
 
     Returns once every worker registered with the master.
@@ -108,23 +109,50 @@ def start_cluster(workdir: Path, workers: int = 2, cores: int = 1, memory: str =
     port = free_port()
     cluster = Cluster(f"spark://127.0.0.1:{port}", workdir)
     try:
-        _spawn(cluster, "master", [
-            "org.apache.spark.deploy.master.Master",
-            "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port()),
-        ])
+        _spawn(
+            cluster,
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(free_port()),
+            ],
+        )
         master_log = cluster.logs[0]
 
         def registered() -> int:
             text = master_log.read_text(errors="replace") if master_log.exists() else ""
             return text.count("Registering worker")
 
-        _wait(cluster, "the master", lambda: "I have been elected leader" in master_log.read_text(errors="replace"), timeout_s)
+        _wait(
+            cluster,
+            "the master",
+            lambda: "I have been elected leader" in master_log.read_text(errors="replace"),
+            timeout_s,
+        )
         for i in range(workers):
-            _spawn(cluster, f"worker-{i}", [
-                "org.apache.spark.deploy.worker.Worker", cluster.master_url,
-                "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                "--webui-port", str(free_port()), "--work-dir", str(workdir / f"work-{i}"),
-            ])
+            _spawn(
+                cluster,
+                f"worker-{i}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    cluster.master_url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(cores),
+                    "--memory",
+                    memory,
+                    "--webui-port",
+                    str(free_port()),
+                    "--work-dir",
+                    str(workdir / f"work-{i}"),
+                ],
+            )
         _wait(cluster, f"{workers} workers to register", lambda: registered() >= workers, timeout_s)
     except BaseException:
         stop_cluster(cluster)
@@ -184,7 +212,10 @@ def main(argv: list[str]) -> int:
         tpch.register_tpch(ctx, data)
         for q in queries:
             table = ctx.sql(tpch.query(int(q))).to_arrow_table()
-            with pa.OSFile(str(out_dir / f"q{q}.arrow"), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            with (
+                pa.OSFile(str(out_dir / f"q{q}.arrow"), "wb") as f,
+                pa.ipc.new_file(f, table.schema) as w,
+            ):
                 w.write_table(table)
     finally:
         runtime.close()

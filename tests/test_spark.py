@@ -130,14 +130,20 @@ runtime.close()
 
 
 def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
-    """Executors whose Python has no site-packages (``python -S``) cannot import
-    distfusion: the task error says so, names the stage and points to the README."""
+    """Executors without distfusion fail their tasks with a clear TaskError.
+
+    Their Python has no site-packages (``python -S``); the error says what is
+    missing, names the stage and points to the README.
+    """
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
     driver = subprocess.run(
         [sys.executable, "-c", _NO_PACKAGES_DRIVER, str(python), str(tpch_dir)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     line = next((ln for ln in driver.stdout.splitlines() if ln.startswith("LEAF")), "")
     assert line, driver.stdout + driver.stderr[-3000:]

@@ -29,9 +29,19 @@ def test_tpch_on_a_standalone_cluster(tmp_path, tpch_dir, oracle):
         out = tmp_path / "results"
         out.mkdir()
         driver = subprocess.run(
-            [sys.executable, "-m", "tests.spark_cluster", cluster.master_url, str(tpch_dir), str(out),
-             *map(str, QUERIES)],
-            cwd=REPO, capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "tests.spark_cluster",
+                cluster.master_url,
+                str(tpch_dir),
+                str(out),
+                *map(str, QUERIES),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert driver.returncode == 0, driver.stderr[-5000:] + "\n" + cluster.tail_logs()
         workers = json.loads((out / "workers.json").read_text())

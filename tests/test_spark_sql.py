@@ -70,7 +70,9 @@ def test_view_that_is_not_a_file_scan_is_named_in_the_error(spark):
         with pytest.raises(PlanningError, match="'big_regions'.*not a plain scan of files"):
             distfusion.spark.sql(spark, "SELECT count(*) FROM big_regions")
         # Not referenced as a table: no error.
-        assert distfusion.spark.sql(spark, "SELECT count(*) AS n FROM region").to_pylist() == [{"n": 5}]
+        assert distfusion.spark.sql(spark, "SELECT count(*) AS n FROM region").to_pylist() == [
+            {"n": 5}
+        ]
     finally:
         spark.catalog.dropTempView("big_regions")
 

@@ -156,7 +156,9 @@ def sql(
     return SparkDataFrame(ctx, df, spark)
 
 
-def register_spark_table(ctx: DistributedContext, spark, name: str, as_name: str | None = None) -> None:
+def register_spark_table(
+    ctx: DistributedContext, spark, name: str, as_name: str | None = None
+) -> None:
     """Register Spark table or temp view ``name`` in ``ctx`` as a distfusion source.
 
     The table must be a plain scan of Parquet or CSV files: Spark's optimized
@@ -195,7 +197,10 @@ def register_spark_table(ctx: DistributedContext, spark, name: str, as_name: str
         )
 
     kind = plan.getClass().getSimpleName()
-    if kind != "LogicalRelation" or plan.relation().getClass().getSimpleName() != "HadoopFsRelation":
+    if (
+        kind != "LogicalRelation"
+        or plan.relation().getClass().getSimpleName() != "HadoopFsRelation"
+    ):
         raise unreadable(f"it is not a plain scan of files (Spark's optimized plan is a {kind})")
     relation = plan.relation()
     fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower())

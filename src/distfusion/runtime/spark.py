@@ -49,7 +49,13 @@ from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import default_target_partitions
 from distfusion.stages import BROADCAST, Stage, StageGraph
 
-__all__ = ["SparkRuntime", "FAIL_TASK_PROPERTY", "import_pyspark", "job_group", "with_local_retries"]
+__all__ = [
+    "SparkRuntime",
+    "FAIL_TASK_PROPERTY",
+    "import_pyspark",
+    "job_group",
+    "with_local_retries",
+]
 
 ERROR_MARKER = "DISTFUSION_TASK_ERROR "
 """Prefix of the one-line error report a failed Spark task raises."""
@@ -258,7 +264,11 @@ class _SparkQuery:
             self._collect_broadcasts()
             records = self._collect_inputs(head)
             plan = TaskPlan.for_task(
-                self.graph.query_id, head, 0, _dummy_workers(head, self.graph), self.runtime.target_partitions
+                self.graph.query_id,
+                head,
+                0,
+                _dummy_workers(head, self.graph),
+                self.runtime.target_partitions,
             )
             inputs = _group_inputs(len(head.inputs), records)
             try:
@@ -352,7 +362,8 @@ class _SparkQuery:
         """
         for round_ in _rounds(self.graph):
             parts = [
-                self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[1][0], r[1][1])) for sid in round_
+                self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[1][0], r[1][1]))
+                for sid in round_
             ]
             union = parts[0] if len(parts) == 1 else self.sc.union(parts)
             collected = self._spark_call(union.collect)
@@ -376,7 +387,9 @@ def _rounds(graph: StageGraph) -> list[list[int]]:
         depth[s.stage_id] = max(
             (depth[i.stage_id] + (1 if i.boundary == BROADCAST else 0) for i in s.inputs), default=0
         )
-    producers = sorted({i.stage_id for s in graph.stages for i in s.inputs if i.boundary == BROADCAST})
+    producers = sorted(
+        {i.stage_id for s in graph.stages for i in s.inputs if i.boundary == BROADCAST}
+    )
     rounds: dict[int, list[int]] = {}
     for sid in producers:
         rounds.setdefault(depth[sid], []).append(sid)
@@ -395,7 +408,10 @@ def _uses(graph: StageGraph) -> dict[int, int]:
 def _dummy_workers(stage: Stage, graph: StageGraph) -> tuple[tuple[str, ...], ...]:
     """Input worker URLs of a task plan; Spark places tasks, so they name only the stage."""
     return tuple(
-        tuple(f"spark://stage-{inp.stage_id}/task-{j}" for j in range(graph.stage(inp.stage_id).num_tasks))
+        tuple(
+            f"spark://stage-{inp.stage_id}/task-{j}"
+            for j in range(graph.stage(inp.stage_id).num_tasks)
+        )
         for inp in stage.inputs
     )
 
@@ -430,7 +446,9 @@ def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
 
 
 # ---------------------------------------------------------------------- executor side
-def _task_function(query_id, stage_id, stage_bytes, shuffled, broadcast, target_partitions, compression):
+def _task_function(
+    query_id, stage_id, stage_bytes, shuffled, broadcast, target_partitions, compression
+):
     """The function Spark ships to the executors for one stage.
 
     It is a closure, so cloudpickle ships it by value, and it refers to nothing
@@ -460,13 +478,22 @@ def _task_function(query_id, stage_id, stage_bytes, shuffled, broadcast, target_
             }
             raise RuntimeError("DISTFUSION_TASK_ERROR " + _json.dumps(report)) from None
         return spark_runtime._run_task(
-            query_id, stage_bytes, task_index, records, shuffled, broadcast, target_partitions, compression
+            query_id,
+            stage_bytes,
+            task_index,
+            records,
+            shuffled,
+            broadcast,
+            target_partitions,
+            compression,
         )
 
     return run
 
 
-def _run_task(query_id, stage_bytes, task_index, records, shuffled, broadcast, target_partitions, compression):
+def _run_task(
+    query_id, stage_bytes, task_index, records, shuffled, broadcast, target_partitions, compression
+):
     """Run task ``task_index`` of the pickled stage inside a Spark task.
 
     Yields records ``(consumer partition, (task_index, ipc bytes))``, one per
@@ -489,13 +516,22 @@ def _run_task(query_id, stage_bytes, task_index, records, shuffled, broadcast, t
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
         parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
-        out = [(p, (task_index, _encode(batches, compression))) for p, batches in enumerate(parts) if batches]
+        out = [
+            (p, (task_index, _encode(batches, compression)))
+            for p, batches in enumerate(parts)
+            if batches
+        ]
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     except Exception as exc:
         if plan is None:
-            err = TaskError(stage.stage_id, task_index, worker, f"{type(exc).__name__}: {exc}",
-                            "".join(traceback.format_exception(exc)))
+            err = TaskError(
+                stage.stage_id,
+                task_index,
+                worker,
+                f"{type(exc).__name__}: {exc}",
+                "".join(traceback.format_exception(exc)),
+            )
         else:
             err = task_error(plan, worker, exc)
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
