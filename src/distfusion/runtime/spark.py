@@ -113,8 +113,9 @@ class SparkRuntime:
             nothing unless the master says so, so ``local[N]`` becomes
             ``local[N,task_max_failures]``: an embedded session retries failed
             task attempts as a cluster would.
-        target_partitions: DataFusion threads one task may use (default: the
-            driver's cores).
+        target_partitions: cores of one executor (default: the driver's cores);
+            the concurrent tasks of a stage share them (DataFusion partitions
+            per task = ``target_partitions // tasks``, at least 1).
         compression: Arrow IPC buffer compression for stage outputs: ``"lz4"``
             (default), ``"zstd"`` or None.
         task_max_failures: attempts per task before the query fails (Spark's
@@ -342,7 +343,7 @@ class _SparkQuery:
             pickle.dumps(stage),
             bool(shuffled),
             broadcast,
-            self.runtime.target_partitions,
+            _threads(self.runtime.target_partitions, stage.num_tasks),
             self.runtime.compression,
         )
         rdd = base.mapPartitionsWithIndex(fn)
@@ -394,6 +395,15 @@ def _rounds(graph: StageGraph) -> list[list[int]]:
     for sid in producers:
         rounds.setdefault(depth[sid], []).append(sid)
     return [rounds[d] for d in sorted(rounds)]
+
+
+def _threads(cores: int, num_tasks: int) -> int:
+    """DataFusion partitions per task: an executor's ``cores`` shared by the stage's tasks.
+
+    As the local runtime does (``runtime/base.py``): the tasks of a stage already
+    run in parallel, so each gets its share of the cores instead of all of them.
+    """
+    return max(1, cores // max(1, min(num_tasks, cores)))
 
 
 def _uses(graph: StageGraph) -> dict[int, int]:
