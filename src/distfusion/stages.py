@@ -18,7 +18,6 @@ schemas), so a graph can be printed, compared in tests and sent to workers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -86,9 +85,7 @@ class OutputPartitioning:
         """One line for ``explain()``."""
         if self.kind == SHUFFLE:
             how = (
-                f"hash {[f'c{k}' for k in self.key_columns]}"
-                if self.key_columns
-                else "round-robin"
+                f"hash {[f'c{k}' for k in self.key_columns]}" if self.key_columns else "round-robin"
             )
             return f"shuffle ({how}) -> {self.num_partitions} partitions"
         if self.kind == BROADCAST:
@@ -224,7 +221,9 @@ class StageGraph:
                     )
                 else:
                     counts = [len(u) for u in scan.task_units]
-                    lines.append(f"  <- scan {scan.source.name} ({n} work units, per task {counts})")
+                    lines.append(
+                        f"  <- scan {scan.source.name} ({n} work units, per task {counts})"
+                    )
             lines.extend("    " + ln for ln in s.plan_text.rstrip().splitlines())
         return "\n".join(lines)
 
@@ -255,8 +254,3 @@ def schema_to_json(schema: pa.Schema) -> str:
 def schema_from_json(data: str) -> pa.Schema:
     """Inverse of :func:`schema_to_json`."""
     return pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(data)))
-
-
-def dumps(obj) -> str:
-    """Compact JSON."""
-    return json.dumps(obj, separators=(",", ":"))

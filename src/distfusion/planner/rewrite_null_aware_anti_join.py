@@ -14,7 +14,7 @@ for any non-equi anti join.
 
 from __future__ import annotations
 
-from substrait.proto import Expression, JoinRel, Plan, Rel, Type
+from substrait.proto import JoinRel, Plan, Rel, Type
 
 from distfusion.errors import PlanningError
 from distfusion.planner.substrait import FunctionRegistry, children, conjuncts

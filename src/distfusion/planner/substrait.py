@@ -25,7 +25,6 @@ from substrait.proto import (
     NamedStruct,
     Plan,
     PlanRel,
-    ReadRel,
     Rel,
     RelRoot,
     Type,
@@ -357,13 +356,6 @@ def named_struct(schema: pa.Schema) -> NamedStruct:
     ns.CopyFrom(rel.read.base_schema)
     _NAMED_STRUCTS[schema] = ns
     return ns
-
-
-def read_output_arity(read: ReadRel) -> int:
-    """Number of columns a ``ReadRel`` outputs (its projection, else its schema)."""
-    if read.HasField("projection"):
-        return len(read.projection.select.struct_items)
-    return len(read.base_schema.struct.types)
 
 
 def unproject_read(rel: Rel) -> Rel:

@@ -1,0 +1,1 @@
+"""Runtimes: what executes a StageGraph (local threads, Spark, Flight workers)."""

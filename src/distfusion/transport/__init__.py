@@ -1,0 +1,1 @@
+"""WorkerTransport: how task plans reach workers and partitions come back (in-memory, Flight)."""

@@ -1,0 +1,1 @@
+"""Executing tasks: the task descriptor, one task's execution, and the Worker that runs them."""
