@@ -17,10 +17,16 @@ from distfusion.errors import (
     WorkerUnavailableError,
 )
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.resolver import DynamicWorkerResolver, StaticWorkerResolver, WorkerResolver
+from distfusion.resolver import (
+    DynamicWorkerResolver,
+    SparkWorkerResolver,
+    StaticWorkerResolver,
+    WorkerResolver,
+)
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
+from distfusion.runtime.spark import SparkRuntime
 from distfusion.stages import StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.transport.in_memory import InMemoryTransport
@@ -39,6 +45,8 @@ __all__ = [
     "PlanningError",
     "QueryCancelled",
     "Runtime",
+    "SparkRuntime",
+    "SparkWorkerResolver",
     "StageGraph",
     "StaticWorkerResolver",
     "TaskError",
