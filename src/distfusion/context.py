@@ -35,7 +35,13 @@ from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.runtime.base import Runtime
-from distfusion.sources import TableSource, csv_source, memory_source, parquet_source
+from distfusion.sources import (
+    TableSource,
+    csv_source,
+    list_files,
+    memory_source,
+    parquet_source,
+)
 from distfusion.stages import StageGraph
 
 __all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame"]
@@ -103,6 +109,14 @@ def split_statements(sql: str) -> list[str]:
     return [s.strip() for s in out if s.strip()]
 
 
+def _check_path(name: str, path: str, extension: str) -> None:
+    """Raise a clear PlanningError (naming table and path) when no file is at ``path``."""
+    try:
+        list_files(path, extension)
+    except PlanningError as exc:
+        raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from None
+
+
 def _datafusion_error(exc: Exception) -> PlanningError:
     return PlanningError(str(exc))
 
@@ -158,6 +172,7 @@ class DistributedContext:
                 its schema.
         """
         path = os.fspath(path)
+        _check_path(name, path, ".parquet")
         try:
             self.ctx.register_parquet(name, path, schema=schema)
             table_schema = self.ctx.table(name).schema()
@@ -180,6 +195,7 @@ class DistributedContext:
             PlanningError: no CSV file at ``path``, or DataFusion cannot infer a schema.
         """
         path = os.fspath(path)
+        _check_path(name, path, ".csv")
         try:
             self.ctx.register_csv(
                 name, path, schema=schema, has_header=has_header, delimiter=delimiter

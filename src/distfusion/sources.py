@@ -101,7 +101,15 @@ class TableSource:
         return sum(self.column_bytes.get(c, 0) for c in columns)
 
 
-def _list_files(path: str, extension: str) -> list[str]:
+def list_files(path: str, extension: str) -> list[str]:
+    """The ``extension`` files at ``path`` (a file, a directory searched recursively, a glob).
+
+    Raises:
+        PlanningError: nothing exists at ``path``, or no such file is there.
+    """
+    if not any(ch in path for ch in "*?[") and not os.path.exists(path):
+        msg = f"no such file or directory: {path!r}"
+        raise PlanningError(msg)
     if os.path.isdir(path):
         files = sorted(glob.glob(os.path.join(path, "**", f"*{extension}"), recursive=True))
     else:
@@ -123,7 +131,7 @@ def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> Tab
     """
     units = []
     column_bytes: dict[str, int] = {}
-    for f in _list_files(os.fspath(path), ".parquet"):
+    for f in list_files(os.fspath(path), ".parquet"):
         try:
             md = pq.ParquetFile(f).metadata
         except Exception as exc:
@@ -170,7 +178,7 @@ def csv_source(
     Raises:
         PlanningError: no ``.csv`` file at ``path``.
     """
-    files = _list_files(os.fspath(path), ".csv")
+    files = list_files(os.fspath(path), ".csv")
     units = tuple(WorkUnit(path=os.path.abspath(f), size_bytes=os.path.getsize(f)) for f in files)
     options = {"has_header": has_header, "delimiter": delimiter}
     return TableSource(name, "csv", schema, units, {}, options)
