@@ -119,7 +119,9 @@ def cmd_query(args) -> int:
             print(df.explain())
             print()
         start = time.perf_counter()
-        table = df.to_arrow_table()
+        # Spark draws its own progress bar; the other runtimes get a status line.
+        show = sys.stderr.isatty() and args.runtime != "spark"
+        table = _run_with_progress(df) if show else df.to_arrow_table()
         elapsed = time.perf_counter() - start
         if args.output:
             _write(table, args.output)
@@ -130,6 +132,24 @@ def cmd_query(args) -> int:
             f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)"
         )
     return 0
+
+
+def _run_with_progress(df):
+    """``df.to_arrow_table()`` with a live status line on stderr (stages, tasks, rows, seconds)."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    start = time.perf_counter()
+    with Console(stderr=True).status("planning") as status:
+        summary = df.stage_graph().summary()
+        what = f"{summary['stages']} stages, {summary['tasks']} tasks"
+        status.update(f"running {what}")
+        batches, rows = [], 0
+        for batch in df.execute_stream():
+            batches.append(batch)
+            rows += batch.num_rows
+            status.update(f"running {what}: {rows} rows in {time.perf_counter() - start:.1f} s")
+    return pa.Table.from_batches(batches) if batches else df.schema().empty_table()
 
 
 def _write(table, path: str) -> None:
