@@ -111,7 +111,7 @@ def cmd_query(args) -> int:
         return 2
     config = DistributedConfig(tasks_per_stage=args.tasks_per_stage)
     with DistributedContext(
-        runtime=make_runtime(args.runtime, args.workers, args), config=config
+        runtime=lambda: make_runtime(args.runtime, args.workers, args), config=config
     ) as ctx:
         _register_tables(ctx, args)
         df = ctx.sql(sql)

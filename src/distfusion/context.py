@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -109,6 +109,12 @@ def split_statements(sql: str) -> list[str]:
     return [s.strip() for s in out if s.strip()]
 
 
+def _default_runtime() -> Runtime:
+    from distfusion.runtime.spark import SparkRuntime
+
+    return SparkRuntime()  # ImportError naming what to install without pyspark
+
+
 def _check_path(name: str, path: str, extension: str) -> None:
     """Raise a clear PlanningError (naming table and path) when no file is at ``path``."""
     try:
@@ -128,7 +134,9 @@ def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.R
     """
     try:
         for b in batches:
-            yield b if b.schema.names == names else pa.RecordBatch.from_arrays(b.columns, names=names)
+            yield (
+                b if b.schema.names == names else pa.RecordBatch.from_arrays(b.columns, names=names)
+            )
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
@@ -139,22 +147,29 @@ class DistributedContext:
     """Registers tables and plans SQL for distributed execution.
 
     Args:
-        runtime: runs the stage graphs; default a
-            :class:`~distfusion.runtime.spark.SparkRuntime` on an embedded
-            ``local[*]`` SparkSession (or the active one). Pass
-            ``LocalRuntime()`` to run in-process without Spark.
+        runtime: runs the stage graphs: a :class:`~distfusion.runtime.base.Runtime`,
+            or a zero-argument callable returning one, called on first use (so
+            registering tables and SQL errors never wait for a cluster). Default:
+            a :class:`~distfusion.runtime.spark.SparkRuntime` on an embedded
+            ``local[*]`` SparkSession (or the active one), started on first use.
+            Pass ``LocalRuntime()`` to run in-process without Spark.
         config: planner settings (:class:`DistributedConfig`).
 
     Raises:
-        ImportError: no ``runtime`` given and pyspark is not installed.
+        ImportError: (on first use) no ``runtime`` given and pyspark is not installed.
     """
 
-    def __init__(self, runtime: Runtime | None = None, config: DistributedConfig | None = None):
+    def __init__(
+        self,
+        runtime: Runtime | Callable[[], Runtime] | None = None,
+        config: DistributedConfig | None = None,
+    ):
         if runtime is None:
-            from distfusion.runtime.spark import SparkRuntime
-
-            runtime = SparkRuntime()  # ImportError naming what to install without pyspark
-        self.runtime = runtime
+            runtime = _default_runtime
+        self._runtime: Runtime | None = (
+            None if callable(runtime) and not isinstance(runtime, Runtime) else runtime
+        )
+        self._runtime_factory = runtime
         self.config = config or DistributedConfig()
         self.ctx = SessionContext()
         self.sources: dict[str, TableSource] = {}
@@ -268,9 +283,17 @@ class DistributedContext:
                 result = df
         return DistributedDataFrame(self, result)
 
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime, created now if it was given as a callable (or defaulted)."""
+        if self._runtime is None:
+            self._runtime = self._runtime_factory()
+        return self._runtime
+
     def close(self) -> None:
-        """Release the runtime."""
-        self.runtime.close()
+        """Release the runtime (if it was ever started)."""
+        if self._runtime is not None:
+            self._runtime.close()
 
     def __enter__(self) -> DistributedContext:
         return self
