@@ -86,36 +86,38 @@ class TransportError(DistfusionError):
     """A worker could not be reached, or answered something the coordinator cannot read."""
 
 
-class WorkerUnavailableError(TransportError, TransientError):
-    """A worker is unreachable or died; retrying on other workers may succeed.
+class _WorkerCallError(TransportError):
+    """A transport error about one worker: keeps its URL and detail across processes.
 
     Attributes:
         url: the worker's URL.
+        detail: what went wrong.
     """
+
+    what = "failed"
 
     def __init__(self, url: str, detail: str) -> None:
         self.url = url
-        super().__init__(f"worker {url} is unavailable: {detail}")
+        self.detail = detail
+        super().__init__(f"worker {url} {self.what}: {detail}")
 
     def __reduce__(self):
-        return (type(self), (self.url, str(self).split(": ", 1)[-1]))
+        return (type(self), (self.url, self.detail))
 
 
-class AuthenticationError(TransportError):
+class WorkerUnavailableError(_WorkerCallError, TransientError):
+    """A worker is unreachable or died; retrying on other workers may succeed."""
+
+    what = "is unavailable"
+
+
+class AuthenticationError(_WorkerCallError):
     """A worker rejected the call: its shared secret token is missing or wrong.
 
     Not transient: the same call with the same token is rejected again.
-
-    Attributes:
-        url: the worker's URL.
     """
 
-    def __init__(self, url: str, detail: str) -> None:
-        self.url = url
-        super().__init__(f"worker {url} rejected the call: {detail}")
-
-    def __reduce__(self):
-        return (type(self), (self.url, str(self).split(": ", 1)[-1]))
+    what = "rejected the call"
 
 
 class QueryCancelled(DistfusionError):

@@ -309,9 +309,8 @@ class FlightWorkerTransport:
         try:
             self._action(url, ACTION_SET_PLAN, plan.to_json().encode(), self.action_timeout_s)
         except WorkerUnavailableError as exc:
-            detail = str(exc).split(": ", 1)[-1]
             raise WorkerUnavailableError(
-                url, f"delivering {task_name(plan.key)}: {detail}"
+                url, f"delivering {task_name(plan.key)}: {exc.detail}"
             ) from None
 
     def execute_partition(
