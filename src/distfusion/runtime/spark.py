@@ -48,6 +48,7 @@ from distfusion.errors import PlanningError, QueryCancelled, TaskError, Transpor
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import default_target_partitions
 from distfusion.stages import BROADCAST, Stage, StageGraph
+from distfusion.worker.execute_task import without_views
 
 __all__ = [
     "SparkRuntime",
@@ -436,32 +437,9 @@ def _group_inputs(num_inputs: int, records) -> list[list[tuple[int, bytes]]]:
     return out
 
 
-def _without_views(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with string/binary view columns as plain string/binary columns.
-
-    A view array out of a join or a filter still points at every data buffer of
-    its input (e.g. all the names of a broadcast table), and Arrow IPC writes
-    every referenced buffer with every batch: a stage output of 30 MB became
-    240 MB. Plain strings carry only their own bytes; the consumer casts them
-    back to the declared schema (``_as_declared``).
-    """
-    types = batch.schema.types
-    if not any(pa.types.is_string_view(t) or pa.types.is_binary_view(t) for t in types):
-        return batch
-    columns = [
-        c.cast(pa.string())
-        if pa.types.is_string_view(c.type)
-        else c.cast(pa.binary())
-        if pa.types.is_binary_view(c.type)
-        else c
-        for c in batch.columns
-    ]
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
-
-
 def _encode(batches: list[pa.RecordBatch], compression: str | None) -> bytes:
     """Batches as one Arrow IPC stream, buffers compressed with ``compression``."""
-    batches = [_without_views(b) for b in batches]
+    batches = [without_views(b) for b in batches]
     sink = pa.BufferOutputStream()
     options = pa.ipc.IpcWriteOptions(compression=compression)
     with pa.ipc.new_stream(sink, batches[0].schema, options=options) as writer:

@@ -57,6 +57,7 @@ from distfusion.transport.flight import (
     import_flight,
 )
 from distfusion.worker import flight_cli
+from distfusion.worker.execute_task import without_views
 from distfusion.worker.task_plan import TaskPlan
 from distfusion.worker.worker import Worker
 
@@ -260,7 +261,9 @@ class FlightWorker:
     def _get(self, ticket: bytes):
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
-        batches = list(self.worker.execute_partition(key, partition, timeout_s))
+        batches = [
+            without_views(b) for b in self.worker.execute_partition(key, partition, timeout_s)
+        ]
         self._touch(key.query_id)
         schema = batches[0].schema if batches else pa.schema([])
         batches = [b if b.schema.equals(schema) else _conform(b, schema) for b in batches]
