@@ -25,7 +25,7 @@ from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import build_dataframe, stream_batches, task_error
 from distfusion.worker.task_plan import TaskPlan
 
-__all__ = ["Runtime", "Routing", "round_robin", "execute_graph"]
+__all__ = ["Runtime", "Routing", "round_robin", "execute_graph", "task_threads"]
 
 COORDINATOR = "coordinator"
 
@@ -81,14 +81,15 @@ def default_target_partitions() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _threads(cores: int, stage: Stage, urls: list[str]) -> int:
-    """DataFusion partitions per task: the cores shared by the stage's concurrent tasks.
+def task_threads(cores: int, num_tasks: int, slots: int) -> int:
+    """DataFusion partitions per task: ``cores`` shared by a stage's concurrent tasks.
 
-    Tasks of one stage already run in parallel; giving each every core would make
-    DataFusion repartition inside each task on top of the stage's own split.
-    Used when several workers share the machine's cores (the local runtime).
+    Tasks of one stage already run in parallel (at most ``slots`` at once); giving
+    each every core would make DataFusion repartition inside each task on top of
+    the stage's own split. Used where tasks share cores: the local runtime's
+    workers, a Spark executor's task slots.
     """
-    return max(1, cores // max(1, min(stage.num_tasks, len(urls))))
+    return max(1, cores // max(1, min(num_tasks, slots)))
 
 
 def _input_workers(
@@ -134,7 +135,9 @@ def execute_graph(
         for stage in graph.stages[:-1]:
             inputs = _input_workers(stage, graph, placement)
             for t in range(stage.num_tasks):
-                plan = TaskPlan.for_task(qid, stage, t, inputs, _threads(tp, stage, urls))
+                plan = TaskPlan.for_task(
+                    qid, stage, t, inputs, task_threads(tp, stage.num_tasks, len(urls))
+                )
                 transport.set_plan(placement[(stage.stage_id, t)], plan)
         head = graph.head
         plan = TaskPlan.for_task(qid, head, 0, _input_workers(head, graph, placement), tp)

@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from distfusion.errors import PlanningError, QueryCancelled, TaskError, TransportError
 from distfusion.resolver import SparkWorkerResolver
-from distfusion.runtime.base import default_target_partitions
+from distfusion.runtime.base import default_target_partitions, task_threads
 from distfusion.stages import BROADCAST, Stage, StageGraph
 from distfusion.worker.execute_task import without_views
 
@@ -344,7 +344,9 @@ class _SparkQuery:
             pickle.dumps(stage),
             bool(shuffled),
             broadcast,
-            _threads(self.runtime.target_partitions, stage.num_tasks),
+            task_threads(
+                self.runtime.target_partitions, stage.num_tasks, self.runtime.target_partitions
+            ),
             self.runtime.compression,
         )
         rdd = base.mapPartitionsWithIndex(fn)
@@ -396,15 +398,6 @@ def _rounds(graph: StageGraph) -> list[list[int]]:
     for sid in producers:
         rounds.setdefault(depth[sid], []).append(sid)
     return [rounds[d] for d in sorted(rounds)]
-
-
-def _threads(cores: int, num_tasks: int) -> int:
-    """DataFusion partitions per task: an executor's ``cores`` shared by the stage's tasks.
-
-    As the local runtime does (``runtime/base.py``): the tasks of a stage already
-    run in parallel, so each gets its share of the cores instead of all of them.
-    """
-    return max(1, cores // max(1, min(num_tasks, cores)))
 
 
 def _uses(graph: StageGraph) -> dict[int, int]:
