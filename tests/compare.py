@@ -14,20 +14,16 @@ import math
 import pyarrow as pa
 from datafusion import SessionContext
 
-from distfusion.context import split_statements
+from distfusion.context import plan_statements, split_statements
 
 FLOAT_REL_TOL = 1e-9
 
 
 def oracle_result(ctx: SessionContext, sql: str) -> pa.Table:
     """Run every statement of ``sql`` on ``ctx``; the last one with columns is the result."""
-    result = None
-    for stmt in split_statements(sql):
-        df = ctx.sql(stmt)
-        if len(df.schema()) > 0:
-            result = df.to_arrow_table()
-    assert result is not None, "no statement returns rows"
-    return result
+    df = plan_statements(ctx, sql)
+    assert len(df.schema()) > 0, "no statement returns rows"
+    return df.to_arrow_table()
 
 
 def is_ordered(sql: str) -> bool:
@@ -62,8 +58,14 @@ def assert_same_result(got: pa.Table, expected: pa.Table, ordered: bool) -> None
     assert got.column_names == expected.column_names, (got.column_names, expected.column_names)
     assert got.num_rows == expected.num_rows, f"{got.num_rows} rows, expected {expected.num_rows}"
     # Rows as tuples (not dicts: a result may repeat a column name).
-    rows_g = list(zip(*(c.to_pylist() for c in got.columns))) if got.num_columns else []
-    rows_e = list(zip(*(c.to_pylist() for c in expected.columns))) if expected.num_columns else []
+    rows_g = (
+        list(zip(*(c.to_pylist() for c in got.columns), strict=True)) if got.num_columns else []
+    )
+    rows_e = (
+        list(zip(*(c.to_pylist() for c in expected.columns), strict=True))
+        if expected.num_columns
+        else []
+    )
     if not ordered:
         rows_g.sort(key=_sort_key)
         rows_e.sort(key=_sort_key)

@@ -29,20 +29,11 @@ Runner = Callable[[str], int]
 def _datafusion_runner(data_dir: str) -> Runner:
     from datafusion import SessionContext
 
-    from distfusion.context import split_statements
+    from distfusion.context import plan_statements
 
     ctx = SessionContext()
     tpch.register_tpch(ctx, data_dir)
-
-    def run(sql: str) -> int:
-        rows = 0
-        for stmt in split_statements(sql):
-            df = ctx.sql(stmt)
-            if len(df.schema()) > 0:
-                rows = df.to_arrow_table().num_rows
-        return rows
-
-    return run
+    return lambda sql: plan_statements(ctx, sql).to_arrow_table().num_rows
 
 
 def _spark_sql_runner(spark, data_dir: str) -> Runner:

@@ -44,7 +44,7 @@ from distfusion.sources import (
 )
 from distfusion.stages import StageGraph
 
-__all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame"]
+__all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame", "plan_statements"]
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,28 @@ def _check_path(name: str, path: str, extension: str) -> None:
         raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from None
 
 
-def _datafusion_error(exc: Exception) -> PlanningError:
-    return PlanningError(str(exc))
+def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
+    """Plan the statements of ``sql`` on a DataFusion context, in order.
+
+    DDL (``CREATE VIEW``, ``DROP VIEW``, ...) takes effect as it is planned. The
+    result is the last statement that returns columns (its plan keeps the
+    definition of any view a later statement drops), else the last statement.
+    Used by :meth:`DistributedContext.sql`, and for single-node DataFusion by the
+    benchmark and the tests.
+
+    Raises:
+        PlanningError: ``sql`` holds no statement.
+        Exception: DataFusion's error for an invalid statement.
+    """
+    statements = split_statements(sql)
+    if not statements:
+        raise PlanningError("no SQL statement given")
+    result = None
+    for stmt in statements:
+        df = ctx.sql(stmt)
+        if result is None or len(df.schema()) > 0:
+            result = df
+    return result
 
 
 def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
@@ -270,18 +290,12 @@ class DistributedContext:
             PlanningError: invalid SQL, an unknown table or column; the message is
                 DataFusion's. Raised before any task starts.
         """
-        statements = split_statements(query)
-        if not statements:
-            raise PlanningError("no SQL statement given")
-        result = None
-        for stmt in statements:
-            try:
-                df = self.ctx.sql(stmt)
-            except Exception as exc:
-                raise _datafusion_error(exc) from exc
-            if result is None or len(df.schema()) > 0:
-                result = df
-        return DistributedDataFrame(self, result)
+        try:
+            return DistributedDataFrame(self, plan_statements(self.ctx, query))
+        except PlanningError:
+            raise
+        except Exception as exc:  # DataFusion's bare Exception, message kept
+            raise PlanningError(str(exc)) from exc
 
     @property
     def runtime(self) -> Runtime:
