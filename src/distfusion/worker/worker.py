@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.errors import QueryCancelled, TaskError
 from distfusion.stages import TaskKey
 from distfusion.worker.execute_task import run_task, task_error
 from distfusion.worker.task_plan import TaskPlan
@@ -65,7 +65,9 @@ class Worker:
         self.url = url
         self.transport = transport
         self.input_timeout_s = input_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix=f"distfusion-{url}")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, slots), thread_name_prefix=f"distfusion-{url}"
+        )
         self._lock = threading.Condition()
         self._tasks: dict[TaskKey, _Task] = {}
         # Recently cancelled query ids (insertion-ordered, bounded).
@@ -164,7 +166,9 @@ class Worker:
         for j, url in enumerate(plan.input_workers[i]):
             producer = TaskKey(plan.key.query_id, inp.stage_id, j)
             batches.extend(
-                self.transport.execute_partition(url, producer, part, timeout_s=self.input_timeout_s)
+                self.transport.execute_partition(
+                    url, producer, part, timeout_s=self.input_timeout_s
+                )
             )
         return batches
 
@@ -184,9 +188,7 @@ class Worker:
                 task.partitions = partitions
         except (TaskError, QueryCancelled) as exc:
             task.error = exc
-        except DistfusionError as exc:  # transport failures reading an input
-            task.error = task_error(plan, self.url, exc)
-        except Exception as exc:  # a bug of ours: still report it, naming the task
+        except Exception as exc:  # reading an input failed, or a bug: name the task
             task.error = task_error(plan, self.url, exc)
         finally:
             with self._lock:
