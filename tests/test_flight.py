@@ -129,13 +129,14 @@ def test_closing_the_stream_early_frees_every_worker(flight_workers, tpch_dir, p
     runtime.close()
 
 
-def test_interrupting_the_coordinator_cancels_running_tasks_within_1s(own_workers, tpch_dir, probe):
-    urls = [w.url for w in own_workers(2)]
+def _coordinator_running_heavy_query(tpch_dir, urls, probe, capture: bool) -> subprocess.Popen:
+    """A coordinator process running HEAVY on ``urls``, returned once the workers are busy."""
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
     coordinator = subprocess.Popen(
         [sys.executable, "-c", COORDINATOR, str(tpch_dir), *urls],
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=out,
+        stderr=out,
         text=True,
         cwd=REPO,
     )
@@ -143,6 +144,17 @@ def test_interrupting_the_coordinator_cancels_running_tasks_within_1s(own_worker
         coordinator.stdin.write(HEAVY)
         coordinator.stdin.close()
         _wait_until(lambda: _busy(probe, urls), timeout_s=60)
+    except BaseException:
+        coordinator.kill()
+        coordinator.wait()
+        raise
+    return coordinator
+
+
+def test_interrupting_the_coordinator_cancels_running_tasks_within_1s(own_workers, tpch_dir, probe):
+    urls = [w.url for w in own_workers(2)]
+    coordinator = _coordinator_running_heavy_query(tpch_dir, urls, probe, capture=True)
+    try:
         time.sleep(0.5)  # let the tasks get deep into the join
         assert _busy(probe, urls), "the query ended before it could be interrupted"
         coordinator.send_signal(signal.SIGINT)  # what Ctrl-C does
@@ -157,18 +169,8 @@ def test_interrupting_the_coordinator_cancels_running_tasks_within_1s(own_worker
 
 def test_state_expires_when_the_coordinator_disappears(own_workers, tpch_dir, probe):
     urls = [w.url for w in own_workers(2, "--query-ttl", "1")]
-    coordinator = subprocess.Popen(
-        [sys.executable, "-c", COORDINATOR, str(tpch_dir), *urls],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=REPO,
-    )
+    coordinator = _coordinator_running_heavy_query(tpch_dir, urls, probe, capture=False)
     try:
-        coordinator.stdin.write(HEAVY)
-        coordinator.stdin.close()
-        _wait_until(lambda: _busy(probe, urls), timeout_s=60)
         coordinator.kill()  # no cancel_query, no more keepalives
         coordinator.wait()
         # time-to-live 1 s, checked every 0.25 s; a consumer task stops polling its
