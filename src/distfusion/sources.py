@@ -129,6 +129,9 @@ def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> Tab
     Raises:
         PlanningError: no ``.parquet`` file at ``path``, or a footer cannot be read.
     """
+    # Parquet's encodings (dictionary, RLE) can make a column's uncompressed size far
+    # smaller than its Arrow form; sizes are never estimated below rows x Arrow width.
+    row_width = sum(_arrow_width(f.type) for f in schema)
     units = []
     column_bytes: dict[str, int] = {}
     for f in list_files(os.fspath(path), ".parquet"):
@@ -145,20 +148,11 @@ def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> Tab
                 top = cc.path_in_schema.split(".", 1)[0]
                 column_bytes[top] = column_bytes.get(top, 0) + cc.total_uncompressed_size
                 size += cc.total_uncompressed_size
+        size = max(size, md.num_rows * row_width)
         units.append(WorkUnit(path=os.path.abspath(f), size_bytes=size, num_rows=md.num_rows))
-    # Parquet's encodings (dictionary, RLE) can make a column's uncompressed size far
-    # smaller than its Arrow form; never estimate below rows x Arrow value width.
-    rows = sum(u.num_rows or 0 for u in units)
+    rows = sum(u.num_rows for u in units)
     for f in schema:
         column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * _arrow_width(f.type))
-    units = [
-        WorkUnit(
-            u.path,
-            max(u.size_bytes, (u.num_rows or 0) * sum(_arrow_width(f.type) for f in schema)),
-            u.num_rows,
-        )
-        for u in units
-    ]
     return TableSource(name, "parquet", schema, tuple(units), column_bytes)
 
 
