@@ -19,15 +19,13 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.errors import QueryCancelled, TaskError
 from distfusion.stages import Stage, StageGraph, TaskKey
 from distfusion.transport.base import WorkerTransport
-from distfusion.worker.execute_task import build_dataframe, stream_batches, task_error
+from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.task_plan import TaskPlan
 
 __all__ = ["Runtime", "Routing", "round_robin", "execute_graph", "task_threads"]
 
-COORDINATOR = "coordinator"
 
 Routing = Callable[[StageGraph, list[str]], dict[tuple[int, int], str]]
 """Assigns every non-head task ``(stage_id, task_index)`` a worker URL."""
@@ -149,15 +147,7 @@ def execute_graph(
                 out.extend(transport.execute_partition(url, TaskKey(qid, inp.stage_id, j), 0))
             return out
 
-        try:
-            _, df = build_dataframe(plan, read_input)
-            yield from stream_batches(df, lambda: False)
-        except (TaskError, QueryCancelled, GeneratorExit):
-            raise
-        except Exception as exc:
-            if exc.__class__.__module__.startswith("distfusion"):
-                raise
-            raise task_error(plan, COORDINATOR, exc) from exc
+        yield from stream_head_stage(plan, read_input)
     finally:
         for url in used:
             transport.cancel_query(url, qid)

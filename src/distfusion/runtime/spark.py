@@ -44,7 +44,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from distfusion.errors import PlanningError, QueryCancelled, TaskError, TransportError
+from distfusion.errors import PlanningError, TaskError, TransportError
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import default_target_partitions, task_threads
 from distfusion.stages import BROADCAST, Stage, StageGraph
@@ -70,7 +70,6 @@ ATTEMPTS attempts (``always`` for every attempt). Set it on the driver with
 sends local properties with every task of the jobs started from that thread.
 """
 
-COORDINATOR = "coordinator"
 _LOCAL_MASTER = re.compile(r"^local\[(\d+|\*)\]$")
 _MISSING_MODULE = re.compile(r"No module named '(distfusion|datafusion|pyarrow)[^']*'")
 
@@ -255,7 +254,7 @@ class _SparkQuery:
 
     # ------------------------------------------------------------------ driver
     def run(self) -> Iterator[pa.RecordBatch]:
-        from distfusion.worker.execute_task import build_dataframe, stream_batches, task_error
+        from distfusion.worker.execute_task import stream_head_stage
         from distfusion.worker.task_plan import TaskPlan
 
         sc = self.sc
@@ -273,13 +272,7 @@ class _SparkQuery:
                 self.runtime.target_partitions,
             )
             inputs = _group_inputs(len(head.inputs), records)
-            try:
-                _, df = build_dataframe(plan, lambda i: _decode(inputs[i]))
-                yield from stream_batches(df, lambda: False)
-            except (TaskError, QueryCancelled, GeneratorExit):
-                raise
-            except Exception as exc:
-                raise task_error(plan, COORDINATOR, exc) from exc
+            yield from stream_head_stage(plan, lambda i: _decode(inputs[i]))
             finished = True
         finally:
             if not finished:

@@ -27,7 +27,7 @@ from datafusion import DataFrame, SessionConfig, SessionContext, col, lit
 from datafusion.functions import spark as spark_functions
 from datafusion.substrait import Consumer, Serde
 
-from distfusion.errors import QueryCancelled, TaskError
+from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.sources import register_scan
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.worker.task_plan import TaskPlan
@@ -36,11 +36,14 @@ __all__ = [
     "build_dataframe",
     "partition_output",
     "run_task",
+    "stream_head_stage",
     "task_context",
     "without_views",
 ]
 
 PARTITION_ID = "__distfusion_pid"
+COORDINATOR = "coordinator"
+"""The worker name in errors of tasks run on the coordinator (the head stage)."""
 
 
 def task_context(target_partitions: int) -> SessionContext:
@@ -233,6 +236,27 @@ def run_task(
         raise
     except Exception as exc:
         raise task_error(plan, worker, exc) from exc
+
+
+def stream_head_stage(
+    plan: TaskPlan, read_input: Callable[[int], list[pa.RecordBatch]]
+) -> Iterator[pa.RecordBatch]:
+    """Run the head stage's only task on the coordinator, yielding its result batches.
+
+    Every runtime ends a query with this.
+
+    Raises:
+        DistfusionError: reading an input failed (a producer's TaskError, a
+            transport error), passed on as it is.
+        TaskError: the fragment failed here (worker ``coordinator``).
+    """
+    try:
+        _, df = build_dataframe(plan, read_input)
+        yield from stream_batches(df, lambda: False)
+    except DistfusionError:
+        raise
+    except Exception as exc:
+        raise task_error(plan, COORDINATOR, exc) from exc
 
 
 def task_error(plan: TaskPlan, worker: str, exc: BaseException) -> TaskError:
