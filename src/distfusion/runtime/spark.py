@@ -323,12 +323,25 @@ class _SparkQuery:
             if inp.boundary == BROADCAST
         }
         if shuffled:
-            tagged = [
-                self._stage_rdd(inp.stage_id).map(lambda r, i=i: (r[0], (i,) + r[1]))
+            # Each input is tagged and partitioned on its own, inside the
+            # producer's Python worker; the union of RDDs with one partitioner
+            # is Spark's PartitionerAwareUnionRDD: partition i holds partition
+            # i of every input. (A union before partitionBy would run the
+            # partitioning in a second Python worker per task.)
+            # The partitioners are equal when their functions are one object
+            # (a lambda, so executors unpickle it without importing distfusion).
+            n = stage.num_tasks
+            identity = lambda p: p  # noqa: E731
+            parts = [
+                self._stage_rdd(inp.stage_id)
+                .map(lambda r, i=i: (r[0], (i,) + r[1]))
+                .partitionBy(n, identity)
                 for i, inp in shuffled
             ]
-            union = tagged[0] if len(tagged) == 1 else self.sc.union(tagged)
-            base = union.partitionBy(stage.num_tasks, lambda p: p)
+            base = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            if base.getNumPartitions() != n:  # not co-partitioned: would lose rows
+                msg = f"stage {stage_id}: Spark did not co-partition its {len(parts)} inputs"
+                raise PlanningError(msg)
         else:
             base = self.sc.parallelize(range(stage.num_tasks), stage.num_tasks)
         fn = _task_function(
@@ -510,6 +523,10 @@ def _run_task(
     try:
         plan = TaskPlan.for_task(query_id, stage, task_index, (), target_partitions)
         _maybe_inject_failure(stage.stage_id, task_index)
+        # Drain the input even when the stage reads none (a leaf reads its task
+        # index): PySpark reuses a Python worker only after its task read the
+        # whole input, and a fresh worker costs ~1 s of imports and zip scans.
+        records = list(records)
         inputs = _group_inputs(len(stage.inputs), records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
