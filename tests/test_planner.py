@@ -472,6 +472,48 @@ def test_join_then_grouped_aggregate(large):
     assert kinds(g).count(SHUFFLE) == 3  # both join sides, then the aggregate keys
 
 
+def test_aggregate_on_the_join_key_reuses_the_join_partitioning(large):
+    # Rows are already in the task of their join key: the aggregate runs in the
+    # join's stage, no third shuffle (Spark's EnsureRequirements).
+    for sql in (
+        "SELECT t.k, sum(t.v) AS sv, count(u.w) AS n FROM t JOIN u ON t.k = u.k GROUP BY t.k",
+        "SELECT t.k, t.s, count(*) AS n FROM t LEFT JOIN u ON t.k = u.k GROUP BY t.s, t.k",
+        "SELECT k, count(DISTINCT s) AS n FROM t WHERE k IN (SELECT k FROM u) GROUP BY k",
+    ):
+        g = run(large, sql)
+        check_well_formed(g)
+        assert kinds(g).count(SHUFFLE) == 2, g.render()
+    # A key the join did not partition by still shuffles.
+    g = run(large, "SELECT t.s, count(*) AS n FROM t JOIN u ON t.k = u.k GROUP BY t.s")
+    assert kinds(g).count(SHUFFLE) == 3
+
+
+def test_join_on_a_partitioned_side_shuffles_only_the_other(runtimes):
+    # a is aggregated by k (shuffled by k into 4 tasks); joining it on k with b
+    # and then with c shuffles b and c into a's partitions, never a again.
+    a = pa.table({"k": pa.array([i % 50 for i in range(400)], pa.int64()), "x": range(400)})
+    b = pa.table({"k": pa.array(range(-10, 60), pa.int32()), "y": range(70)})
+    c = pa.table({"k": pa.array(range(0, 100, 3), pa.int64()), "z": range(34)})
+    contexts = make_contexts(runtimes[4], {"a": (a, 50), "b": (b, 10), "c": (c, 5)}, **LARGE)
+    sql = (
+        "SELECT g.k, g.sx, b.y FROM (SELECT k, sum(x) AS sx FROM a GROUP BY k) g "
+        "JOIN b ON g.k = b.k WHERE NOT EXISTS (SELECT 1 FROM c WHERE c.k = g.k AND c.z > 3)"
+    )
+    g = run(contexts, sql)
+    check_well_formed(g)
+    join_stage = stage_with(g, "LeftAnti Join")
+    assert "Inner Join" in join_stage.plan_text and "Aggregate" in join_stage.plan_text
+    shuffled = producer_of(g, join_stage.stage_id, SHUFFLE)
+    assert len(shuffled) == 3  # a's partial aggregate, b, c: each shuffled once
+    assert kinds(g).count(SHUFFLE) == 3 and BROADCAST not in kinds(g)
+    # A computed key is not known to be partitioned: both sides shuffle again.
+    g = run(
+        contexts,
+        "SELECT g.k, b.y FROM (SELECT k, sum(x) AS sx FROM a GROUP BY k) g JOIN b ON g.k + 1 = b.k",
+    )
+    assert kinds(g).count(SHUFFLE) == 3
+
+
 # ---------------------------------------------------------------------- sorts
 
 

@@ -69,6 +69,7 @@ from distfusion.stages import (
     StageGraph,
     StageInput,
 )
+from distfusion.worker.execute_task import hash_type
 
 __all__ = ["PlannerConfig", "plan_stages"]
 
@@ -92,6 +93,13 @@ _BROADCAST_LEFT = {
 }
 _SEMI_LIKE = {_J.JOIN_TYPE_LEFT_SEMI, _J.JOIN_TYPE_LEFT_ANTI, _J.JOIN_TYPE_LEFT_MARK}
 _KEY_FUNCTIONS = {"equal", "is_not_distinct_from"}
+# Join types whose output rows sit in the task of their left key values.
+_KEEPS_LEFT_KEYS = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_LEFT,
+    _J.JOIN_TYPE_LEFT_SEMI,
+    _J.JOIN_TYPE_LEFT_ANTI,
+}
 
 
 def _is_subquery(m) -> bool:
@@ -108,9 +116,14 @@ class _Fragment:
     inputs: list[StageInput] = field(default_factory=list)
     # Small source tables every task reads in full (a broadcast without a stage).
     replicated: frozenset[str] = frozenset()
+    # Output columns the tasks' rows are hash-partitioned by (in hash order):
+    # task i holds every row whose hash of these columns is i. None: unknown.
+    partitioning: tuple[int, ...] | None = None
 
-    def with_rel(self, rel: Rel, est: Estimate | None = None) -> _Fragment:
-        return replace(self, rel=rel, est=est or self.est)
+    def with_rel(
+        self, rel: Rel, est: Estimate | None = None, partitioning: tuple[int, ...] | None = None
+    ) -> _Fragment:
+        return replace(self, rel=rel, est=est or self.est, partitioning=partitioning)
 
 
 @dataclass(frozen=True)
@@ -314,7 +327,21 @@ class _Planner:
     def _pipeline(self, rel: Rel, factor: float = 1.0) -> _Fragment:
         (child,) = children(rel)
         frag = self.visit(child)
-        return frag.with_rel(set_children(rel, [frag.rel]), frag.est.scale(factor))
+        part = frag.partitioning
+        if part is not None:
+            part = self._carry(rel, part)
+        return frag.with_rel(set_children(rel, [frag.rel]), frag.est.scale(factor), part)
+
+    def _carry(self, rel: Rel, part: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Where the input columns ``part`` of filter or project ``rel`` appear in its output."""
+        candidates = [[p] for p in part]
+        if rel_kind(rel) == "project":
+            width = len(self.oracle.schema(rel.project.input))
+            for i, e in enumerate(rel.project.expressions):
+                ref = is_field_ref(e)
+                if ref in part:
+                    candidates[part.index(ref)].append(width + i)
+        return _through_emit(rel, candidates)
 
     def visit_filter(self, rel: Rel) -> _Fragment:
         names = [
@@ -384,6 +411,12 @@ class _Planner:
         est = frag.est if g else Estimate(1, 64)
         if frag.tasks == 1:
             return frag.with_rel(set_children(rel, [frag.rel]), est)
+        if g and len(agg.groupings) == 1 and frag.partitioning is not None:
+            # Every group's rows are in one task already: aggregate in place.
+            keys = [is_field_ref(e) for e in agg.grouping_expressions]
+            if all(p in keys for p in frag.partitioning):
+                part = _through_emit(rel, [[keys.index(p)] for p in frag.partitioning])
+                return frag.with_rel(set_children(rel, [frag.rel]), est, part)
         if dagg.is_decomposable(agg, self.registry):
             split = dagg.split_aggregate(rel, self.registry)
             partial = frag.with_rel(set_children(split.partial, [frag.rel]), est)
@@ -395,12 +428,18 @@ class _Planner:
             plain.aggregate.ClearField("common")
             out_schema = named_struct(self.oracle.schema(set_children(plain, [frag.rel])))
             final = dagg.final_aggregate(split, read, out_schema, agg, self.registry)
-            return _Fragment(final, n, est, [inp])
+            # The final aggregate's first g columns are the keys the shuffle hashed.
+            part = _keys_first(final, g) if n > 1 and g else None
+            return _Fragment(final, n, est, [inp], partitioning=part)
         if g and len(agg.groupings) <= 1:
             keys = list(agg.grouping_expressions)
             n = self.shuffle_tasks(frag.est)
             read, inp = self.exchange(frag, n, keys)
-            return _Fragment(set_children(rel, [read]), n, est, [inp])
+            # The shuffle hashed the key values: output columns 0..k-1.
+            part = None
+            if n > 1 and len(agg.groupings) == 1:
+                part = _through_emit(rel, [[i] for i in range(len(keys))])
+            return _Fragment(set_children(rel, [read]), n, est, [inp], partitioning=part)
         gathered = self.gather(frag)
         return gathered.with_rel(set_children(rel, [gathered.rel]), est)
 
@@ -418,6 +457,55 @@ class _Planner:
     def visit_cross(self, rel: Rel) -> _Fragment:
         left, right = self.visit(rel.cross.left), self.visit(rel.cross.right)
         return self._join(rel, _J.JOIN_TYPE_INNER, left, right, [])
+
+    def _co_partition(
+        self, rel: Rel, left: _Fragment, right: _Fragment, keys: list[tuple[Expression, Expression]]
+    ) -> tuple[str, list[tuple[Expression, Expression]]] | None:
+        """A side already hash-partitioned by join keys, and the key pairs in its hash order.
+
+        Returns ``(side, pairs)``: ``side`` ("left" or "right") keeps its tasks;
+        shuffling the other side by its keys of ``pairs`` into as many
+        partitions brings equal keys into one task (Spark's EnsureRequirements
+        does the same). The partitioned side's keys must be its partitioning
+        columns; the other side's may be any expressions whose hashed Arrow
+        types match (the hash depends on the type).
+        """
+        inputs = (rel.join.left, rel.join.right)
+        for side, frag, mine, theirs in (("left", left, 0, 1), ("right", right, 1, 0)):
+            if frag.partitioning is None or frag.tasks < 2:
+                continue
+            refs = [is_field_ref(k[mine]) for k in keys]
+            if not all(p in refs for p in frag.partitioning):
+                continue
+            pairs = [keys[refs.index(p)] for p in frag.partitioning]
+            kept = self.oracle.schema(inputs[mine])
+            probe = Rel()
+            probe.project.input.CopyFrom(inputs[theirs])
+            probe.project.expressions.extend(k[theirs] for k in pairs)
+            moved = self.oracle.schema(probe).types[-len(pairs) :]
+            if all(
+                hash_type(kept.field(p).type) == hash_type(t)
+                for p, t in zip(frag.partitioning, moved, strict=True)
+            ):
+                return side, pairs
+        return None
+
+    def _join_partitioning(
+        self, rel: Rel, join_type: int, pairs: list[tuple[Expression, Expression]]
+    ) -> tuple[int, ...] | None:
+        """Output columns of a join run co-located on ``pairs`` (in hash order)."""
+        if join_type not in _KEEPS_LEFT_KEYS:
+            return None
+        left_arity = len(self.oracle.schema(rel.join.left))
+        candidates = []
+        for lk, rk in pairs:
+            cands = [] if is_field_ref(lk) is None else [is_field_ref(lk)]
+            if join_type == _J.JOIN_TYPE_INNER and is_field_ref(rk) is not None:
+                cands.append(left_arity + is_field_ref(rk))
+            if not cands:
+                return None
+            candidates.append(cands)
+        return _through_emit(rel, candidates)
 
     def _join(
         self,
@@ -438,6 +526,7 @@ class _Planner:
             return _Fragment(
                 new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
             )
+        co = self._co_partition(rel, left, right, keys) if keys else None
         pays = self.config.broadcast_pays
         candidates = []
         if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
@@ -450,6 +539,11 @@ class _Planner:
                 candidates.append((right.est.bytes, "right"))
             elif join_type in _BROADCAST_LEFT:
                 candidates.append((left.est.bytes, "left"))
+        if co is not None:
+            # A one-sided shuffle costs the build side once; only a build side
+            # under the plain threshold still goes to every task.
+            threshold = self.config.broadcast_threshold_bytes
+            candidates = [c for c in candidates if c[0] <= threshold]
         if candidates:
             side = min(candidates)[1]
             build, probe = (right, left) if side == "right" else (left, right)
@@ -466,18 +560,40 @@ class _Planner:
             kind = BROADCAST if probe.tasks > 1 else COALESCE
             read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
             new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
+            part = probe.partitioning
+            if part is not None and side == "left":  # the probe's columns follow the build's
+                arity = len(self.oracle.schema(rel.join.left))
+                part = tuple(arity + p for p in part) if join_type == _J.JOIN_TYPE_INNER else None
             return _Fragment(
                 set_children(rel, new_children),
                 probe.tasks,
                 est,
                 probe.inputs + [inp],
                 probe.replicated,
+                None if part is None else _through_emit(rel, [[p] for p in part]),
+            )
+        if co is not None:
+            side, pairs = co
+            kept, moved = (left, right) if side == "left" else (right, left)
+            moved_keys = [k[1] if side == "left" else k[0] for k in pairs]
+            read, inp = self.seal(moved, SHUFFLE, partitions=kept.tasks, keys=moved_keys)
+            new_children = [kept.rel, read] if side == "left" else [read, kept.rel]
+            return _Fragment(
+                set_children(rel, new_children),
+                kept.tasks,
+                est,
+                kept.inputs + [inp],
+                kept.replicated,
+                self._join_partitioning(rel, join_type, pairs),
             )
         if keys:
             n = self.shuffle_tasks(left.est + right.est)
             lread, linp = self.exchange(left, n, [k[0] for k in keys])
             rread, rinp = self.exchange(right, n, [k[1] for k in keys])
-            return _Fragment(set_children(rel, [lread, rread]), n, est, [linp, rinp])
+            part = self._join_partitioning(rel, join_type, keys) if n > 1 else None
+            return _Fragment(
+                set_children(rel, [lread, rread]), n, est, [linp, rinp], partitioning=part
+            )
         left, right = self.gather(left), self.gather(right)
         new = set_children(rel, [left.rel, right.rel])
         return _Fragment(new, 1, est, left.inputs + right.inputs)
@@ -521,6 +637,33 @@ def _fetch_limit(fetch) -> int | None:
         return None
     count = fetch.count_expr.literal.i64
     return offset + count if count >= 0 else None
+
+
+def _through_emit(rel: Rel, candidates: list[list[int]]) -> tuple[int, ...] | None:
+    """Output columns of ``rel`` for partitioning columns before its emit.
+
+    ``candidates[i]``: the columns of ``rel``'s direct output (before its
+    ``common.emit``) holding partitioning column i. None when the emit drops one.
+    """
+    common = getattr(rel, rel_kind(rel)).common
+    if not common.HasField("emit"):
+        return tuple(c[0] for c in candidates)
+    mapping = list(common.emit.output_mapping)
+    out = []
+    for cands in candidates:
+        found = [o for o, m in enumerate(mapping) if m in cands]
+        if not found:
+            return None
+        out.append(found[0])
+    return tuple(out)
+
+
+def _keys_first(final: Rel, g: int) -> tuple[int, ...]:
+    """Output columns of :func:`decompose_aggregate.final_aggregate`'s ``g`` keys."""
+    candidates = [[i] for i in range(g)]
+    if rel_kind(final.project.input) == "project":  # the original aggregate's emit on top
+        return _through_emit(final, candidates)
+    return tuple(range(g))
 
 
 def _limit_est(est: Estimate, limit: int | None) -> Estimate:

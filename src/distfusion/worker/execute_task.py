@@ -123,12 +123,22 @@ def stream_batches(df: DataFrame, cancelled: Callable[[], bool]) -> Iterator[pa.
             yield batch
 
 
-def _hash_key(expr, dtype: pa.DataType):
+def hash_type(dtype: pa.DataType) -> pa.DataType:
+    """The type a partition key of ``dtype`` is hashed as.
+
+    Every integer as int64, every string as utf8: two key columns hash equal
+    values alike only if their hash types are equal.
+    """
     if pa.types.is_integer(dtype):
-        return expr.cast(pa.int64())
+        return pa.int64()
     if pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
-        return expr.cast(pa.string())
-    return expr
+        return pa.string()
+    return dtype
+
+
+def _hash_key(expr, dtype: pa.DataType):
+    target = hash_type(dtype)
+    return expr if target == dtype else expr.cast(target)
 
 
 def without_views(batch: pa.RecordBatch) -> pa.RecordBatch:
