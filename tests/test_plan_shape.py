@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 
 from distfusion import DistributedConfig, DistributedContext, tpch
+from distfusion.planner.estimate import DefaultTaskEstimator
 from distfusion.stages import BROADCAST, SHUFFLE, StageGraph
 
 SCALED = DistributedConfig(
-    bytes_per_task=DistributedConfig.bytes_per_task // 10,
+    bytes_per_task=DefaultTaskEstimator.bytes_per_task // 10,
     broadcast_threshold_bytes=DistributedConfig.broadcast_threshold_bytes // 10,
     max_broadcast_bytes=DistributedConfig.max_broadcast_bytes // 10,
     replicate_scan_bytes=DistributedConfig.replicate_scan_bytes // 10,

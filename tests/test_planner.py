@@ -23,7 +23,7 @@ from datafusion import SessionContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distfusion import DistributedConfig, DistributedContext, LocalRuntime, PlanningError
+from distfusion import DistributedConfig, DistributedContext, LocalRuntime
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, StageGraph
 from tests.compare import assert_same_result
 

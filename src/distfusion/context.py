@@ -52,8 +52,10 @@ class DistributedConfig:
     """Planner settings.
 
     Attributes:
-        bytes_per_task: target bytes of input per task (default 16 MiB); the
-            default task estimator sizes stages with it.
+        bytes_per_task: target bytes of input per task; the default task
+            estimator sizes stages with it. None (default): the runtime's
+            ``bytes_per_task`` -- 16 MiB in process and on Flight workers, 64 MiB
+            on Spark, whose tasks cost ~0.1 s each to schedule -- or 16 MiB.
         tasks_per_stage: force this many tasks in every stage (capped by the
             workers, and for leaf stages by the work units); for tests.
         broadcast_threshold_bytes: a join side estimated below this many bytes is
@@ -71,16 +73,19 @@ class DistributedConfig:
             ``tasks_per_stage``.
     """
 
-    bytes_per_task: int = 16 * 1024 * 1024
+    bytes_per_task: int | None = None
     tasks_per_stage: int | None = None
     broadcast_threshold_bytes: int = 10 * 1024 * 1024
     max_broadcast_bytes: int = 100 * 1024 * 1024
     replicate_scan_bytes: int = 4 * 1024 * 1024
     estimator: TaskEstimator | None = None
 
-    def task_estimator(self) -> TaskEstimator:
-        """The estimator the planner uses."""
-        return self.estimator or DefaultTaskEstimator(self.bytes_per_task, self.tasks_per_stage)
+    def task_estimator(self, runtime: object = None) -> TaskEstimator:
+        """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
+        if self.estimator is not None:
+            return self.estimator
+        default = getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task)
+        return DefaultTaskEstimator(self.bytes_per_task or default, self.tasks_per_stage)
 
 
 def split_statements(sql: str) -> list[str]:
@@ -353,7 +358,7 @@ class DistributedDataFrame:
             rewrite_null_aware_anti_joins(plan, logical)
             config = PlannerConfig(
                 workers=ctx.runtime.num_workers(),
-                estimator=ctx.config.task_estimator(),
+                estimator=ctx.config.task_estimator(ctx.runtime),
                 broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
                 max_broadcast_bytes=ctx.config.max_broadcast_bytes,
                 replicate_scan_bytes=ctx.config.replicate_scan_bytes,
