@@ -540,10 +540,14 @@ class _Planner:
             elif join_type in _BROADCAST_LEFT:
                 candidates.append((left.est.bytes, "left"))
         if co is not None:
-            # A one-sided shuffle costs the build side once; only a build side
-            # under the plain threshold still goes to every task.
-            threshold = self.config.broadcast_threshold_bytes
-            candidates = [c for c in candidates if c[0] <= threshold]
+            # Broadcast only if copying the build side to every other probe task
+            # moves fewer bytes than shuffling the side that is not partitioned.
+            moved = (right if co[0] == "left" else left).est.bytes
+            candidates = [
+                (b, side)
+                for b, side in candidates
+                if b * ((left if side == "right" else right).tasks - 1) < moved
+            ]
         if candidates:
             side = min(candidates)[1]
             build, probe = (right, left) if side == "right" else (left, right)
