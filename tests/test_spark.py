@@ -103,6 +103,49 @@ def test_datafusion_error_in_a_task_is_a_task_error(ctx):
     assert "Divide by zero" in info.value.remote_traceback
 
 
+@pytest.mark.parametrize("q", [3, 8, 18])
+def test_one_task_broadcast_stages_run_on_the_driver(runtime, tpch_dir, oracle, spark_session, q):
+    # 6 MiB per task at SF0.1 (64 MiB at SF1): the broadcast sides of Q3/Q8/Q18 are one-task
+    # stages; they run on the driver (no Spark job), the rest on Spark.
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(bytes_per_task=6 * 2**20))
+    tpch.register_tpch(ctx, tpch_dir)
+    df = ctx.sql(tpch.query(q))
+    graph = df.stage_graph()
+    on_driver = [
+        s
+        for s in graph.stages
+        if s.output.kind == "broadcast" and s.num_tasks == 1 and not s.inputs
+    ]
+    assert on_driver, graph.render()
+    table, group = _run(runtime, df)
+    assert_same_result(table, oracle_result(oracle, tpch.query(q)), is_ordered(tpch.query(q)))
+    tracker = spark_session.sparkContext.statusTracker()
+    stage_tasks = [
+        tracker.getStageInfo(sid).numTasks
+        for j in tracker.getJobIdsForGroup(group)
+        for sid in tracker.getJobInfo(j).stageIds
+    ]
+    assert stage_tasks and 1 not in stage_tasks  # no one-task Spark stage was started
+
+
+def test_failing_driver_stage_names_stage_and_driver(runtime, tmp_path):
+    config = DistributedConfig(bytes_per_task=4096, replicate_scan_bytes=0)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    big = pa.table({"k": pa.array(range(4000), pa.int64()), "x": pa.array(range(4000), pa.int64())})
+    small = pa.table({"k": pa.array([0, 1, 2], pa.int64()), "d": pa.array([1, 0, 2], pa.int64())})
+    ctx.register_table("big", big, max_rows_per_unit=500)
+    ctx.register_table("small", small)
+    df = ctx.sql(
+        "SELECT big.x, s.q FROM big JOIN (SELECT k, 10 / d AS q FROM small) s ON big.k = s.k"
+    )
+    (bcast,) = [s for s in df.stage_graph().stages if s.output.kind == "broadcast"]
+    assert bcast.num_tasks == 1 and not bcast.inputs
+    with pytest.raises(TaskError, match="Divide by zero") as info:
+        df.to_arrow_table()
+    assert info.value.stage_id == bcast.stage_id
+    assert info.value.worker.startswith("spark-driver://")
+
+
 def test_closing_the_stream_early_leaves_nothing_running(ctx, runtime, spark_session):
     stream = ctx.sql("SELECT * FROM orders").execute_stream()
     first = next(stream)
