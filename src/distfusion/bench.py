@@ -83,6 +83,14 @@ def _time(run: Runner, sql: str) -> tuple[float, int]:
     return time.perf_counter() - start, rows
 
 
+def _shape(graph) -> str:
+    """``graph`` in a few words: stages and tasks, and whether it ran on the coordinator only."""
+    if len(graph.stages) == 1:
+        return "1 stage: the whole query on the coordinator"
+    tasks = sum(s.num_tasks for s in graph.stages)
+    return f"{len(graph.stages)} stages, {tasks} tasks"
+
+
 def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> dict:
     """Run the benchmark described by CLI ``args`` over ``queries``; print and return it.
 
@@ -123,7 +131,8 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
                     times[e].append(_time(run, sql)[0])
             results[q] = {e: statistics.median(t) for e, t in times.items()}
             line = "  ".join(f"{e} {m:.3f}" for e, m in results[q].items())
-            console.print(f"Q{q:<2} {line}")
+            shape = _shape(ctx.sql(sql).stage_graph())
+            console.print(f"Q{q:<2} {line}  ({shape})")
     totals = {e: sum(r[e] for r in results.values()) for e in engines}
     table = Table("query", *[f"{e} (s)" for e in engines], *[f"distfusion / {p}" for p in peers])
     for q, r in results.items():
