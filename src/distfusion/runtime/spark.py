@@ -7,11 +7,13 @@ task, Arrow IPC bytes))``, one record per non-empty output partition:
 ```
  Stage 1 (leaf, 4 tasks)      sc.parallelize(range(4), 4)
                                 .mapPartitionsWithIndex(run task i)      -> records (p, ipc)
- Stage 2 (2 tasks)            union(stage 1 records tagged with input 0,
-                                    stage 3 records tagged with input 1)
-                                .partitionBy(2, identity)                 <- Spark shuffle
+ Stage 2 (2 tasks)            union(stage 1 records tagged with input 0
+                                        .partitionBy(2, identity),        <- Spark shuffle
+                                    stage 3 records tagged with input 1
+                                        .partitionBy(2, identity))
                                 .mapPartitionsWithIndex(run task i)
  broadcast input              stage records .collect() -> sc.broadcast(...)
+                                (a one-task stage runs on the driver instead)
  Stage 4 (head, 1 task)       union(inputs).collect() on the driver, fragment run
                                 here, batches streamed to the caller
 ```
@@ -19,8 +21,9 @@ task, Arrow IPC bytes))``, one record per non-empty output partition:
 The identity partitioner sends the record for partition *p* to consumer task
 *p*, so consumer task *i* receives exactly partition *i* of every producer
 task, as the stage graph requires. PySpark has no ``zipPartitions``: a stage
-with several shuffled inputs unions their records, tagged with the input's
-index, before one ``partitionBy``. Spark does the scheduling, the retries of
+with several shuffled inputs unions its inputs after each is partitioned by
+the same partitioner (Spark's ``PartitionerAwareUnionRDD``), each record tagged
+with its input's index. Spark does the scheduling, the retries of
 failed task attempts and the shuffle storage; distfusion executes each task's
 fragment natively with DataFusion inside the Spark task
 (:func:`distfusion.worker.execute_task.run_task`).
