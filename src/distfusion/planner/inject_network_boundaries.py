@@ -566,7 +566,7 @@ class _Planner:
             new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
             part = probe.partitioning
             if part is not None and side == "left":  # the probe's columns follow the build's
-                arity = len(self.oracle.schema(rel.join.left))
+                arity = len(self.oracle.schema(children(rel)[0]))  # a join or a cross
                 part = tuple(arity + p for p in part) if join_type == _J.JOIN_TYPE_INNER else None
             return _Fragment(
                 set_children(rel, new_children),
