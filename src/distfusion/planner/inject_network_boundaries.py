@@ -563,33 +563,20 @@ class _Planner:
                 )
             kind = BROADCAST if probe.tasks > 1 else COALESCE
             read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
-            new_children = [probe.rel, read] if side == "right" else [read, probe.rel]
             part = probe.partitioning
             if part is not None and side == "left":  # the probe's columns follow the build's
                 arity = len(self.oracle.schema(children(rel)[0]))  # a join or a cross
                 part = tuple(arity + p for p in part) if join_type == _J.JOIN_TYPE_INNER else None
-            return _Fragment(
-                set_children(rel, new_children),
-                probe.tasks,
-                est,
-                probe.inputs + [inp],
-                probe.replicated,
-                None if part is None else _through_emit(rel, [[p] for p in part]),
-            )
+            part = None if part is None else _through_emit(rel, [[p] for p in part])
+            probe_side = "left" if side == "right" else "right"
+            return _in_tasks_of(rel, probe, probe_side, read, inp, est, part)
         if co is not None:
             side, pairs = co
             kept, moved = (left, right) if side == "left" else (right, left)
             moved_keys = [k[1] if side == "left" else k[0] for k in pairs]
             read, inp = self.seal(moved, SHUFFLE, partitions=kept.tasks, keys=moved_keys)
-            new_children = [kept.rel, read] if side == "left" else [read, kept.rel]
-            return _Fragment(
-                set_children(rel, new_children),
-                kept.tasks,
-                est,
-                kept.inputs + [inp],
-                kept.replicated,
-                self._join_partitioning(rel, join_type, pairs),
-            )
+            part = self._join_partitioning(rel, join_type, pairs)
+            return _in_tasks_of(rel, kept, side, read, inp, est, part)
         if keys:
             n = self.shuffle_tasks(left.est + right.est)
             lread, linp = self.exchange(left, n, [k[0] for k in keys])
@@ -641,6 +628,27 @@ def _fetch_limit(fetch) -> int | None:
         return None
     count = fetch.count_expr.literal.i64
     return offset + count if count >= 0 else None
+
+
+def _in_tasks_of(
+    rel: Rel,
+    kept: _Fragment,
+    kept_side: str,
+    read: Rel,
+    inp: StageInput,
+    est: Estimate,
+    partitioning: tuple[int, ...] | None,
+) -> _Fragment:
+    """Join ``rel`` in ``kept``'s tasks (its ``kept_side`` input), the other side via ``inp``."""
+    new_children = [kept.rel, read] if kept_side == "left" else [read, kept.rel]
+    return _Fragment(
+        set_children(rel, new_children),
+        kept.tasks,
+        est,
+        kept.inputs + [inp],
+        kept.replicated,
+        partitioning,
+    )
 
 
 def _through_emit(rel: Rel, candidates: list[list[int]]) -> tuple[int, ...] | None:

@@ -279,6 +279,9 @@ class SchemaOracle:
     def __init__(self, plan: Plan, source_schemas: dict[str, pa.Schema]) -> None:
         self._plan = plan
         self.ctx = SessionContext()
+        # Serialized subtree -> schema: tables are only ever added, so a
+        # subtree's schema never changes while one query is planned.
+        self._schemas: dict[bytes, pa.Schema] = {}
         for name, schema in source_schemas.items():
             self.register_empty(name, schema)
 
@@ -314,9 +317,13 @@ class SchemaOracle:
             PlanningError: DataFusion cannot consume the subtree.
         """
         data = self._as_plan(rel).SerializeToString()
+        if data in self._schemas:
+            return self._schemas[data]
         try:
             lp = Consumer.from_substrait_plan(self.ctx, Serde.deserialize_bytes(data))
-            return self.ctx.create_dataframe_from_logical_plan(lp).schema()
+            schema = self.ctx.create_dataframe_from_logical_plan(lp).schema()
+            self._schemas[data] = schema
+            return schema
         except Exception as exc:  # DataFusion raises bare Exception
             msg = f"cannot derive the schema of a plan fragment: {exc}"
             raise PlanningError(msg) from exc
