@@ -15,6 +15,7 @@ LocalRuntime only: no Spark, no sockets.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -224,14 +225,28 @@ def test_runtime_with_no_workers_fails_planning_clearly(runtime):
 # ------------------------------------------------------------------ task errors
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncate", "garbage-same-size"])
-def test_corrupt_parquet_raises_task_error_and_leaves_nothing_behind(tmp_path, private_tmp, damage):
+@contextlib.contextmanager
+def parquet_on_four_workers(tmp_path) -> Iterator[tuple[DistributedContext, list]]:
+    """Table ``p`` (``write_parquet_dir``) on ``LocalRuntime(workers=4)``, 4 tasks per stage.
+
+    Yields the context and the Parquet files; on exit the runtime is closed
+    and no thread it started may be left.
+    """
     files = write_parquet_dir(tmp_path / "data")
     threads_before = set(threading.enumerate())
     rt = LocalRuntime(workers=4)
     try:
         c = DistributedContext(runtime=rt, config=DistributedConfig(tasks_per_stage=4))
         c.register_parquet("p", tmp_path / "data")
+        yield c, files
+    finally:
+        rt.close()
+    assert set(threading.enumerate()) - threads_before == set()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "garbage-same-size"])
+def test_corrupt_parquet_raises_task_error_and_leaves_nothing_behind(tmp_path, private_tmp, damage):
+    with parquet_on_four_workers(tmp_path) as (c, files):
         df = c.sql("SELECT k, count(*) AS n, sum(v) AS sv, max(s) AS ms FROM p GROUP BY k")
         assert df.to_arrow_table().num_rows == 97  # the files are fine so far
         graph = df.stage_graph()
@@ -266,10 +281,7 @@ def test_corrupt_parquet_raises_task_error_and_leaves_nothing_behind(tmp_path, p
         assert f"stage {leaf.stage_id}" in msg and f"task {bad_task}" in msg and err.cause in msg
         assert not isinstance(err, PlanningError)
         # Every task of the failed query is gone from every worker.
-        assert idle(rt.stats()), rt.stats()
-    finally:
-        rt.close()
-    assert set(threading.enumerate()) - threads_before == set()
+        assert idle(c.runtime.stats()), c.runtime.stats()
     assert os.listdir(private_tmp) == []
 
 
@@ -363,12 +375,7 @@ def test_same_dataframe_runs_twice(tmp_path, runtime):
 
 
 def test_closing_the_result_stream_early_frees_every_task(tmp_path, private_tmp):
-    write_parquet_dir(tmp_path / "data")
-    threads_before = set(threading.enumerate())
-    rt = LocalRuntime(workers=4)
-    try:
-        c = DistributedContext(runtime=rt, config=DistributedConfig(tasks_per_stage=4))
-        c.register_parquet("p", tmp_path / "data")
+    with parquet_on_four_workers(tmp_path) as (c, _):
         df = c.sql("SELECT k, v, s FROM p")
         total = df.to_arrow_table().num_rows
         assert total == FILES * ROWS_PER_FILE
@@ -376,13 +383,10 @@ def test_closing_the_result_stream_early_frees_every_task(tmp_path, private_tmp)
         first = next(stream)
         assert 0 < first.num_rows < total, "the result comes in several batches"
         stream.close()
-        assert idle(rt.stats()), rt.stats()
+        assert idle(c.runtime.stats()), c.runtime.stats()
         # The runtime still answers, with every row.
         assert df.to_arrow_table().num_rows == total
-        assert idle(rt.stats())
-    finally:
-        rt.close()
-    assert set(threading.enumerate()) - threads_before == set()
+        assert idle(c.runtime.stats())
     assert os.listdir(private_tmp) == []
 
 
