@@ -69,6 +69,12 @@ class DistributedConfig:
             totalling at most this many bytes (default 4 MiB: TPC-H's nation,
             region and, at scale factor 1, supplier) gets no stage of its own:
             every probe task reads those tables in full ("broadcast scan").
+        runtime_filter_bytes: a join side with a selective filter whose likely
+            size is at most this many bytes (default 10 MiB, as Spark's
+            ``spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold``)
+            is read as a broadcast by the other side's stage, which keeps only
+            rows whose keys it holds before shuffling them (a semi-join
+            reduction, Spark's runtime filter). 0 turns it off.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
     """
@@ -78,6 +84,7 @@ class DistributedConfig:
     broadcast_threshold_bytes: int = 10 * 1024 * 1024
     max_broadcast_bytes: int = 100 * 1024 * 1024
     replicate_scan_bytes: int = 4 * 1024 * 1024
+    runtime_filter_bytes: int = 10 * 1024 * 1024
     estimator: TaskEstimator | None = None
 
     def task_estimator(self, runtime: object = None) -> TaskEstimator:
@@ -362,6 +369,7 @@ class DistributedDataFrame:
                 broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
                 max_broadcast_bytes=ctx.config.max_broadcast_bytes,
                 replicate_scan_bytes=ctx.config.replicate_scan_bytes,
+                runtime_filter_bytes=ctx.config.runtime_filter_bytes,
             )
             self._graph = plan_stages(plan, ctx.sources, config)
         return self._graph

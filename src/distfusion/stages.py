@@ -104,16 +104,24 @@ class StageInput:
             ``coalesce`` or ``broadcast`` (every task reads partition 0 of every
             producer task).
         schema: the declared Arrow schema (columns ``c0..``, all nullable).
+        partitions: output partitions of each producer task. A broadcast read
+            takes all of them: a stage may be read as a broadcast by one
+            consumer (a runtime filter) while another reads its shuffle.
     """
 
     table: str
     stage_id: int
     boundary: str
     schema: pa.Schema
+    partitions: int = 1
 
-    def partition_for(self, task_index: int) -> int:
-        """The producer partition that consumer task ``task_index`` reads."""
-        return task_index if self.boundary == SHUFFLE else 0
+    def partitions_for(self, task_index: int) -> list[int]:
+        """The producer partitions that consumer task ``task_index`` reads."""
+        if self.boundary == SHUFFLE:
+            return [task_index]
+        if self.boundary == BROADCAST:
+            return list(range(self.partitions))
+        return [0]
 
 
 @dataclass(frozen=True)

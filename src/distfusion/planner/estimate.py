@@ -57,17 +57,53 @@ def filter_selectivity(function_names: list[str | None]) -> float:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Estimated output of a relation: ``rows`` and ``bytes`` (in-memory Arrow size)."""
+    """Estimated output of a relation: ``rows`` and ``bytes`` (in-memory Arrow size).
+
+    ``rows`` and ``bytes`` are conservative (a join keeps its larger input).
+    Two more figures serve decisions that want the likely size instead:
+
+    Attributes:
+        kept: fraction of its source rows the relation keeps after the filters
+            below it (product over joined sides; 1.0 = unfiltered).
+        low_rows: likely rows under the foreign-key join assumption: an equi-join
+            keeps the larger side's rows times the smaller side's ``kept`` (each
+            row of the larger side matches one row of the smaller side's table,
+            which survived its filters with probability ``kept``). None: ``rows``.
+    """
 
     rows: float
     bytes: float
+    kept: float = 1.0
+    low_rows: float | None = None
+
+    @property
+    def low_bytes(self) -> float:
+        """Bytes at ``low_rows`` rows."""
+        if self.low_rows is None or self.rows <= 0:
+            return self.bytes
+        return self.bytes * min(1.0, self.low_rows / self.rows)
 
     def scale(self, factor: float) -> Estimate:
-        """The estimate with rows and bytes multiplied by ``factor``."""
-        return Estimate(self.rows * factor, self.bytes * factor)
+        """The estimate with rows, bytes and ``kept`` multiplied by ``factor``."""
+        low = None if self.low_rows is None else self.low_rows * factor
+        return Estimate(self.rows * factor, self.bytes * factor, self.kept * factor, low)
 
     def __add__(self, other: Estimate) -> Estimate:
         return Estimate(self.rows + other.rows, self.bytes + other.bytes)
+
+    def equi_join(self, other: Estimate) -> Estimate:
+        """An inner equi-join of this side and ``other``.
+
+        Conservative: the larger side's rows, both sides' bytes. Likely
+        (``low_rows``): the larger side's likely rows times the smaller side's
+        ``kept`` -- the foreign-key assumption of System R's and most engines'
+        estimators when no key statistics are known.
+        """
+        big, small = (self, other) if self.rows >= other.rows else (other, self)
+        big_low = big.rows if big.low_rows is None else big.low_rows
+        return Estimate(
+            big.rows, self.bytes + other.bytes, self.kept * other.kept, big_low * small.kept
+        )
 
 
 @runtime_checkable

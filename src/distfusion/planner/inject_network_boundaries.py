@@ -15,7 +15,9 @@ filter, project     pipelined
 aggregate           partial -> shuffle by keys -> final (coalesce if global);
                     non-decomposable: shuffle raw rows by keys (or coalesce)
 join (equi)         broadcast the small side if the join type allows it,
-                    else shuffle both sides by the key expressions
+                    else shuffle both sides by the key expressions; a
+                    selective small side also filters the other side by its
+                    keys before that side's exchange (semi-join reduction)
 join (no keys)      broadcast a side the join type allows, else coalesce both
 sort                sort per task -> coalesce -> sort (merge)
 fetch over sort     top-k per task -> coalesce -> top-k
@@ -35,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel
+from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel, Type
 
 from distfusion.errors import PlanningError
 from distfusion.planner import decompose_aggregate as dagg
@@ -100,10 +102,47 @@ _KEEPS_LEFT_KEYS = {
     _J.JOIN_TYPE_LEFT_SEMI,
     _J.JOIN_TYPE_LEFT_ANTI,
 }
+# Join types whose output depends on a right row only through a left row with
+# its key: right rows whose keys the left side lacks may be dropped early.
+_REDUCE_RIGHT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_LEFT,
+    _J.JOIN_TYPE_LEFT_SEMI,
+    _J.JOIN_TYPE_LEFT_ANTI,
+}
+_REDUCE_LEFT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_RIGHT,
+    _J.JOIN_TYPE_RIGHT_SEMI,
+    _J.JOIN_TYPE_RIGHT_ANTI,
+}
+# Join types whose output keys are all matched by a right row.
+_MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
+REDUCTION_KEPT = 0.5
+"""A side creates a semi-join reduction only if its filters keep at most this
+fraction of its rows (Spark's runtime filter likewise wants a selective filter
+on the creation side)."""
+REDUCTION_RATIO = 4
+"""...and only for a side at least this many times its likely size."""
 
 
 def _is_subquery(m) -> bool:
     return isinstance(m, Expression.Subquery)
+
+
+@dataclass(frozen=True)
+class _KeySource:
+    """A sealed stage holding every value a fragment's partitioning columns take.
+
+    Attributes:
+        input: the stage's output, as the fragment's consumer reads it.
+        columns: ``columns[i]`` of that output holds partitioning column i's values.
+        est: the stage output's estimate.
+    """
+
+    input: StageInput
+    columns: tuple[int, ...]
+    est: Estimate
 
 
 @dataclass
@@ -119,11 +158,17 @@ class _Fragment:
     # Output columns the tasks' rows are hash-partitioned by (in hash order):
     # task i holds every row whose hash of these columns is i. None: unknown.
     partitioning: tuple[int, ...] | None = None
+    # A stage whose output holds every value of the partitioning columns.
+    key_source: _KeySource | None = None
 
     def with_rel(
         self, rel: Rel, est: Estimate | None = None, partitioning: tuple[int, ...] | None = None
     ) -> _Fragment:
-        return replace(self, rel=rel, est=est or self.est, partitioning=partitioning)
+        """``rel`` over this fragment; ``partitioning`` carries it (and its key source)."""
+        source = self.key_source if partitioning is not None else None
+        return replace(
+            self, rel=rel, est=est or self.est, partitioning=partitioning, key_source=source
+        )
 
 
 @dataclass(frozen=True)
@@ -135,6 +180,7 @@ class PlannerConfig:
     broadcast_threshold_bytes: int
     max_broadcast_bytes: int = 100 * 1024 * 1024
     replicate_scan_bytes: int = 4 * 1024 * 1024
+    runtime_filter_bytes: int = 10 * 1024 * 1024
 
     def broadcast_pays(self, build_bytes: float, probe_bytes: float, probe_tasks: int) -> bool:
         """Whether to broadcast a join side of ``build_bytes`` to ``probe_tasks`` tasks.
@@ -279,6 +325,87 @@ class _Planner:
         if n == 1:
             return self.seal(frag, COALESCE)
         return self.seal(frag, SHUFFLE, partitions=n, keys=keys or [])
+
+    # ------------------------------------------------------------------ semi-join reduction
+    def _key_source(
+        self, frag: _Fragment, inp: StageInput, keys: list[Expression]
+    ) -> _KeySource | None:
+        """``frag``, sealed as ``inp`` hashing ``keys``, as a source of its key values."""
+        columns = [is_field_ref(k) for k in keys]
+        if any(c is None for c in columns):  # computed keys are not kept in the output
+            return None
+        return _KeySource(inp, tuple(columns), frag.est)
+
+    def _key_types(self, rel: Rel, keys: list[Expression]) -> list[pa.DataType]:
+        probe = Rel()
+        probe.project.input.CopyFrom(rel)
+        probe.project.expressions.extend(keys)
+        return self.oracle.schema(probe).types[-len(keys) :]
+
+    def _reduction_pays(
+        self, target: _Fragment, keys: list[Expression], types: list[pa.DataType], est: Estimate
+    ) -> bool:
+        """Whether to filter ``target`` by the keys (of ``types``) of a side estimated ``est``.
+
+        The side must be selective (``kept`` at most :data:`REDUCTION_KEPT`),
+        likely at most ``runtime_filter_bytes``, and ``target`` at least
+        :data:`REDUCTION_RATIO` times larger; the keys must hash alike.
+        """
+        limit = self.config.runtime_filter_bytes
+        if not limit or est.kept > REDUCTION_KEPT or est.low_bytes > limit:
+            return False
+        if target.est.bytes < REDUCTION_RATIO * est.low_bytes:
+            return False
+        mine = self._key_types(target.rel, keys)
+        return all(hash_type(a) == hash_type(b) for a, b in zip(mine, types, strict=True))
+
+    def _reduce(
+        self, frag: _Fragment, keys: list[Expression], source: _KeySource | None
+    ) -> _Fragment:
+        """``frag`` without the rows whose ``keys`` are not in ``source`` (when that pays).
+
+        A semi-join reduction (Bernstein and Chiu, 1981; Spark's
+        ``InjectRuntimeFilter`` does it with a Bloom filter): a left semi join
+        on ``keys`` against the source stage's output, which every task of
+        ``frag`` reads as a broadcast. It drops only rows that match nothing
+        in the join above, whose type the caller checked
+        (:data:`_REDUCE_RIGHT`, :data:`_REDUCE_LEFT`).
+        """
+        if source is None:
+            return frag
+        schema = source.input.schema
+        types = [schema.field(c).type for c in source.columns]
+        if not self._reduction_pays(frag, keys, types, source.est):
+            return frag
+        arity = len(self.oracle.schema(frag.rel))
+        condition = None
+        for k, c in zip(keys, source.columns, strict=True):
+            eq = self.registry.call("equal", k, field_ref(arity + c), output_type=_boolean())
+            condition = (
+                eq
+                if condition is None
+                else self.registry.call("and", condition, eq, output_type=_boolean())
+            )
+        rel = Rel()
+        rel.join.left.CopyFrom(frag.rel)
+        rel.join.right.CopyFrom(stage_read(source.input.table, named_struct(schema)))
+        rel.join.expression.CopyFrom(condition)
+        rel.join.type = _J.JOIN_TYPE_LEFT_SEMI
+        index = source.input.stage_id - 1
+        producer = self.stages[index]
+        readers = producer.output.readers + frag.tasks
+        self.stages[index] = replace(producer, output=replace(producer.output, readers=readers))
+        inp = replace(source.input, boundary=BROADCAST, partitions=producer.output.num_partitions)
+        return replace(frag, rel=rel, inputs=frag.inputs + [inp])
+
+    def _creation_side(self, join_type: int, left: _Fragment, right: _Fragment) -> str | None:
+        """The side of a shuffle join that may filter the other side by its keys."""
+        options = []
+        if join_type in _REDUCE_RIGHT and left.est.kept <= REDUCTION_KEPT:
+            options.append((left.est.low_bytes, "left"))
+        if join_type in _REDUCE_LEFT and right.est.kept <= REDUCTION_KEPT:
+            options.append((right.est.low_bytes, "right"))
+        return min(options)[1] if options and self.config.runtime_filter_bytes else None
 
     # ------------------------------------------------------------------ visiting
     def visit(self, rel: Rel) -> _Fragment:
@@ -430,7 +557,8 @@ class _Planner:
             final = dagg.final_aggregate(split, read, out_schema, agg, self.registry)
             # The final aggregate's first g columns are the keys the shuffle hashed.
             part = _keys_first(final, g) if n > 1 and g else None
-            return _Fragment(final, n, est, [inp], partitioning=part)
+            source = self._key_source(partial, inp, keys) if part else None
+            return _Fragment(final, n, est, [inp], partitioning=part, key_source=source)
         if g and len(agg.groupings) <= 1:
             keys = list(agg.grouping_expressions)
             n = self.shuffle_tasks(frag.est)
@@ -439,7 +567,10 @@ class _Planner:
             part = None
             if n > 1 and len(agg.groupings) == 1:
                 part = _through_emit(rel, [[i] for i in range(len(keys))])
-            return _Fragment(set_children(rel, [read]), n, est, [inp], partitioning=part)
+            source = self._key_source(frag, inp, keys) if part else None
+            return _Fragment(
+                set_children(rel, [read]), n, est, [inp], partitioning=part, key_source=source
+            )
         gathered = self.gather(frag)
         return gathered.with_rel(set_children(rel, [gathered.rel]), est)
 
@@ -517,6 +648,8 @@ class _Planner:
     ) -> _Fragment:
         if join_type in _SEMI_LIKE:
             est = left.est
+        elif keys and join_type == _J.JOIN_TYPE_INNER:
+            est = left.est.equi_join(right.est)
         elif keys:
             est = Estimate(max(left.est.rows, right.est.rows), left.est.bytes + right.est.bytes)
         else:
@@ -562,6 +695,10 @@ class _Planner:
                     probe.replicated | replicated,
                 )
             kind = BROADCAST if probe.tasks > 1 else COALESCE
+            if kind == COALESCE and keys:
+                reduced = self._one_task_reduction(rel, join_type, side, probe, build, keys, est)
+                if reduced is not None:
+                    return reduced
             read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
             part = probe.partitioning
             if part is not None and side == "left":  # the probe's columns follow the build's
@@ -569,25 +706,80 @@ class _Planner:
                 part = tuple(arity + p for p in part) if join_type == _J.JOIN_TYPE_INNER else None
             part = None if part is None else _through_emit(rel, [[p] for p in part])
             probe_side = "left" if side == "right" else "right"
-            return _in_tasks_of(rel, probe, probe_side, read, inp, est, part)
+            return _in_tasks_of(rel, probe, probe_side, read, inp, est, part, probe.key_source)
         if co is not None:
             side, pairs = co
             kept, moved = (left, right) if side == "left" else (right, left)
             moved_keys = [k[1] if side == "left" else k[0] for k in pairs]
+            if join_type in (_REDUCE_RIGHT if side == "left" else _REDUCE_LEFT):
+                moved = self._reduce(moved, moved_keys, kept.key_source)
             read, inp = self.seal(moved, SHUFFLE, partitions=kept.tasks, keys=moved_keys)
             part = self._join_partitioning(rel, join_type, pairs)
-            return _in_tasks_of(rel, kept, side, read, inp, est, part)
+            # The output's keys are the kept side's key values when they are its own
+            # (left) or every output row matched it.
+            source = kept.key_source if side == "left" or join_type in _MATCHED else None
+            return _in_tasks_of(rel, kept, side, read, inp, est, part, source)
         if keys:
             n = self.shuffle_tasks(left.est + right.est)
-            lread, linp = self.exchange(left, n, [k[0] for k in keys])
-            rread, rinp = self.exchange(right, n, [k[1] for k in keys])
+            lkeys, rkeys = [k[0] for k in keys], [k[1] for k in keys]
+            # The creation side of a semi-join reduction is sealed first.
+            if self._creation_side(join_type, left, right) == "right":
+                rread, rinp = self.exchange(right, n, rkeys)
+                left = self._reduce(left, lkeys, self._key_source(right, rinp, rkeys))
+                lread, linp = self.exchange(left, n, lkeys)
+            else:
+                lread, linp = self.exchange(left, n, lkeys)
+                source = self._key_source(left, linp, lkeys)
+                if join_type in _REDUCE_RIGHT and left.est.kept <= REDUCTION_KEPT:
+                    right = self._reduce(right, rkeys, source)
+                rread, rinp = self.exchange(right, n, rkeys)
             part = self._join_partitioning(rel, join_type, keys) if n > 1 else None
+            source = self._key_source(left, linp, lkeys) if part else None
             return _Fragment(
-                set_children(rel, [lread, rread]), n, est, [linp, rinp], partitioning=part
+                set_children(rel, [lread, rread]),
+                n,
+                est,
+                [linp, rinp],
+                partitioning=part,
+                key_source=source,
             )
         left, right = self.gather(left), self.gather(right)
         new = set_children(rel, [left.rel, right.rel])
         return _Fragment(new, 1, est, left.inputs + right.inputs)
+
+    def _one_task_reduction(
+        self,
+        rel: Rel,
+        join_type: int,
+        side: str,
+        probe: _Fragment,
+        build: _Fragment,
+        keys: list[tuple[Expression, Expression]],
+        est: Estimate,
+    ) -> _Fragment | None:
+        """A join of one-task ``probe`` and a large ``build`` reduced by ``probe``'s keys.
+
+        ``probe`` becomes a stage of its own: ``build``'s tasks read it as a
+        broadcast and keep only matching rows before they are gathered into the
+        join's one task, which reads ``probe``'s output as well. None when the
+        reduction does not pay or the join type does not allow it.
+        """
+        if join_type not in (_REDUCE_RIGHT if side == "right" else _REDUCE_LEFT):
+            return None
+        mine, theirs = (0, 1) if side == "right" else (1, 0)
+        probe_keys = [k[mine] for k in keys]
+        build_keys = [k[theirs] for k in keys]
+        if any(is_field_ref(k) is None for k in probe_keys):
+            return None
+        types = self._key_types(probe.rel, probe_keys)
+        if not self._reduction_pays(build, build_keys, types, probe.est):
+            return None
+        pread, pinp = self.seal(probe, COALESCE)
+        reduced = self._reduce(build, build_keys, self._key_source(probe, pinp, probe_keys))
+        bread, binp = self.seal(reduced, COALESCE)
+        if side == "right":
+            return _Fragment(set_children(rel, [pread, bread]), 1, est, [pinp, binp])
+        return _Fragment(set_children(rel, [bread, pread]), 1, est, [binp, pinp])
 
     def visit_set(self, rel: Rel) -> _Fragment:
         frags = [self.visit(c) for c in children(rel)]
@@ -621,6 +813,12 @@ def _own_expressions_have_subquery(rel: Rel) -> bool:
     return contains(stripped, _is_subquery)
 
 
+def _boolean() -> Type:
+    t = Type()
+    t.bool.nullability = Type.NULLABILITY_NULLABLE
+    return t
+
+
 def _fetch_limit(fetch) -> int | None:
     """Offset + count of a FetchRel, or None when it has no count."""
     offset = fetch.offset_expr.literal.i64 if fetch.HasField("offset_expr") else 0
@@ -638,6 +836,7 @@ def _in_tasks_of(
     inp: StageInput,
     est: Estimate,
     partitioning: tuple[int, ...] | None,
+    key_source: _KeySource | None,
 ) -> _Fragment:
     """Join ``rel`` in ``kept``'s tasks (its ``kept_side`` input), the other side via ``inp``."""
     new_children = [kept.rel, read] if kept_side == "left" else [read, kept.rel]
@@ -648,6 +847,7 @@ def _in_tasks_of(
         kept.inputs + [inp],
         kept.replicated,
         partitioning,
+        key_source if partitioning is not None else None,
     )
 
 

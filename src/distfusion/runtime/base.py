@@ -144,7 +144,10 @@ def execute_graph(
             inp = plan.inputs[i]
             out: list[pa.RecordBatch] = []
             for j, url in enumerate(plan.input_workers[i]):
-                out.extend(transport.execute_partition(url, TaskKey(qid, inp.stage_id, j), 0))
+                for part in inp.partitions_for(0):
+                    out.extend(
+                        transport.execute_partition(url, TaskKey(qid, inp.stage_id, j), part)
+                    )
             return out
 
         yield from stream_head_stage(plan, read_input)

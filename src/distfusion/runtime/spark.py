@@ -302,19 +302,26 @@ class _SparkQuery:
             sc.setLocalProperty("spark.jobGroup.id", None)
 
     def _collect_inputs(self, head: Stage) -> list:
-        """Every record the head stage reads, from one Spark job."""
-        if not head.inputs:
-            return []
-        parts = []
+        """Every record the head stage reads: from one Spark job, or already here.
+
+        An input whose producer's output is on the driver already (a broadcast
+        collected for another consumer, or a stage run here) is not collected again.
+        """
+        records, parts = [], []
         for i, inp in enumerate(head.inputs):
-            wanted = inp.partition_for(0)
+            if inp.stage_id in self.values:
+                records.extend((0, (i, task, ipc)) for task, ipc in self.values[inp.stage_id])
+                continue
+            wanted = inp.partitions_for(0)
             rdd = self._stage_rdd(inp.stage_id)
             parts.append(
-                rdd.filter(lambda r, w=wanted: r[0] == w).map(lambda r, i=i: (0, (i,) + r[1]))
+                rdd.filter(lambda r, w=wanted: r[0] in w).map(lambda r, i=i: (0, (i,) + r[1]))
             )
-        union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-        records = self._spark_call(union.collect)
-        self._hold(sum(len(r[1][2]) for r in records))
+        if parts:
+            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            collected = self._spark_call(union.collect)
+            self._hold(sum(len(r[1][2]) for r in collected))
+            records.extend(collected)
         return records
 
     def _hold(self, nbytes: int) -> None:
@@ -402,13 +409,16 @@ class _SparkQuery:
                     values[sid].append((task, payload))
             for sid in round_:
                 if sid not in on_spark:
-                    values[sid] = self._run_on_driver(self.graph.stage(sid))
+                    records = self._run_on_driver(self.graph.stage(sid))
+                    values[sid] = [r[1] for r in records]
+                    if self.uses.get(sid, 0) > 1:  # another consumer reads it through Spark
+                        self.rdds[sid] = self.sc.parallelize(records, 1)
                 self._hold(sum(len(v[1]) for v in values[sid]))
                 self.values[sid] = values[sid]
                 self.broadcasts[sid] = self.sc.broadcast(values[sid])
 
-    def _run_on_driver(self, stage: Stage) -> list[tuple[int, bytes]]:
-        """Run one-task broadcast ``stage`` here; its output as ``[(0, ipc)]`` (or ``[]``).
+    def _run_on_driver(self, stage: Stage) -> list[tuple[int, tuple[int, bytes]]]:
+        """Run one-task broadcast ``stage`` here; its output records ``(p, (0, ipc))``.
 
         As a Spark job it would pay a job's scheduling (~0.15 s) to use one
         executor core; here it runs at once with every driver core, as the head
@@ -427,10 +437,14 @@ class _SparkQuery:
             _dummy_workers(stage, self.graph),
             self.runtime.target_partitions,
         )
-        inputs = [sorted(self.values[i.stage_id]) for i in stage.inputs]
+        inputs = [sorted(self.values[i.stage_id], key=lambda v: v[0]) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
-        (batches,) = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
-        return [(0, _encode(batches, self.runtime.compression))] if batches else []
+        parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
+        return [
+            (p, (0, _encode(batches, self.runtime.compression)))
+            for p, batches in enumerate(parts)
+            if batches
+        ]
 
 
 def _runs_on_driver(stage: Stage) -> bool:

@@ -108,7 +108,8 @@ class TaskPlan:
                     for s in self.scans
                 ],
                 "inputs": [
-                    [i.table, i.stage_id, i.boundary, schema_to_json(i.schema)] for i in self.inputs
+                    [i.table, i.stage_id, i.boundary, schema_to_json(i.schema), i.partitions]
+                    for i in self.inputs
                 ],
                 "input_workers": [list(w) for w in self.input_workers],
                 "output": {
@@ -146,7 +147,8 @@ class TaskPlan:
                 fragment=base64.b64decode(d["fragment"]),
                 scans=scans,
                 inputs=tuple(
-                    StageInput(t, sid, b, schema_from_json(sc)) for t, sid, b, sc in d["inputs"]
+                    StageInput(t, sid, b, schema_from_json(sc), n)
+                    for t, sid, b, sc, n in d["inputs"]
                 ),
                 input_workers=tuple(tuple(w) for w in d["input_workers"]),
                 output=OutputPartitioning(

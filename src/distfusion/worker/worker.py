@@ -161,15 +161,15 @@ class Worker:
 
     def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
         inp = plan.inputs[i]
-        part = inp.partition_for(plan.key.task_index)
         batches: list[pa.RecordBatch] = []
         for j, url in enumerate(plan.input_workers[i]):
             producer = TaskKey(plan.key.query_id, inp.stage_id, j)
-            batches.extend(
-                self.transport.execute_partition(
-                    url, producer, part, timeout_s=self.input_timeout_s
+            for part in inp.partitions_for(plan.key.task_index):
+                batches.extend(
+                    self.transport.execute_partition(
+                        url, producer, part, timeout_s=self.input_timeout_s
+                    )
                 )
-            )
         return batches
 
     def _run(self, task: _Task) -> None:
