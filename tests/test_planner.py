@@ -126,18 +126,24 @@ def check_well_formed(graph: StageGraph) -> None:
     head = graph.head
     assert head.num_tasks == 1 and head.output.kind == RESULT
     ids = [s.stage_id for s in graph.stages]
+    reads: dict[int, int] = {}  # producer -> reads of each of its partitions
     for s in graph.stages:
         assert s.num_tasks >= 1
         for inp in s.inputs:
             producer = graph.stage(inp.stage_id)
             assert ids.index(producer.stage_id) < ids.index(s.stage_id), "producers come first"
-            assert producer.output.kind == inp.boundary
+            # A runtime filter reads a shuffle or coalesce output as a broadcast.
+            assert producer.output.kind == inp.boundary or inp.boundary == BROADCAST
             if inp.boundary == SHUFFLE:
                 assert producer.output.num_partitions == s.num_tasks
             elif inp.boundary == COALESCE:
                 assert s.num_tasks == 1
             elif inp.boundary == BROADCAST:
-                assert producer.output.readers == s.num_tasks
+                assert inp.partitions == producer.output.num_partitions
+            n = s.num_tasks if inp.boundary == BROADCAST else 1
+            reads[inp.stage_id] = reads.get(inp.stage_id, 0) + n
+    for sid, n in reads.items():
+        assert graph.stage(sid).output.readers == n, f"stage {sid} is read {n} times"
         for scan in s.scans:
             assert len(scan.task_units) == s.num_tasks
             if getattr(scan, "replicated", False):
@@ -512,6 +518,89 @@ def test_join_on_a_partitioned_side_shuffles_only_the_other(runtimes):
         "SELECT g.k, b.y FROM (SELECT k, sum(x) AS sx FROM a GROUP BY k) g JOIN b ON g.k + 1 = b.k",
     )
     assert kinds(g).count(SHUFFLE) == 3
+
+
+# ---------------------------------------------------------------------- semi-join reduction
+
+# f: a fact table of 4000 rows over 200 keys; d: its dimension, 20 rows per c value.
+F = pa.table({"k": pa.array([i % 200 for i in range(4000)], pa.int64()), "x": range(4000)})
+D = pa.table({"k": pa.array(range(200), pa.int64()), "c": [f"c{i % 10}" for i in range(200)]})
+
+
+def runtime_filters(graph: StageGraph) -> list[tuple[int, int]]:
+    """(producer, consumer) of every broadcast read of a non-broadcast stage output."""
+    return [
+        (i.stage_id, s.stage_id)
+        for s in graph.stages
+        for i in s.inputs
+        if i.boundary == BROADCAST and graph.stage(i.stage_id).output.kind != BROADCAST
+    ]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT d.c, sum(f.x) AS sx FROM f JOIN d ON f.k = d.k WHERE d.c = 'c3' GROUP BY d.c",
+        "SELECT count(*) AS n FROM f WHERE f.k IN (SELECT k FROM d WHERE c = 'c3')",
+        "SELECT k, c FROM d WHERE c = 'c3' AND NOT EXISTS (SELECT 1 FROM f WHERE f.k = d.k "
+        "AND f.x > 3990)",
+        "SELECT d.k, count(f.x) AS n FROM (SELECT * FROM d WHERE c = 'c3') d "
+        "LEFT JOIN f ON f.k = d.k GROUP BY d.k",
+        "SELECT d.k, f.x FROM f RIGHT JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+    ],
+)
+def test_selective_side_filters_the_other_side_before_its_shuffle(runtimes, sql):
+    # The filtered dimension's stage is read twice: shuffled (or gathered) into
+    # the join, and as a broadcast by f's leaf stage, which keeps only rows with
+    # its keys before they leave the task.
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE)
+    g = run(contexts, sql)
+    check_well_formed(g)
+    ((producer, consumer),) = runtime_filters(g)
+    assert "c3" in g.stage(producer).plan_text
+    assert "LeftSemi Join" in g.stage(consumer).plan_text
+    assert "f" in [scan.source.name for scan in g.stage(consumer).scans]
+    # Turned off: the same result, no runtime filter.
+    off = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE, runtime_filter_bytes=0)
+    assert runtime_filters(run(off, sql)) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # d is not filtered: no row of f would be dropped.
+        "SELECT d.c, sum(f.x) AS sx FROM f JOIN d ON f.k = d.k GROUP BY d.c",
+        # A full join keeps f's rows without a match.
+        "SELECT d.k, f.x FROM f FULL JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+        # f's rows are the preserved side.
+        "SELECT f.k, d.c FROM f LEFT JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+    ],
+)
+def test_no_runtime_filter_where_it_could_drop_rows_or_saves_nothing(runtimes, sql):
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE)
+    g = run(contexts, sql)
+    check_well_formed(g)
+    assert runtime_filters(g) == [], g.render()
+
+
+def test_runtime_filter_through_a_partitioned_join(runtimes):
+    # The semi join's output is partitioned by f.k and holds only d's keys; the
+    # anti join shuffles g into those partitions, filtered by d's keys as well.
+    gt = pa.table({"k": pa.array([i % 300 for i in range(3000)], pa.int64()), "y": range(3000)})
+    contexts = make_contexts(
+        runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (gt, 500)}, **LARGE
+    )
+    sql = (
+        "SELECT d.k, d.c FROM d WHERE d.c = 'c3' "
+        "AND EXISTS (SELECT 1 FROM f WHERE f.k = d.k AND f.x > 100) "
+        "AND NOT EXISTS (SELECT 1 FROM g WHERE g.k = d.k AND g.y > 2900)"
+    )
+    g = run(contexts, sql)
+    check_well_formed(g)
+    filters = runtime_filters(g)
+    assert len(filters) == 2 and len({p for p, _ in filters}) == 1, g.render()
+    consumers = [g.stage(c) for _, c in filters]
+    assert sorted(scan.source.name for s in consumers for scan in s.scans) == ["f", "g"]
 
 
 # ---------------------------------------------------------------------- sorts

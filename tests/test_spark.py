@@ -128,6 +128,37 @@ def test_one_task_broadcast_stages_run_on_the_driver(runtime, tpch_dir, oracle, 
     assert stage_tasks and 1 not in stage_tasks  # no one-task Spark stage was started
 
 
+@pytest.mark.parametrize(
+    ("q", "broadcast_bytes"),
+    [(4, 10 * 2**20), (21, 2**20)],  # at SF0.1 Q21 would broadcast lineitem under 10 MiB
+)
+def test_runtime_filters_on_spark(runtime, tpch_dir, oracle, spark_session, q, broadcast_bytes):
+    # Q4: orders (filtered) runs on the driver; lineitem's tasks read it as a
+    # broadcast and the head reads it once more, from the driver. Q21: the
+    # late lineitems of Saudi suppliers are collected once, broadcast to both
+    # lineitem scans, and shuffled into the join from Spark's cache (the RDD
+    # is persisted because two consumers read it).
+    config = DistributedConfig(
+        bytes_per_task=6 * 2**20,
+        broadcast_threshold_bytes=broadcast_bytes,
+        max_broadcast_bytes=broadcast_bytes,
+    )
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    df = ctx.sql(tpch.query(q))
+    graph = df.stage_graph()
+    filters = [
+        (graph.stage(i.stage_id), s)
+        for s in graph.stages
+        for i in s.inputs
+        if i.boundary == "broadcast" and graph.stage(i.stage_id).output.kind != "broadcast"
+    ]
+    assert filters and all("LeftSemi Join" in s.plan_text for _, s in filters), graph.render()
+    table, _ = _run(runtime, df)
+    assert_same_result(table, oracle_result(oracle, tpch.query(q)), is_ordered(tpch.query(q)))
+    assert runtime.stats()[spark_session.sparkContext.master] == {"live_tasks": 0, "bytes_held": 0}
+
+
 def test_failing_driver_stage_names_stage_and_driver(runtime, tmp_path):
     config = DistributedConfig(bytes_per_task=4096, replicate_scan_bytes=0)
     ctx = DistributedContext(runtime=runtime, config=config)

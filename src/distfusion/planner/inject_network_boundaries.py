@@ -103,18 +103,21 @@ _KEEPS_LEFT_KEYS = {
     _J.JOIN_TYPE_LEFT_ANTI,
 }
 # Join types whose output depends on a right row only through a left row with
-# its key: right rows whose keys the left side lacks may be dropped early.
+# its key: right rows whose keys the left side lacks may be dropped early. (A
+# semi join drops unmatched rows of both sides; an anti join keeps its own.)
 _REDUCE_RIGHT = {
     _J.JOIN_TYPE_INNER,
     _J.JOIN_TYPE_LEFT,
     _J.JOIN_TYPE_LEFT_SEMI,
     _J.JOIN_TYPE_LEFT_ANTI,
+    _J.JOIN_TYPE_RIGHT_SEMI,
 }
 _REDUCE_LEFT = {
     _J.JOIN_TYPE_INNER,
     _J.JOIN_TYPE_RIGHT,
     _J.JOIN_TYPE_RIGHT_SEMI,
     _J.JOIN_TYPE_RIGHT_ANTI,
+    _J.JOIN_TYPE_LEFT_SEMI,
 }
 # Join types whose output keys are all matched by a right row.
 _MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
