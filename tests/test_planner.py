@@ -574,6 +574,8 @@ def test_selective_side_filters_the_other_side_before_its_shuffle(runtimes, sql)
         "SELECT d.k, f.x FROM f FULL JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
         # f's rows are the preserved side.
         "SELECT f.k, d.c FROM f LEFT JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+        # NULL keys match: a reduction by "=" would drop them.
+        "SELECT f.x, d.c FROM f JOIN d ON f.k IS NOT DISTINCT FROM d.k WHERE d.c = 'c3'",
     ],
 )
 def test_no_runtime_filter_where_it_could_drop_rows_or_saves_nothing(runtimes, sql):
@@ -587,9 +589,7 @@ def test_runtime_filter_through_a_partitioned_join(runtimes):
     # The semi join's output is partitioned by f.k and holds only d's keys; the
     # anti join shuffles g into those partitions, filtered by d's keys as well.
     gt = pa.table({"k": pa.array([i % 300 for i in range(3000)], pa.int64()), "y": range(3000)})
-    contexts = make_contexts(
-        runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (gt, 500)}, **LARGE
-    )
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (gt, 500)}, **LARGE)
     sql = (
         "SELECT d.k, d.c FROM d WHERE d.c = 'c3' "
         "AND EXISTS (SELECT 1 FROM f WHERE f.k = d.k AND f.x > 100) "

@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel, Type
+from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel
 
 from distfusion.errors import PlanningError
 from distfusion.planner import decompose_aggregate as dagg
@@ -45,6 +45,7 @@ from distfusion.planner.estimate import Estimate, TaskEstimator, filter_selectiv
 from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
+    boolean_type,
     children,
     conjuncts,
     contains,
@@ -383,11 +384,11 @@ class _Planner:
         arity = len(self.oracle.schema(frag.rel))
         condition = None
         for k, c in zip(keys, source.columns, strict=True):
-            eq = self.registry.call("equal", k, field_ref(arity + c), output_type=_boolean())
+            eq = self.registry.call("equal", k, field_ref(arity + c), output_type=boolean_type())
             condition = (
                 eq
                 if condition is None
-                else self.registry.call("and", condition, eq, output_type=_boolean())
+                else self.registry.call("and", condition, eq, output_type=boolean_type())
             )
         rel = Rel()
         rel.join.left.CopyFrom(frag.rel)
@@ -586,7 +587,14 @@ class _Planner:
             if join.HasField("expression")
             else []
         )
-        return self._join(rel, join.type, left, right, keys)
+        # A semi-join reduction compares keys with ``=``: NULL keys never match,
+        # which a null-safe key (IS NOT DISTINCT FROM) would contradict.
+        null_safe = join.HasField("expression") and any(
+            c.WhichOneof("rex_type") == "scalar_function"
+            and self.registry.name(c.scalar_function.function_reference) == "is_not_distinct_from"
+            for c in conjuncts(join.expression, self.registry)
+        )
+        return self._join(rel, join.type, left, right, keys, reducible=not null_safe)
 
     def visit_cross(self, rel: Rel) -> _Fragment:
         left, right = self.visit(rel.cross.left), self.visit(rel.cross.right)
@@ -648,6 +656,7 @@ class _Planner:
         left: _Fragment,
         right: _Fragment,
         keys: list[tuple[Expression, Expression]],
+        reducible: bool = True,
     ) -> _Fragment:
         if join_type in _SEMI_LIKE:
             est = left.est
@@ -698,7 +707,7 @@ class _Planner:
                     probe.replicated | replicated,
                 )
             kind = BROADCAST if probe.tasks > 1 else COALESCE
-            if kind == COALESCE and keys:
+            if kind == COALESCE and keys and reducible:
                 reduced = self._one_task_reduction(rel, join_type, side, probe, build, keys, est)
                 if reduced is not None:
                     return reduced
@@ -714,7 +723,7 @@ class _Planner:
             side, pairs = co
             kept, moved = (left, right) if side == "left" else (right, left)
             moved_keys = [k[1] if side == "left" else k[0] for k in pairs]
-            if join_type in (_REDUCE_RIGHT if side == "left" else _REDUCE_LEFT):
+            if reducible and join_type in (_REDUCE_RIGHT if side == "left" else _REDUCE_LEFT):
                 moved = self._reduce(moved, moved_keys, kept.key_source)
             read, inp = self.seal(moved, SHUFFLE, partitions=kept.tasks, keys=moved_keys)
             part = self._join_partitioning(rel, join_type, pairs)
@@ -726,15 +735,15 @@ class _Planner:
             n = self.shuffle_tasks(left.est + right.est)
             lkeys, rkeys = [k[0] for k in keys], [k[1] for k in keys]
             # The creation side of a semi-join reduction is sealed first.
-            if self._creation_side(join_type, left, right) == "right":
+            creator = self._creation_side(join_type, left, right) if reducible else None
+            if creator == "right":
                 rread, rinp = self.exchange(right, n, rkeys)
                 left = self._reduce(left, lkeys, self._key_source(right, rinp, rkeys))
                 lread, linp = self.exchange(left, n, lkeys)
             else:
                 lread, linp = self.exchange(left, n, lkeys)
-                source = self._key_source(left, linp, lkeys)
-                if join_type in _REDUCE_RIGHT and left.est.kept <= REDUCTION_KEPT:
-                    right = self._reduce(right, rkeys, source)
+                if creator == "left":
+                    right = self._reduce(right, rkeys, self._key_source(left, linp, lkeys))
                 rread, rinp = self.exchange(right, n, rkeys)
             part = self._join_partitioning(rel, join_type, keys) if n > 1 else None
             source = self._key_source(left, linp, lkeys) if part else None
@@ -814,12 +823,6 @@ def _own_expressions_have_subquery(rel: Rel) -> bool:
     """True if ``rel``'s own expressions (not its inputs) contain a subquery."""
     stripped = set_children(rel, [Rel() for _ in children(rel)]) if children(rel) else rel
     return contains(stripped, _is_subquery)
-
-
-def _boolean() -> Type:
-    t = Type()
-    t.bool.nullability = Type.NULLABILITY_NULLABLE
-    return t
 
 
 def _fetch_limit(fetch) -> int | None:

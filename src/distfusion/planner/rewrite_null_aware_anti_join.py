@@ -14,10 +14,10 @@ for any non-equi anti join.
 
 from __future__ import annotations
 
-from substrait.proto import JoinRel, Plan, Rel, Type
+from substrait.proto import JoinRel, Plan, Rel
 
 from distfusion.errors import PlanningError
-from distfusion.planner.substrait import FunctionRegistry, children, conjuncts
+from distfusion.planner.substrait import FunctionRegistry, boolean_type, children, conjuncts
 
 __all__ = ["rewrite_null_aware_anti_joins"]
 
@@ -42,12 +42,6 @@ def _anti_joins(rel: Rel, out: list[Rel]) -> None:
         out.append(rel)
     for child in children(rel):
         _anti_joins(child, out)
-
-
-def _boolean() -> Type:
-    t = Type()
-    t.bool.nullability = Type.NULLABILITY_NULLABLE
-    return t
 
 
 def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
@@ -99,15 +93,15 @@ def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
             registry.call(
                 "or",
                 parts[key],
-                registry.call("is_null", a, output_type=_boolean()),
-                output_type=_boolean(),
+                registry.call("is_null", a, output_type=boolean_type()),
+                output_type=boolean_type(),
             ),
-            registry.call("is_null", b, output_type=_boolean()),
-            output_type=_boolean(),
+            registry.call("is_null", b, output_type=boolean_type()),
+            output_type=boolean_type(),
         )
         parts[key] = either_null
         condition = parts[0]
         for other in parts[1:]:
-            condition = registry.call("and", condition, other, output_type=_boolean())
+            condition = registry.call("and", condition, other, output_type=boolean_type())
         rel.join.expression.CopyFrom(condition)
     return plan

@@ -259,6 +259,13 @@ class FunctionRegistry:
         return f
 
 
+def boolean_type() -> Type:
+    """The nullable Substrait boolean type (the output type of predicates)."""
+    t = Type()
+    t.bool.nullability = Type.NULLABILITY_NULLABLE
+    return t
+
+
 def cast(expr: Expression, to: Type) -> Expression:
     """``CAST(expr AS to)`` (failure behaviour: throw)."""
     e = Expression()
