@@ -527,6 +527,11 @@ F = pa.table({"k": pa.array([i % 200 for i in range(4000)], pa.int64()), "x": ra
 D = pa.table({"k": pa.array(range(200), pa.int64()), "c": [f"c{i % 10}" for i in range(200)]})
 
 
+def fact_and_dimension(runtimes, **config):
+    """Contexts over f and d on 4 workers, equi-join sides never broadcast."""
+    return make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE, **config)
+
+
 def runtime_filters(graph: StageGraph) -> list[tuple[int, int]]:
     """(producer, consumer) of every broadcast read of a non-broadcast stage output."""
     return [
@@ -553,16 +558,14 @@ def test_selective_side_filters_the_other_side_before_its_shuffle(runtimes, sql)
     # The filtered dimension's stage is read twice: shuffled (or gathered) into
     # the join, and as a broadcast by f's leaf stage, which keeps only rows with
     # its keys before they leave the task.
-    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE)
-    g = run(contexts, sql)
+    g = run(fact_and_dimension(runtimes), sql)
     check_well_formed(g)
     ((producer, consumer),) = runtime_filters(g)
     assert "c3" in g.stage(producer).plan_text
     assert "LeftSemi Join" in g.stage(consumer).plan_text
     assert "f" in [scan.source.name for scan in g.stage(consumer).scans]
     # Turned off: the same result, no runtime filter.
-    off = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE, runtime_filter_bytes=0)
-    assert runtime_filters(run(off, sql)) == []
+    assert runtime_filters(run(fact_and_dimension(runtimes, runtime_filter_bytes=0), sql)) == []
 
 
 @pytest.mark.parametrize(
@@ -579,8 +582,7 @@ def test_selective_side_filters_the_other_side_before_its_shuffle(runtimes, sql)
     ],
 )
 def test_no_runtime_filter_where_it_could_drop_rows_or_saves_nothing(runtimes, sql):
-    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE)
-    g = run(contexts, sql)
+    g = run(fact_and_dimension(runtimes), sql)
     check_well_formed(g)
     assert runtime_filters(g) == [], g.render()
 

@@ -341,6 +341,7 @@ class _Planner:
         return _KeySource(inp, tuple(columns), frag.est)
 
     def _key_types(self, rel: Rel, keys: list[Expression]) -> list[pa.DataType]:
+        """The Arrow types of ``keys`` evaluated over ``rel``'s output."""
         probe = Rel()
         probe.project.input.CopyFrom(rel)
         probe.project.expressions.extend(keys)
@@ -621,10 +622,7 @@ class _Planner:
                 continue
             pairs = [keys[refs.index(p)] for p in frag.partitioning]
             kept = self.oracle.schema(inputs[mine])
-            probe = Rel()
-            probe.project.input.CopyFrom(inputs[theirs])
-            probe.project.expressions.extend(k[theirs] for k in pairs)
-            moved = self.oracle.schema(probe).types[-len(pairs) :]
+            moved = self._key_types(inputs[theirs], [k[theirs] for k in pairs])
             if all(
                 hash_type(kept.field(p).type) == hash_type(t)
                 for p, t in zip(frag.partitioning, moved, strict=True)

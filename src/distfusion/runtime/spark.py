@@ -269,6 +269,7 @@ class _SparkQuery:
         self.rdds: dict[int, object] = {}  # stage id -> RDD of (partition, (task, ipc))
         self.broadcasts: dict[int, object] = {}  # stage id -> Broadcast of [(task, ipc)]
         self.values: dict[int, list] = {}  # stage id -> the broadcast's [(task, ipc)]
+        self.on_driver: dict[int, list] = {}  # stage id -> records of a stage run here
         self.persisted: list = []
         self.uses = _uses(graph)
 
@@ -342,6 +343,10 @@ class _SparkQuery:
         """The RDD of ``stage_id``'s output records, built once per query."""
         if stage_id in self.rdds:
             return self.rdds[stage_id]
+        if stage_id in self.on_driver:  # run on the driver; a consumer reads it through Spark
+            rdd = self.sc.parallelize(self.on_driver[stage_id], 1)
+            self.rdds[stage_id] = rdd
+            return rdd
         stage = self.graph.stage(stage_id)
         shuffled = [(i, inp) for i, inp in enumerate(stage.inputs) if inp.boundary != BROADCAST]
         broadcast = {
@@ -412,10 +417,8 @@ class _SparkQuery:
                     values[sid].append((task, payload))
             for sid in round_:
                 if sid not in on_spark:
-                    records = self._run_on_driver(self.graph.stage(sid))
-                    values[sid] = [r[1] for r in records]
-                    if self.uses.get(sid, 0) > 1:  # another consumer reads it through Spark
-                        self.rdds[sid] = self.sc.parallelize(records, 1)
+                    self.on_driver[sid] = self._run_on_driver(self.graph.stage(sid))
+                    values[sid] = [r[1] for r in self.on_driver[sid]]
                 self._hold(sum(len(v[1]) for v in values[sid]))
                 self.values[sid] = values[sid]
                 self.broadcasts[sid] = self.sc.broadcast(values[sid])
