@@ -33,7 +33,9 @@ from substrait.proto import Plan
 from distfusion.errors import PlanningError
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
+from distfusion.planner.substrait import SchemaOracle
 from distfusion.runtime.base import Runtime
 from distfusion.sources import (
     TableSource,
@@ -363,6 +365,8 @@ class DistributedDataFrame:
                 msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
                 raise PlanningError(msg) from exc
             rewrite_null_aware_anti_joins(plan, logical)
+            schemas = {name: source.schema for name, source in ctx.sources.items()}
+            push_semi_joins(plan, SchemaOracle(plan, schemas))
             config = PlannerConfig(
                 workers=ctx.runtime.num_workers(),
                 estimator=ctx.config.task_estimator(ctx.runtime),

@@ -15,6 +15,8 @@ declares are exactly the types its tasks produce.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 from datafusion import SessionContext
 from datafusion.substrait import Consumer, Producer, Serde
@@ -41,6 +43,7 @@ __all__ = [
     "field_ref",
     "field_refs",
     "shift_field_refs",
+    "map_field_refs",
     "is_field_ref",
     "contains",
     "stage_read",
@@ -162,16 +165,21 @@ def field_refs(expr) -> set[int]:
     return out
 
 
-def shift_field_refs(expr: Expression, delta: int) -> Expression:
-    """A copy of ``expr`` with every root field reference moved by ``delta`` columns."""
+def map_field_refs(expr: Expression, column: Callable[[int], int]) -> Expression:
+    """A copy of ``expr`` whose root field reference to column ``i`` reads ``column(i)``."""
     out = Expression()
     out.CopyFrom(expr)
 
     def visit(sf):
-        sf.field += delta
+        sf.field = column(sf.field)
 
     _walk_root_refs(out, visit)
     return out
+
+
+def shift_field_refs(expr: Expression, delta: int) -> Expression:
+    """A copy of ``expr`` with every root field reference moved by ``delta`` columns."""
+    return map_field_refs(expr, lambda i: i + delta)
 
 
 def contains(msg, predicate) -> bool:
