@@ -58,8 +58,11 @@ def test_leaf_stage_has_several_tasks_and_aggregate_is_shuffled(ctx, q):
 
 @pytest.mark.parametrize(("q", "tables"), [(5, ["nation", "region"]), (9, ["nation"])])
 def test_nation_and_region_are_broadcast(ctx, q, tables):
-    """Every task joining with nation/region gets all their rows: through a broadcast
-    stage, or (tables this small) by reading them whole ("broadcast scan")."""
+    """Every task joining with nation/region gets all their rows.
+
+    Through a broadcast stage, or (tables this small) by reading them whole
+    ("broadcast scan").
+    """
     df = ctx.sql(tpch.query(q))
     graph = df.stage_graph()
     for table in tables:
