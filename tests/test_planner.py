@@ -669,6 +669,56 @@ def test_semi_join_pushed_below_inner_join(runtimes, config, sql, pushed):
     assert semi_join_over_inner_join(g) != pushed, g.render()
 
 
+def scans_of(graph: StageGraph, table: str) -> int:
+    """How many stages scan ``table``."""
+    return sum(any(sc.source.name == table for sc in s.scans) for s in graph.stages)
+
+
+@pytest.mark.parametrize("config", [SMALL, LARGE], ids=["broadcast", "shuffle"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT d.c, a.s FROM d JOIN (SELECT k, sum(x) AS s FROM f GROUP BY k) a ON a.k = d.k "
+        "WHERE d.c = 'c3'",
+        # TPC-H Q17's shape: the key reaches d through the join with f.
+        "SELECT sum(f.x) AS s FROM f JOIN d ON f.k = d.k WHERE d.c = 'c3' "
+        "AND f.x < (SELECT avg(x) FROM f f2 WHERE f2.k = d.k)",
+        # TPC-H Q20's shape: the key reaches d through an IN.
+        "SELECT g.k, g.y FROM g WHERE g.k IN (SELECT k FROM d WHERE c = 'c3') "
+        "AND g.y > (SELECT sum(x) / 100 FROM f WHERE f.k = g.k)",
+    ],
+)
+def test_selective_side_filters_an_aggregate_input(runtimes, config, sql):
+    # d's filtered scan is copied below the aggregate over f as a semi join: a
+    # second stage scans d (the results still equal DataFusion's).
+    tables = {"f": (F, 500), "d": (D, 50), "g": (G, 500)}
+    g = run(make_contexts(runtimes[4], tables, **config), sql)
+    check_well_formed(g)
+    assert scans_of(g, "d") == 2, g.render()
+    # Turned off with the other runtime filters.
+    off = make_contexts(runtimes[4], tables, runtime_filter_bytes=0, **config)
+    assert scans_of(run(off, sql), "d") == 1
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # d is not filtered.
+        "SELECT d.c, a.s FROM d JOIN (SELECT k, sum(x) AS s FROM f GROUP BY k) a ON a.k = d.k",
+        # Unmatched groups reach the output of a right join.
+        "SELECT d.c, a.s FROM d RIGHT JOIN (SELECT k, sum(x) AS s FROM f GROUP BY k) a "
+        "ON a.k = d.k AND d.c = 'c3'",
+        # Joined on an aggregate value, not on the grouping key.
+        "SELECT d.c, a.k FROM d JOIN (SELECT k, count(*) AS n FROM f GROUP BY k) a ON a.n = d.k "
+        "WHERE d.c = 'c3'",
+    ],
+)
+def test_no_aggregate_input_filter_where_it_could_drop_rows(runtimes, sql):
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **SMALL)
+    g = run(contexts, sql)
+    assert scans_of(g, "d") == 1, g.render()
+
+
 # ---------------------------------------------------------------------- sorts
 
 

@@ -32,8 +32,14 @@ from substrait.proto import Plan
 
 from distfusion.errors import PlanningError
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+from distfusion.planner.inject_network_boundaries import (
+    REDUCTION_KEPT,
+    REDUCTION_RATIO,
+    PlannerConfig,
+    plan_stages,
+)
 from distfusion.planner.push_semi_joins import push_semi_joins
+from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.planner.substrait import SchemaOracle
 from distfusion.runtime.base import Runtime
@@ -366,7 +372,16 @@ class DistributedDataFrame:
                 raise PlanningError(msg) from exc
             rewrite_null_aware_anti_joins(plan, logical)
             schemas = {name: source.schema for name, source in ctx.sources.items()}
-            push_semi_joins(plan, SchemaOracle(plan, schemas))
+            oracle = SchemaOracle(plan, schemas)
+            push_semi_joins(plan, oracle)
+            reduce_aggregate_inputs(
+                plan,
+                oracle,
+                ctx.sources,
+                ctx.config.runtime_filter_bytes,
+                REDUCTION_KEPT,
+                REDUCTION_RATIO,
+            )
             config = PlannerConfig(
                 workers=ctx.runtime.num_workers(),
                 estimator=ctx.config.task_estimator(ctx.runtime),

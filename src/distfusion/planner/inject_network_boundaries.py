@@ -52,6 +52,7 @@ from distfusion.planner.substrait import (
     field_ref,
     field_refs,
     is_field_ref,
+    is_subquery,
     named_struct,
     rel_kind,
     set_children,
@@ -128,10 +129,6 @@ fraction of its rows (Spark's runtime filter likewise wants a selective filter
 on the creation side)."""
 REDUCTION_RATIO = 4
 """...and only for a side at least this many times its likely size."""
-
-
-def _is_subquery(m) -> bool:
-    return isinstance(m, Expression.Subquery)
 
 
 @dataclass(frozen=True)
@@ -820,7 +817,7 @@ class _Planner:
 def _own_expressions_have_subquery(rel: Rel) -> bool:
     """True if ``rel``'s own expressions (not its inputs) contain a subquery."""
     stripped = set_children(rel, [Rel() for _ in children(rel)]) if children(rel) else rel
-    return contains(stripped, _is_subquery)
+    return contains(stripped, is_subquery)
 
 
 def _fetch_limit(fetch) -> int | None:
@@ -903,7 +900,7 @@ def _equi_keys(
         if registry.name(fn.function_reference) not in _KEY_FUNCTIONS or len(fn.arguments) != 2:
             continue
         a, b = fn.arguments[0].value, fn.arguments[1].value
-        if contains(a, _is_subquery) or contains(b, _is_subquery):
+        if contains(a, is_subquery) or contains(b, is_subquery):
             continue
         ra, rb = field_refs(a), field_refs(b)
         if not ra or not rb:

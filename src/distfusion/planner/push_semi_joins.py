@@ -29,14 +29,16 @@ same by relational algebra, and the test suite compares them with DataFusion's.
 
 from __future__ import annotations
 
-from substrait.proto import Expression, JoinRel, Plan, Rel
+from substrait.proto import JoinRel, Plan, Rel
 
 from distfusion.planner.substrait import (
     SchemaOracle,
+    before_emit,
     children,
     contains,
     field_refs,
     is_field_ref,
+    is_subquery,
     map_field_refs,
     rel_kind,
     set_children,
@@ -57,15 +59,9 @@ def _is_plain(rel: Rel) -> bool:
         return False
     if kind not in ("project", "join", "cross"):
         return False
-    if contains(set_children(rel, [Rel() for _ in children(rel)]), _has_subquery):
+    if contains(set_children(rel, [Rel() for _ in children(rel)]), is_subquery):
         return False
     return all(_is_plain(c) for c in children(rel))
-
-
-def _before_emit(rel: Rel, column: int) -> int:
-    """Index, in ``rel``'s output before its emit, of its output ``column``."""
-    common = getattr(rel, rel_kind(rel)).common
-    return common.emit.output_mapping[column] if common.HasField("emit") else column
 
 
 class _Pusher:
@@ -94,7 +90,7 @@ class _Pusher:
             inner_width = self.arity(inner)
             mapping = {}
             for r in refs:
-                pre = _before_emit(left, r)
+                pre = before_emit(left, r)
                 source = pre if pre < inner_width else None
                 if source is None:
                     source = is_field_ref(left.project.expressions[pre - inner_width])
@@ -106,7 +102,7 @@ class _Pusher:
         if kind in ("join", "cross") and (kind == "cross" or left.join.type == _J.JOIN_TYPE_INNER):
             x, y = children(left)
             x_width = self.arity(x)
-            pre = {r: _before_emit(left, r) for r in refs}
+            pre = {r: before_emit(left, r) for r in refs}
             if all(p < x_width for p in pre.values()) and _is_plain(y):
                 below = self._moved(semi, x, pre, width, x_width)
                 return set_children(left, [self.push(below), y])
@@ -132,10 +128,6 @@ class _Pusher:
         out.join.left.CopyFrom(new_left)
         out.join.expression.CopyFrom(map_field_refs(semi.join.expression, remap))
         return out
-
-
-def _has_subquery(m) -> bool:
-    return isinstance(m, Expression.Subquery)
 
 
 def push_semi_joins(plan: Plan, oracle: SchemaOracle) -> Plan:

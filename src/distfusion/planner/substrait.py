@@ -40,6 +40,8 @@ __all__ = [
     "children",
     "set_children",
     "rel_kind",
+    "before_emit",
+    "is_subquery",
     "field_ref",
     "field_refs",
     "shift_field_refs",
@@ -110,6 +112,17 @@ def set_children(rel: Rel, new_children: list[Rel]) -> Rel:
         for f, c in zip(present, new_children, strict=True):
             getattr(body, f).CopyFrom(c)
     return out
+
+
+def before_emit(rel: Rel, column: int) -> int:
+    """Index, in ``rel``'s output before its emit (``common.emit``), of its output ``column``."""
+    common = getattr(rel, rel_kind(rel)).common
+    return common.emit.output_mapping[column] if common.HasField("emit") else column
+
+
+def is_subquery(m) -> bool:
+    """Whether protobuf message ``m`` is a subquery expression (a :func:`contains` predicate)."""
+    return isinstance(m, Expression.Subquery)
 
 
 def field_ref(index: int) -> Expression:

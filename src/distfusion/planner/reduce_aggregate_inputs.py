@@ -1,0 +1,293 @@
+"""Filter an aggregate's input by the keys a selective join side can match.
+
+A join of a selective side with a grouped aggregate on its grouping key keeps
+only the groups whose key the selective side holds. TPC-H Q17 joins the 0.1%
+of ``part`` with ``Brand#23`` and ``MED BOX`` to ``avg(l_quantity)`` grouped
+by ``l_partkey`` over all six million lineitems; Q20 does the same with the
+parts named ``forest%``. The planner's own semi-join reduction
+(``inject_network_boundaries``) cannot help there: by the time it sees the
+join, the aggregate's partial stage is already cut. This rewrite runs first,
+on the Substrait plan, and copies the selective side's filtered scan below the
+aggregate as a left semi join on the grouping key::
+
+    Join(a = k)                           Join(a = k)
+      ... a from Filter(Read T) ...  ==>    ... a from Filter(Read T) ...
+      Aggregate(group by k)                 Aggregate(group by k)
+        input                                 LeftSemi(k = a')
+                                                input
+                                                Filter(Read T)   (a copy)
+
+This is Spark's ``InjectRuntimeFilter``: its creation side is likewise a
+*selective filter over a scan* copied from the other side of the join (there
+as a Bloom filter aggregate, here as an exact semi join, which the planner
+broadcasts), and its filter reaches below the aggregate because it is on the
+grouping key. Dropping whole groups whose key no row of the other side has
+cannot change an inner or semi join's result; NULL keys never match ``=``.
+
+The selective side's key is traced down through projections, filters, inner
+joins (either side) and semi joins (left side), and across their equi-join
+keys (``a = b`` carries the restriction from ``b`` to ``a``). The copied scan
+must be estimated at most ``runtime_filter_bytes``, keep at most
+:data:`~distfusion.planner.inject_network_boundaries.REDUCTION_KEPT` of its
+table, and the aggregate's input tables must be at least
+:data:`~distfusion.planner.inject_network_boundaries.REDUCTION_RATIO` times
+larger.
+"""
+
+from __future__ import annotations
+
+from substrait.proto import Expression, JoinRel, Plan, Rel
+
+from distfusion.planner.estimate import filter_selectivity
+from distfusion.planner.substrait import (
+    FunctionRegistry,
+    SchemaOracle,
+    before_emit,
+    boolean_type,
+    children,
+    conjuncts,
+    contains,
+    field_ref,
+    is_field_ref,
+    is_subquery,
+    rel_kind,
+    set_children,
+)
+from distfusion.sources import TableSource
+
+__all__ = ["reduce_aggregate_inputs"]
+
+_J = JoinRel
+# Join types whose unmatched rows of either side never reach the output.
+_BOTH_MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
+
+
+class _Reducer:
+    def __init__(
+        self,
+        plan: Plan,
+        oracle: SchemaOracle,
+        sources: dict[str, TableSource],
+        runtime_filter_bytes: int,
+        kept: float,
+        ratio: float,
+    ) -> None:
+        self.oracle = oracle
+        self.registry = FunctionRegistry(plan)
+        self.sources = sources
+        self.limit = runtime_filter_bytes
+        self.kept = kept
+        self.ratio = ratio
+
+    def arity(self, rel: Rel) -> int:
+        return len(self.oracle.schema(rel))
+
+    def visit(self, rel: Rel) -> Rel:
+        if children(rel):
+            rel = set_children(rel, [self.visit(c) for c in children(rel)])
+        if rel_kind(rel) == "join" and rel.join.type in _BOTH_MATCHED:
+            return self.reduce(rel)
+        return rel
+
+    # ------------------------------------------------------------------ the join
+    def _key_pairs(self, join: Rel) -> list[tuple[int, int]]:
+        """(left column, right column) of the join's ``left = right`` conjuncts."""
+        if not join.join.HasField("expression"):
+            return []
+        width = self.arity(join.join.left)
+        pairs = []
+        for c in conjuncts(join.join.expression, self.registry):
+            if c.WhichOneof("rex_type") != "scalar_function":
+                continue
+            fn = c.scalar_function
+            if self.registry.name(fn.function_reference) != "equal" or len(fn.arguments) != 2:
+                continue
+            a, b = (is_field_ref(arg.value) for arg in fn.arguments)
+            if a is None or b is None:
+                continue
+            if a < width <= b:
+                pairs.append((a, b - width))
+            elif b < width <= a:
+                pairs.append((b, a - width))
+        return pairs
+
+    def reduce(self, join: Rel) -> Rel:
+        """``join`` with an aggregate side's input filtered by the other side's keys."""
+        for a, b in self._key_pairs(join):
+            for agg_side, key, other, other_key in (
+                ("right", b, join.join.left, a),
+                ("left", a, join.join.right, b),
+            ):
+                if agg_side == "left" and join.join.type != _J.JOIN_TYPE_INNER:
+                    continue  # a semi join's right side is only ever tested
+                side = join.join.right if agg_side == "right" else join.join.left
+                creation = self.creation_side(other, other_key)
+                if creation is None:
+                    continue
+                reduced = self.below_aggregate(side, key, *creation)
+                if reduced is None:
+                    continue
+                out = Rel()
+                out.CopyFrom(join)
+                getattr(out.join, agg_side).CopyFrom(reduced)
+                return out
+        return join
+
+    # ------------------------------------------------------------------ creation side
+    def creation_side(self, rel: Rel, column: int) -> tuple[Rel, int] | None:
+        """A selective filtered scan holding every value ``rel``'s ``column`` takes.
+
+        Returns ``(subtree, its column)``, or None when the trace finds none.
+        """
+        if self._selective_scan(rel):
+            return rel, column
+        kind = rel_kind(rel)
+        pre = before_emit(rel, column)
+        if kind == "project":
+            width = self.arity(rel.project.input)
+            source = pre if pre < width else is_field_ref(rel.project.expressions[pre - width])
+            return None if source is None else self.creation_side(rel.project.input, source)
+        if kind in ("filter", "sort", "fetch"):
+            return self.creation_side(children(rel)[0], pre)
+        if kind != "join" or rel.join.type not in _BOTH_MATCHED:
+            return None
+        width = self.arity(rel.join.left)
+        pairs = self._key_pairs(rel)
+        if pre < width:
+            options = [(rel.join.left, pre)] + [(rel.join.right, b) for a, b in pairs if a == pre]
+        else:
+            right = pre - width
+            options = [(rel.join.right, right)] + [
+                (rel.join.left, a) for a, b in pairs if b == right
+            ]
+        for child, col in options:
+            found = self.creation_side(child, col)
+            if found is not None:
+                return found
+        return None
+
+    def _selective_scan(self, rel: Rel) -> bool:
+        """Projections and filters over one source read: small and selective enough."""
+        names: list[str | None] = []
+        node = rel
+        while rel_kind(node) in ("project", "filter"):
+            if contains(set_children(node, [Rel()]), is_subquery):
+                return False
+            if rel_kind(node) == "filter":
+                names.extend(self._function_names(node.filter.condition))
+            node = node.filter.input if rel_kind(node) == "filter" else node.project.input
+        if rel_kind(node) != "read" or not node.read.HasField("named_table"):
+            return False
+        source = self.sources.get(node.read.named_table.names[-1])
+        if source is None:
+            return False
+        if not names and node.read.HasField("filter"):
+            names = self._function_names(node.read.filter)
+        if not names:
+            return False
+        kept = filter_selectivity(names)
+        columns = None
+        if node.read.HasField("projection"):
+            all_names = list(source.schema.names)
+            columns = [all_names[i.field] for i in node.read.projection.select.struct_items]
+        creation_bytes = source.projected_bytes(columns) * kept
+        return bool(self.limit) and kept <= self.kept and creation_bytes <= self.limit
+
+    def _function_names(self, condition: Expression) -> list[str | None]:
+        return [
+            self.registry.name(c.scalar_function.function_reference)
+            if c.WhichOneof("rex_type") == "scalar_function"
+            else None
+            for c in conjuncts(condition, self.registry)
+        ]
+
+    # ------------------------------------------------------------------ aggregate side
+    def below_aggregate(self, rel: Rel, column: int, creation: Rel, key: int) -> Rel | None:
+        """``rel`` with a semi join on ``creation``'s ``key`` under the aggregate of ``column``."""
+        kind = rel_kind(rel)
+        pre = before_emit(rel, column)
+        if kind == "project":
+            width = self.arity(rel.project.input)
+            source = pre if pre < width else is_field_ref(rel.project.expressions[pre - width])
+            if source is None:
+                return None
+            below = self.below_aggregate(rel.project.input, source, creation, key)
+            return None if below is None else set_children(rel, [below])
+        if kind == "filter":
+            below = self.below_aggregate(rel.filter.input, pre, creation, key)
+            return None if below is None else set_children(rel, [below])
+        if kind != "aggregate" or len(rel.aggregate.groupings) != 1:
+            return None
+        groups = rel.aggregate.grouping_expressions
+        if pre >= len(groups) or is_field_ref(groups[pre]) is None:
+            return None
+        agg_input = rel.aggregate.input
+        if not self._pays(agg_input, creation):
+            return None
+        width = self.arity(agg_input)
+        semi = Rel()
+        semi.join.left.CopyFrom(agg_input)
+        semi.join.right.CopyFrom(creation)
+        semi.join.type = _J.JOIN_TYPE_LEFT_SEMI
+        semi.join.expression.CopyFrom(
+            self.registry.call(
+                "equal",
+                field_ref(is_field_ref(groups[pre])),
+                field_ref(width + key),
+                output_type=boolean_type(),
+            )
+        )
+        return set_children(rel, [semi])
+
+    def _pays(self, agg_input: Rel, creation: Rel) -> bool:
+        """Whether the aggregate reads at least ``ratio`` times the creation side's table."""
+
+        def tables(rel: Rel) -> set[str]:
+            names: set[str] = set()
+
+            def visit(m) -> bool:
+                if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
+                    t = m.read.named_table.names
+                    if len(t) and t[-1] in self.sources:
+                        names.add(t[-1])
+                return False
+
+            contains(rel, visit)
+            return names
+
+        read = sum(self.sources[t].size_bytes for t in tables(agg_input))
+        table = sum(self.sources[t].size_bytes for t in tables(creation))
+        return read >= self.ratio * table
+
+
+def reduce_aggregate_inputs(
+    plan: Plan,
+    oracle: SchemaOracle,
+    sources: dict[str, TableSource],
+    runtime_filter_bytes: int,
+    kept: float,
+    ratio: float,
+) -> Plan:
+    """Rewrite ``plan`` in place: aggregates joined on their keys read only matching rows.
+
+    Args:
+        plan: a Substrait plan with one root relation.
+        oracle: gives the column counts of subtrees.
+        sources: every registered table, by name (sizes for the estimates).
+        runtime_filter_bytes: the largest estimated creation side (bytes); 0 turns
+            the rewrite off.
+        kept: the largest fraction of its table the creation side may keep.
+        ratio: how many times larger than the creation side's table the
+            aggregate's input tables must be.
+
+    Returns:
+        ``plan``, modified.
+
+    Raises:
+        PlanningError: DataFusion cannot consume a subtree (from ``oracle``).
+    """
+    reducer = _Reducer(plan, oracle, sources, runtime_filter_bytes, kept, ratio)
+    for relation in plan.relations:
+        if relation.HasField("root"):
+            relation.root.input.CopyFrom(reducer.visit(relation.root.input))
+    return plan
