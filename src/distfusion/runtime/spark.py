@@ -401,34 +401,43 @@ class _SparkQuery:
         One Spark job per round: a round collects every broadcast whose producer
         needs no broadcast of a later round (``_rounds``), as a union tagged with
         the producer's stage id, so independent broadcasts run side by side.
-        A one-task producer that reads no shuffle runs on the driver instead
-        (:meth:`_run_on_driver`).
+        A one-task producer runs on the driver instead (:meth:`_run_on_driver`);
+        the same job collects its inputs that Spark produces.
         """
         for round_ in _rounds(self.graph):
             values: dict[int, list] = {sid: [] for sid in round_}
-            on_spark = [sid for sid in round_ if not _runs_on_driver(self.graph.stage(sid))]
-            if on_spark:
+            here = [sid for sid in round_ if self.graph.stage(sid).num_tasks == 1]
+            wanted = [sid for sid in round_ if sid not in here]
+            for sid in here:
+                for inp in self.graph.stage(sid).inputs:
+                    if inp.stage_id not in self.values and inp.stage_id not in wanted:
+                        wanted.append(inp.stage_id)
+                        values[inp.stage_id] = []
+            if wanted:
                 parts = [
                     self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[1][0], r[1][1]))
-                    for sid in on_spark
+                    for sid in wanted
                 ]
                 union = parts[0] if len(parts) == 1 else self.sc.union(parts)
                 for sid, task, payload in self._spark_call(union.collect):
                     values[sid].append((task, payload))
+                for sid in wanted:
+                    self._hold(sum(len(v[1]) for v in values[sid]))
+                    self.values[sid] = values[sid]
+            for sid in here:
+                self.on_driver[sid] = self._run_on_driver(self.graph.stage(sid))
+                self.values[sid] = [r[1] for r in self.on_driver[sid]]
+                self._hold(sum(len(v[1]) for v in self.values[sid]))
             for sid in round_:
-                if sid not in on_spark:
-                    self.on_driver[sid] = self._run_on_driver(self.graph.stage(sid))
-                    values[sid] = [r[1] for r in self.on_driver[sid]]
-                self._hold(sum(len(v[1]) for v in values[sid]))
-                self.values[sid] = values[sid]
-                self.broadcasts[sid] = self.sc.broadcast(values[sid])
+                self.broadcasts[sid] = self.sc.broadcast(self.values[sid])
 
     def _run_on_driver(self, stage: Stage) -> list[tuple[int, tuple[int, bytes]]]:
         """Run one-task broadcast ``stage`` here; its output records ``(p, (0, ipc))``.
 
         As a Spark job it would pay a job's scheduling (~0.15 s) to use one
         executor core; here it runs at once with every driver core, as the head
-        stage does. Its inputs are broadcasts, already on the driver.
+        stage does. Its inputs are on the driver already (``self.values``): one
+        task reads every partition of each.
 
         Raises:
             TaskError: the fragment failed (worker ``spark-driver://HOST``).
@@ -451,11 +460,6 @@ class _SparkQuery:
             for p, batches in enumerate(parts)
             if batches
         ]
-
-
-def _runs_on_driver(stage: Stage) -> bool:
-    """Whether broadcast producer ``stage`` runs on the driver: one task, broadcast inputs only."""
-    return stage.num_tasks == 1 and all(i.boundary == BROADCAST for i in stage.inputs)
 
 
 def _rounds(graph: StageGraph) -> list[list[int]]:
