@@ -205,6 +205,9 @@ class _Planner:
         self.registry = FunctionRegistry(plan)
         self.oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
         self.stages: list[Stage] = []
+        # What a stage computes -> its index in ``stages`` (exchange reuse).
+        self.computed: dict[tuple, int] = {}
+        self.reuses = 0
         self.query_id = str(uuid.uuid4())
 
     # ------------------------------------------------------------------ sealing
@@ -237,33 +240,48 @@ class _Planner:
         full_schema = self.oracle.schema(rel) if appended else base_schema
         renamed = pa.schema([pa.field(f"c{i}", f.type, True) for i, f in enumerate(full_schema)])
         fragment = self.oracle.plan_bytes(rel, list(named_struct(renamed).names))
-        try:
-            plan_text = self.oracle.logical_plan(fragment).display_indent()
-        except Exception as exc:  # DataFusion raises bare Exception
-            msg = f"DataFusion cannot consume a plan fragment: {exc}"
-            raise PlanningError(msg) from exc
-        stage_id = len(self.stages) + 1
         declared = pa.schema(list(renamed)[:num_columns])
-        stage = Stage(
-            stage_id=stage_id,
-            num_tasks=frag.tasks,
-            fragment=fragment,
-            inputs=tuple(frag.inputs),
-            scans=self._scans(rel, frag.tasks, frag.replicated),
-            output=OutputPartitioning(
-                kind=kind,
-                num_partitions=partitions,
-                key_columns=tuple(key_columns),
-                num_columns=num_columns,
-                readers=readers,
-            ),
-            plan_text=plan_text,
-            output_schema=declared,
-        )
-        self.stages.append(stage)
-        table = f"__stage_{stage_id}"
-        boundary = COALESCE if kind == RESULT else kind
+        inputs = tuple((i.table, i.boundary, i.partitions) for i in frag.inputs)
+        what = (fragment, kind, partitions, tuple(key_columns), frag.tasks, inputs, frag.replicated)
+        if what in self.computed:
+            # The same fragment over the same inputs, cut the same way: read the
+            # stage planned already once more (Spark's ReuseExchange), under a
+            # table name of its own (one consumer may read it both ways).
+            producer = self.stages[self.computed[what]]
+            output = replace(producer.output, readers=producer.output.readers + readers)
+            self.stages[self.computed[what]] = replace(producer, output=output)
+            stage_id = producer.stage_id
+            self.reuses += 1
+            table = f"__stage_{stage_id}_{self.reuses}"
+        else:
+            try:
+                plan_text = self.oracle.logical_plan(fragment).display_indent()
+            except Exception as exc:  # DataFusion raises bare Exception
+                msg = f"DataFusion cannot consume a plan fragment: {exc}"
+                raise PlanningError(msg) from exc
+            stage_id = len(self.stages) + 1
+            self.computed[what] = len(self.stages)
+            self.stages.append(
+                Stage(
+                    stage_id=stage_id,
+                    num_tasks=frag.tasks,
+                    fragment=fragment,
+                    inputs=tuple(frag.inputs),
+                    scans=self._scans(rel, frag.tasks, frag.replicated),
+                    output=OutputPartitioning(
+                        kind=kind,
+                        num_partitions=partitions,
+                        key_columns=tuple(key_columns),
+                        num_columns=num_columns,
+                        readers=readers,
+                    ),
+                    plan_text=plan_text,
+                    output_schema=declared,
+                )
+            )
+            table = f"__stage_{stage_id}"
         self.oracle.register_empty(table, declared)
+        boundary = COALESCE if kind == RESULT else kind
         return stage_read(table, named_struct(declared)), StageInput(
             table, stage_id, boundary, declared
         )
