@@ -929,6 +929,27 @@ def test_scalar_subquery_and_correlated_filter(small):
     run(small, "SELECT k, v FROM t t1 WHERE v > (SELECT avg(v) FROM t t2 WHERE t2.k = t1.k)")
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT k, v FROM t WHERE v > (SELECT avg(v) FROM t)",
+        "SELECT k, v - (SELECT max(v) FROM t) AS d FROM t",
+        "SELECT k, v FROM t WHERE v > (SELECT avg(t2.v) FROM t t2 WHERE t2.v < (SELECT max(t3.v) FROM t t3))",
+        "SELECT k, v FROM t WHERE v > (SELECT avg(v) FROM t) AND k < (SELECT max(k) FROM u)",
+        "SELECT k FROM t WHERE v > (SELECT min(x) FROM e)",  # an empty subquery: NULL
+    ],
+)
+def test_uncorrelated_scalar_subquery_is_a_stage_of_its_own(small, sql):
+    # The outer scan keeps its four tasks; each reads the subquery's one row as
+    # a broadcast (the subquery's own scan is distributed as any query's).
+    g = run(small, sql)
+    check_well_formed(g)
+    readers = [s for s in g.stages if "(<subquery>)" in s.plan_text]
+    assert max(s.num_tasks for s in readers) == 4, g.render()
+    broadcasts = sum(i.boundary == BROADCAST for s in readers for i in s.inputs)
+    assert broadcasts == sql.count("(SELECT"), g.render()
+
+
 def test_cte_and_nested_aggregate(small):
     run(
         small,

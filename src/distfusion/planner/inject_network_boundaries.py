@@ -27,8 +27,11 @@ window              shuffle by PARTITION BY keys; none or mixed -> coalesce
 anything else       coalesce every input, run in one task
 ==================  ==========================================================
 
-A relation whose expressions hold a subquery runs in a single task that reads
-every table of the subquery in full: correct first, fast second.
+An uncorrelated scalar subquery in a filter or projection is planned as a
+query of its own and gathered into one task; the consumer's tasks read its one
+row as a broadcast. Any other relation whose expressions hold a subquery runs
+in a single task that reads every table of the subquery in full: correct
+first, fast second.
 """
 
 from __future__ import annotations
@@ -430,9 +433,33 @@ class _Planner:
     # ------------------------------------------------------------------ visiting
     def visit(self, rel: Rel) -> _Fragment:
         method = getattr(self, f"visit_{rel_kind(rel)}", None)
-        if method is None or _own_expressions_have_subquery(rel):
+        if method is None:
+            return self.visit_single(rel)
+        if _own_expressions_have_subquery(rel) and not _pipelines_subqueries(rel):
             return self.visit_single(rel)
         return method(rel)
+
+    def _plan_subqueries(self, rel: Rel, consumer: _Fragment) -> tuple[Rel, list[StageInput]]:
+        """``rel`` (a filter or project over ``consumer``) with its scalar subqueries planned.
+
+        Each uncorrelated scalar subquery is planned like any query and
+        gathered into one task; a one-task consumer runs it inline, a consumer
+        of several tasks reads its one row as a broadcast stage. Returns the
+        new relation and the stage inputs its fragment gains.
+        """
+        new = Rel()
+        new.CopyFrom(rel)
+        inputs: list[StageInput] = []
+        for sub in _own_subqueries(new):
+            frag = self.gather(self.visit(sub.scalar.input))
+            if consumer.tasks == 1:  # its source reads become the consumer's
+                sub.scalar.input.CopyFrom(frag.rel)
+                inputs.extend(frag.inputs)
+                continue
+            read, inp = self.seal(frag, BROADCAST, readers=consumer.tasks)
+            sub.scalar.input.CopyFrom(read)
+            inputs.append(inp)
+        return new, inputs
 
     def visit_single(self, rel: Rel, visited: list[_Fragment] | None = None) -> _Fragment:
         """Run ``rel`` in one task after coalescing every input.
@@ -474,6 +501,9 @@ class _Planner:
     def _pipeline(self, rel: Rel, factor: float = 1.0) -> _Fragment:
         (child,) = children(rel)
         frag = self.visit(child)
+        if _own_expressions_have_subquery(rel):
+            rel, inputs = self._plan_subqueries(rel, frag)
+            frag = replace(frag, inputs=frag.inputs + inputs)
         part = frag.partitioning
         if part is not None:
             part = self._carry(rel, part)
@@ -836,6 +866,57 @@ def _own_expressions_have_subquery(rel: Rel) -> bool:
     """True if ``rel``'s own expressions (not its inputs) contain a subquery."""
     stripped = set_children(rel, [Rel() for _ in children(rel)]) if children(rel) else rel
     return contains(stripped, is_subquery)
+
+
+def _own_subqueries(rel: Rel) -> list:
+    """The subquery expressions of ``rel``'s own expressions, outermost only."""
+    found: list = []
+
+    def visit(m) -> bool:
+        if isinstance(m, Expression.Subquery):
+            found.append(m)
+            return True  # do not descend into it
+        return False
+
+    for fd, value in getattr(rel, rel_kind(rel)).ListFields():
+        if fd.name == "input" or fd.message_type is None:
+            continue
+        for v in value if fd.is_repeated else [value]:
+            _find(v, visit)
+    return found
+
+
+def _find(msg, visit) -> None:
+    """Call ``visit`` on ``msg`` and every message nested in it, unless it returns True."""
+    if visit(msg):
+        return
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        for v in value if fd.is_repeated else [value]:
+            _find(v, visit)
+
+
+def _pipelines_subqueries(rel: Rel) -> bool:
+    """Whether ``rel``'s subqueries can be planned on their own.
+
+    ``rel`` must be a filter or a projection without windows, and its
+    subqueries uncorrelated scalar subqueries.
+    """
+    if rel_kind(rel) not in ("filter", "project"):
+        return False
+    if rel_kind(rel) == "project" and contains(
+        set_children(rel, [Rel()]), lambda m: isinstance(m, Expression.WindowFunction)
+    ):
+        return False
+    subs = _own_subqueries(rel)
+    return all(
+        s.WhichOneof("subquery_type") == "scalar"
+        and not contains(
+            s, lambda m: isinstance(m, Expression.FieldReference) and m.HasField("outer_reference")
+        )
+        for s in subs
+    )
 
 
 def _fetch_limit(fetch) -> int | None:

@@ -309,23 +309,34 @@ class _SparkQuery:
         """Every record the head stage reads: from one Spark job, or already here.
 
         An input whose producer's output is on the driver already (a broadcast
-        collected for another consumer, or a stage run here) is not collected again.
+        collected for another consumer, or a stage run here) is not collected
+        again; a producer read twice (exchange reuse) is collected once.
         """
-        records, parts = [], []
+        wanted: dict[int, set[int]] = {}  # stage id -> partitions to collect
+        for inp in head.inputs:
+            if inp.stage_id not in self.values:
+                wanted.setdefault(inp.stage_id, set()).update(inp.partitions_for(0))
+        if wanted:
+            parts = [
+                self._stage_rdd(sid)
+                .filter(lambda r, w=frozenset(w): r[0] in w)
+                .map(lambda r, sid=sid: (sid, r[0], r[1]))
+                for sid, w in wanted.items()
+            ]
+            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            collected = self._spark_call(union.collect)
+            self._hold(sum(len(r[2][1]) for r in collected))
+        records = []
         for i, inp in enumerate(head.inputs):
             if inp.stage_id in self.values:
                 records.extend((0, (i, task, ipc)) for task, ipc in self.values[inp.stage_id])
                 continue
-            wanted = inp.partitions_for(0)
-            rdd = self._stage_rdd(inp.stage_id)
-            parts.append(
-                rdd.filter(lambda r, w=wanted: r[0] in w).map(lambda r, i=i: (0, (i,) + r[1]))
+            mine = set(inp.partitions_for(0))
+            records.extend(
+                (0, (i, task, ipc))
+                for sid, p, (task, ipc) in collected
+                if sid == inp.stage_id and p in mine
             )
-        if parts:
-            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-            collected = self._spark_call(union.collect)
-            self._hold(sum(len(r[1][2]) for r in collected))
-            records.extend(collected)
         return records
 
     def _hold(self, nbytes: int) -> None:
@@ -484,11 +495,15 @@ def _rounds(graph: StageGraph) -> list[list[int]]:
 
 
 def _uses(graph: StageGraph) -> dict[int, int]:
-    """How many times each stage's output RDD is read by a consumer."""
+    """How many times each stage's output RDD is read by a consumer.
+
+    The head stage collects a producer once however many of its inputs read it.
+    """
     uses: dict[int, int] = {}
     for s in graph.stages:
-        for inp in s.inputs:
-            uses[inp.stage_id] = uses.get(inp.stage_id, 0) + 1
+        read = {i.stage_id for i in s.inputs} if s is graph.head else [i.stage_id for i in s.inputs]
+        for sid in read:
+            uses[sid] = uses.get(sid, 0) + 1
     return uses
 
 
