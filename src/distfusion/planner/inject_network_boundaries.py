@@ -57,6 +57,7 @@ from distfusion.planner.substrait import (
     is_field_ref,
     is_subquery,
     named_struct,
+    own_contains,
     rel_kind,
     set_children,
     shift_field_refs,
@@ -864,8 +865,7 @@ class _Planner:
 
 def _own_expressions_have_subquery(rel: Rel) -> bool:
     """True if ``rel``'s own expressions (not its inputs) contain a subquery."""
-    stripped = set_children(rel, [Rel() for _ in children(rel)]) if children(rel) else rel
-    return contains(stripped, is_subquery)
+    return own_contains(rel, is_subquery)
 
 
 def _own_subqueries(rel: Rel) -> list:
@@ -905,8 +905,8 @@ def _pipelines_subqueries(rel: Rel) -> bool:
     """
     if rel_kind(rel) not in ("filter", "project"):
         return False
-    if rel_kind(rel) == "project" and contains(
-        set_children(rel, [Rel()]), lambda m: isinstance(m, Expression.WindowFunction)
+    if rel_kind(rel) == "project" and own_contains(
+        rel, lambda m: isinstance(m, Expression.WindowFunction)
     ):
         return False
     subs = _own_subqueries(rel)

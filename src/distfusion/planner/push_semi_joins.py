@@ -35,11 +35,11 @@ from distfusion.planner.substrait import (
     SchemaOracle,
     before_emit,
     children,
-    contains,
     field_refs,
     is_field_ref,
     is_subquery,
     map_field_refs,
+    own_contains,
     rel_kind,
     set_children,
 )
@@ -59,7 +59,7 @@ def _is_plain(rel: Rel) -> bool:
         return False
     if kind not in ("project", "join", "cross"):
         return False
-    if contains(set_children(rel, [Rel() for _ in children(rel)]), is_subquery):
+    if own_contains(rel, is_subquery):
         return False
     return all(_is_plain(c) for c in children(rel))
 

@@ -50,6 +50,7 @@ from distfusion.planner.substrait import (
     field_ref,
     is_field_ref,
     is_subquery,
+    own_contains,
     rel_kind,
     set_children,
 )
@@ -171,7 +172,7 @@ class _Reducer:
         names: list[str | None] = []
         node = rel
         while rel_kind(node) in ("project", "filter"):
-            if contains(set_children(node, [Rel()]), is_subquery):
+            if own_contains(node, is_subquery):
                 return False
             if rel_kind(node) == "filter":
                 names.extend(self._function_names(node.filter.condition))

@@ -48,6 +48,7 @@ __all__ = [
     "map_field_refs",
     "is_field_ref",
     "contains",
+    "own_contains",
     "stage_read",
     "conjuncts",
 ]
@@ -204,6 +205,19 @@ def contains(msg, predicate) -> bool:
             continue
         values = value if fd.is_repeated else [value]
         if any(contains(v, predicate) for v in values):
+            return True
+    return False
+
+
+def own_contains(rel: Rel, predicate) -> bool:
+    """:func:`contains` over ``rel``'s own fields (its expressions), not its inputs."""
+    kind = rel_kind(rel)
+    spec = _CHILD_FIELDS.get(kind, ())
+    inputs = {spec} if isinstance(spec, str) else set(spec)
+    for fd, value in getattr(rel, kind).ListFields():
+        if fd.name in inputs or fd.message_type is None:
+            continue
+        if any(contains(v, predicate) for v in (value if fd.is_repeated else [value])):
             return True
     return False
 

@@ -316,6 +316,7 @@ class _SparkQuery:
         for inp in head.inputs:
             if inp.stage_id not in self.values:
                 wanted.setdefault(inp.stage_id, set()).update(inp.partitions_for(0))
+        collected = []
         if wanted:
             parts = [
                 self._stage_rdd(sid)
@@ -421,9 +422,10 @@ class _SparkQuery:
             wanted = [sid for sid in round_ if sid not in here]
             for sid in here:
                 for inp in self.graph.stage(sid).inputs:
-                    if inp.stage_id not in self.values and inp.stage_id not in wanted:
-                        wanted.append(inp.stage_id)
-                        values[inp.stage_id] = []
+                    producer = inp.stage_id  # run here before ``sid`` if in ``here``
+                    if producer not in self.values and producer not in wanted + here:
+                        wanted.append(producer)
+                        values[producer] = []
             if wanted:
                 parts = [
                     self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[1][0], r[1][1]))
