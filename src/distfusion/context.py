@@ -38,6 +38,7 @@ from distfusion.planner.inject_network_boundaries import (
     PlannerConfig,
     plan_stages,
 )
+from distfusion.planner.push_dimension_joins import push_dimension_joins
 from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
@@ -374,6 +375,9 @@ class DistributedDataFrame:
             schemas = {name: source.schema for name, source in ctx.sources.items()}
             oracle = SchemaOracle(plan, schemas)
             push_semi_joins(plan, oracle)
+            push_dimension_joins(
+                plan, oracle, ctx.sources, ctx.config.runtime_filter_bytes, REDUCTION_KEPT
+            )
             reduce_aggregate_inputs(
                 plan,
                 oracle,

@@ -22,6 +22,7 @@ __all__ = [
     "DefaultTaskEstimator",
     "FILTER_SELECTIVITY",
     "filter_selectivity",
+    "is_selective_scan",
 ]
 
 FILTER_SELECTIVITY = 0.5
@@ -53,6 +54,33 @@ def filter_selectivity(function_names: list[str | None]) -> float:
     for name in function_names:
         sel *= CONJUNCT_SELECTIVITY.get(name or "", FILTER_SELECTIVITY)
     return max(sel, MIN_FILTER_SELECTIVITY)
+
+
+def is_selective_scan(rel, registry, sources: dict, kept: float, limit_bytes: int) -> bool:
+    """Whether ``rel`` is a small, selective filtered scan.
+
+    That is projections and filters over one source read (see
+    :func:`~distfusion.planner.substrait.filtered_read`), whose filters keep at
+    most ``kept`` of the table (:func:`filter_selectivity`) and whose output is
+    estimated at most ``limit_bytes`` (projected bytes times ``kept``). Spark's
+    runtime filter asks the same of its creation side
+    (``isSelectiveFilterOverScan``, ``creationSideThreshold``).
+    """
+    from distfusion.planner.substrait import filtered_read
+
+    found = filtered_read(rel, registry)
+    if found is None or not found[1] or limit_bytes <= 0:
+        return False
+    read, names = found
+    source = sources.get(read.read.named_table.names[-1])
+    if source is None:
+        return False
+    fraction = filter_selectivity(names)
+    columns = None
+    if read.read.HasField("projection"):
+        all_names = list(source.schema.names)
+        columns = [all_names[i.field] for i in read.read.projection.select.struct_items]
+    return fraction <= kept and source.projected_bytes(columns) * fraction <= limit_bytes
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from distfusion.planner.substrait import (
     SchemaOracle,
     boolean_type,
     children,
+    conjunct_names,
     conjuncts,
     contains,
     field_ref,
@@ -522,12 +523,7 @@ class _Planner:
         return _through_emit(rel, candidates)
 
     def visit_filter(self, rel: Rel) -> _Fragment:
-        names = [
-            self.registry.name(c.scalar_function.function_reference)
-            if c.WhichOneof("rex_type") == "scalar_function"
-            else None
-            for c in conjuncts(rel.filter.condition, self.registry)
-        ]
+        names = conjunct_names(rel.filter.condition, self.registry)
         return self._pipeline(rel, filter_selectivity(names))
 
     def visit_project(self, rel: Rel) -> _Fragment:

@@ -36,9 +36,9 @@ larger.
 
 from __future__ import annotations
 
-from substrait.proto import Expression, JoinRel, Plan, Rel
+from substrait.proto import JoinRel, Plan, Rel
 
-from distfusion.planner.estimate import filter_selectivity
+from distfusion.planner.estimate import is_selective_scan
 from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
@@ -49,8 +49,6 @@ from distfusion.planner.substrait import (
     contains,
     field_ref,
     is_field_ref,
-    is_subquery,
-    own_contains,
     rel_kind,
     set_children,
 )
@@ -168,39 +166,7 @@ class _Reducer:
         return None
 
     def _selective_scan(self, rel: Rel) -> bool:
-        """Projections and filters over one source read: small and selective enough."""
-        names: list[str | None] = []
-        node = rel
-        while rel_kind(node) in ("project", "filter"):
-            if own_contains(node, is_subquery):
-                return False
-            if rel_kind(node) == "filter":
-                names.extend(self._function_names(node.filter.condition))
-            node = node.filter.input if rel_kind(node) == "filter" else node.project.input
-        if rel_kind(node) != "read" or not node.read.HasField("named_table"):
-            return False
-        source = self.sources.get(node.read.named_table.names[-1])
-        if source is None:
-            return False
-        if not names and node.read.HasField("filter"):
-            names = self._function_names(node.read.filter)
-        if not names:
-            return False
-        kept = filter_selectivity(names)
-        columns = None
-        if node.read.HasField("projection"):
-            all_names = list(source.schema.names)
-            columns = [all_names[i.field] for i in node.read.projection.select.struct_items]
-        creation_bytes = source.projected_bytes(columns) * kept
-        return bool(self.limit) and kept <= self.kept and creation_bytes <= self.limit
-
-    def _function_names(self, condition: Expression) -> list[str | None]:
-        return [
-            self.registry.name(c.scalar_function.function_reference)
-            if c.WhichOneof("rex_type") == "scalar_function"
-            else None
-            for c in conjuncts(condition, self.registry)
-        ]
+        return is_selective_scan(rel, self.registry, self.sources, self.kept, self.limit)
 
     # ------------------------------------------------------------------ aggregate side
     def below_aggregate(self, rel: Rel, column: int, creation: Rel, key: int) -> Rel | None:

@@ -51,6 +51,8 @@ __all__ = [
     "own_contains",
     "stage_read",
     "conjuncts",
+    "conjunct_names",
+    "filtered_read",
 ]
 
 # Relation kind -> its child fields: a tuple of singular fields, or the name of a
@@ -231,6 +233,38 @@ def conjuncts(expr: Expression, registry: FunctionRegistry) -> list[Expression]:
                 out.extend(conjuncts(arg.value, registry))
             return out
     return [expr]
+
+
+def conjunct_names(condition: Expression, registry: FunctionRegistry) -> list[str | None]:
+    """The function each conjunct of ``condition`` calls (None: not a call)."""
+    return [
+        registry.name(c.scalar_function.function_reference)
+        if c.WhichOneof("rex_type") == "scalar_function"
+        else None
+        for c in conjuncts(condition, registry)
+    ]
+
+
+def filtered_read(rel: Rel, registry: FunctionRegistry) -> tuple[Rel, list[str | None]] | None:
+    """``rel`` as projections and filters over one named-table read, if it is one.
+
+    Returns the read and the function names of the filters' conjuncts (the
+    read's own pushed-down filter when there is no filter relation; empty when
+    unfiltered), or None for any other shape or a subquery in a filter.
+    """
+    names: list[str | None] = []
+    node = rel
+    while rel_kind(node) in ("project", "filter"):
+        if own_contains(node, is_subquery):
+            return None
+        if rel_kind(node) == "filter":
+            names.extend(conjunct_names(node.filter.condition, registry))
+        node = children(node)[0]
+    if rel_kind(node) != "read" or not node.read.HasField("named_table"):
+        return None
+    if not names and node.read.HasField("filter"):
+        names = conjunct_names(node.read.filter, registry)
+    return node, names
 
 
 def stage_read(table_name: str, schema: NamedStruct) -> Rel:
