@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.stages import Stage, StageGraph, TaskKey
+from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.task_plan import TaskPlan
@@ -141,13 +141,9 @@ def execute_graph(
         plan = TaskPlan.for_task(qid, head, 0, _input_workers(head, graph, placement), tp)
 
         def read_input(i: int) -> list[pa.RecordBatch]:
-            inp = plan.inputs[i]
             out: list[pa.RecordBatch] = []
-            for j, url in enumerate(plan.input_workers[i]):
-                for part in inp.partitions_for(0):
-                    out.extend(
-                        transport.execute_partition(url, TaskKey(qid, inp.stage_id, j), part)
-                    )
+            for url, producer, part in plan.input_reads(i):
+                out.extend(transport.execute_partition(url, producer, part))
             return out
 
         yield from stream_head_stage(plan, read_input)

@@ -91,6 +91,20 @@ class TaskPlan:
             target_partitions=max(1, target_partitions),
         )
 
+    def input_reads(self, i: int) -> list[tuple[str, TaskKey, int]]:
+        """What this task reads for ``inputs[i]``: ``(worker URL, producer task, partition)``.
+
+        One entry per producer task and per partition this task takes of its
+        output (:meth:`StageInput.partitions_for`), producer tasks in order.
+        """
+        inp = self.inputs[i]
+        parts = inp.partitions_for(self.key.task_index)
+        return [
+            (url, TaskKey(self.key.query_id, inp.stage_id, j), p)
+            for j, url in enumerate(self.input_workers[i])
+            for p in parts
+        ]
+
     def to_json(self) -> str:
         """The plan as a JSON document (fragment bytes base64-encoded)."""
         return json.dumps(

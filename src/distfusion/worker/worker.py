@@ -160,16 +160,13 @@ class Worker:
         return query_id in self._cancelled
 
     def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
-        inp = plan.inputs[i]
         batches: list[pa.RecordBatch] = []
-        for j, url in enumerate(plan.input_workers[i]):
-            producer = TaskKey(plan.key.query_id, inp.stage_id, j)
-            for part in inp.partitions_for(plan.key.task_index):
-                batches.extend(
-                    self.transport.execute_partition(
-                        url, producer, part, timeout_s=self.input_timeout_s
-                    )
+        for url, producer, part in plan.input_reads(i):
+            batches.extend(
+                self.transport.execute_partition(
+                    url, producer, part, timeout_s=self.input_timeout_s
                 )
+            )
         return batches
 
     def _run(self, task: _Task) -> None:
