@@ -32,17 +32,8 @@ from substrait.proto import Plan
 
 from distfusion.errors import PlanningError
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.planner.inject_network_boundaries import (
-    REDUCTION_KEPT,
-    REDUCTION_RATIO,
-    PlannerConfig,
-    plan_stages,
-)
-from distfusion.planner.push_dimension_joins import push_dimension_joins
-from distfusion.planner.push_semi_joins import push_semi_joins
-from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
+from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
-from distfusion.planner.substrait import SchemaOracle
 from distfusion.runtime.base import Runtime
 from distfusion.sources import (
     TableSource,
@@ -83,7 +74,9 @@ class DistributedConfig:
             ``spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold``)
             is read as a broadcast by the other side's stage, which keeps only
             rows whose keys it holds before shuffling them (a semi-join
-            reduction, Spark's runtime filter). 0 turns it off.
+            reduction, Spark's runtime filter). The same bound gates the plan
+            rewrites that copy or move such a side (a filtered scan below an
+            aggregate, a filtered dimension joined first). 0 turns them off.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
     """
@@ -372,20 +365,6 @@ class DistributedDataFrame:
                 msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
                 raise PlanningError(msg) from exc
             rewrite_null_aware_anti_joins(plan, logical)
-            schemas = {name: source.schema for name, source in ctx.sources.items()}
-            oracle = SchemaOracle(plan, schemas)
-            push_semi_joins(plan, oracle)
-            push_dimension_joins(
-                plan, oracle, ctx.sources, ctx.config.runtime_filter_bytes, REDUCTION_KEPT
-            )
-            reduce_aggregate_inputs(
-                plan,
-                oracle,
-                ctx.sources,
-                ctx.config.runtime_filter_bytes,
-                REDUCTION_KEPT,
-                REDUCTION_RATIO,
-            )
             config = PlannerConfig(
                 workers=ctx.runtime.num_workers(),
                 estimator=ctx.config.task_estimator(ctx.runtime),

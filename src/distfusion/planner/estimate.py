@@ -23,6 +23,8 @@ __all__ = [
     "FILTER_SELECTIVITY",
     "filter_selectivity",
     "is_selective_scan",
+    "REDUCTION_KEPT",
+    "REDUCTION_RATIO",
 ]
 
 FILTER_SELECTIVITY = 0.5
@@ -56,15 +58,23 @@ def filter_selectivity(function_names: list[str | None]) -> float:
     return max(sel, MIN_FILTER_SELECTIVITY)
 
 
-def is_selective_scan(rel, registry, sources: dict, kept: float, limit_bytes: int) -> bool:
+REDUCTION_KEPT = 0.5
+"""A side creates a semi-join reduction only if its filters keep at most this
+fraction of its rows (Spark's runtime filter likewise wants a selective filter
+on the creation side)."""
+REDUCTION_RATIO = 4
+"""...and only for a side at least this many times its likely size."""
+
+
+def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
     """Whether ``rel`` is a small, selective filtered scan.
 
     That is projections and filters over one source read (see
     :func:`~distfusion.planner.substrait.filtered_read`), whose filters keep at
-    most ``kept`` of the table (:func:`filter_selectivity`) and whose output is
-    estimated at most ``limit_bytes`` (projected bytes times ``kept``). Spark's
-    runtime filter asks the same of its creation side
-    (``isSelectiveFilterOverScan``, ``creationSideThreshold``).
+    most :data:`REDUCTION_KEPT` of the table (:func:`filter_selectivity`) and
+    whose output is estimated at most ``limit_bytes`` (projected bytes times
+    that fraction; 0: never). Spark's runtime filter asks the same of its
+    creation side (``isSelectiveFilterOverScan``, ``creationSideThreshold``).
     """
     from distfusion.planner.substrait import filtered_read
 
@@ -80,7 +90,7 @@ def is_selective_scan(rel, registry, sources: dict, kept: float, limit_bytes: in
     if read.read.HasField("projection"):
         all_names = list(source.schema.names)
         columns = [all_names[i.field] for i in read.read.projection.select.struct_items]
-    return fraction <= kept and source.projected_bytes(columns) * fraction <= limit_bytes
+    return fraction <= REDUCTION_KEPT and source.projected_bytes(columns) * fraction <= limit_bytes
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,16 @@ from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel
 
 from distfusion.errors import PlanningError
 from distfusion.planner import decompose_aggregate as dagg
-from distfusion.planner.estimate import Estimate, TaskEstimator, filter_selectivity
+from distfusion.planner.estimate import (
+    REDUCTION_KEPT,
+    REDUCTION_RATIO,
+    Estimate,
+    TaskEstimator,
+    filter_selectivity,
+)
+from distfusion.planner.push_dimension_joins import push_dimension_joins
+from distfusion.planner.push_semi_joins import push_semi_joins
+from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
@@ -57,11 +66,13 @@ from distfusion.planner.substrait import (
     field_refs,
     is_field_ref,
     is_subquery,
+    join_rel,
     named_struct,
     own_contains,
     rel_kind,
     set_children,
     shift_field_refs,
+    source_tables,
     stage_read,
     unproject_read,
     unproject_source_reads,
@@ -128,12 +139,6 @@ _REDUCE_LEFT = {
 }
 # Join types whose output keys are all matched by a right row.
 _MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
-REDUCTION_KEPT = 0.5
-"""A side creates a semi-join reduction only if its filters keep at most this
-fraction of its rows (Spark's runtime filter likewise wants a selective filter
-on the creation side)."""
-REDUCTION_RATIO = 4
-"""...and only for a side at least this many times its likely size."""
 
 
 @dataclass(frozen=True)
@@ -203,12 +208,18 @@ class PlannerConfig:
 
 
 class _Planner:
-    def __init__(self, plan: Plan, sources: dict[str, TableSource], config: PlannerConfig) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        sources: dict[str, TableSource],
+        config: PlannerConfig,
+        oracle: SchemaOracle,
+    ) -> None:
         self.plan = plan
         self.sources = sources
         self.config = config
         self.registry = FunctionRegistry(plan)
-        self.oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
+        self.oracle = oracle
         self.stages: list[Stage] = []
         # What a stage computes -> its index in ``stages`` (exchange reuse).
         self.computed: dict[tuple, int] = {}
@@ -291,23 +302,9 @@ class _Planner:
             table, stage_id, boundary, declared
         )
 
-    def _source_names(self, rel: Rel) -> list[str]:
-        """Source tables read anywhere in ``rel`` (subqueries included), in order."""
-        names: list[str] = []
-
-        def visit(m) -> bool:
-            if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
-                t = m.read.named_table.names
-                if len(t) and t[-1] in self.sources and t[-1] not in names:
-                    names.append(t[-1])
-            return False
-
-        contains(rel, visit)
-        return names
-
     def _scans(self, rel: Rel, tasks: int, replicated: frozenset[str]) -> tuple[SourceScan, ...]:
         scans = []
-        for n in self._source_names(rel):
+        for n in source_tables(rel, self.sources):
             units = self.sources[n].units
             if n in replicated:
                 scans.append(SourceScan(self.sources[n], (units,) * tasks, replicated=True))
@@ -324,11 +321,11 @@ class _Planner:
         """
         if build.tasks != 1 or build.inputs:
             return None
-        names = frozenset(self._source_names(build.rel))
+        names = frozenset(source_tables(build.rel, self.sources))
         total = sum(self.sources[n].size_bytes for n in names)
         if not names or total > self.config.replicate_scan_bytes:
             return None
-        split = set(self._source_names(probe.rel)) - probe.replicated
+        split = set(source_tables(probe.rel, self.sources)) - probe.replicated
         return None if names & split else names
 
     def gather(self, frag: _Fragment) -> _Fragment:
@@ -403,19 +400,14 @@ class _Planner:
         if not self._reduction_pays(frag, keys, types, source.est):
             return frag
         arity = len(self.oracle.schema(frag.rel))
-        condition = None
-        for k, c in zip(keys, source.columns, strict=True):
-            eq = self.registry.call("equal", k, field_ref(arity + c), output_type=boolean_type())
-            condition = (
-                eq
-                if condition is None
-                else self.registry.call("and", condition, eq, output_type=boolean_type())
-            )
-        rel = Rel()
-        rel.join.left.CopyFrom(frag.rel)
-        rel.join.right.CopyFrom(stage_read(source.input.table, named_struct(schema)))
-        rel.join.expression.CopyFrom(condition)
-        rel.join.type = _J.JOIN_TYPE_LEFT_SEMI
+        condition = self.registry.conjunction(
+            [
+                self.registry.call("equal", k, field_ref(arity + c), output_type=boolean_type())
+                for k, c in zip(keys, source.columns, strict=True)
+            ]
+        )
+        read = stage_read(source.input.table, named_struct(schema))
+        rel = join_rel(frag.rel, read, condition, _J.JOIN_TYPE_LEFT_SEMI)
         index = source.input.stage_id - 1
         producer = self.stages[index]
         readers = producer.output.readers + frag.tasks
@@ -1022,6 +1014,12 @@ def _split_units(units: tuple[WorkUnit, ...], tasks: int) -> tuple[tuple[WorkUni
 def plan_stages(plan: Plan, sources: dict[str, TableSource], config: PlannerConfig) -> StageGraph:
     """Cut a Substrait plan into a :class:`StageGraph`.
 
+    The plan is first rewritten in place by the join rules of
+    :mod:`~distfusion.planner.push_semi_joins`,
+    :mod:`~distfusion.planner.push_dimension_joins` and
+    :mod:`~distfusion.planner.reduce_aggregate_inputs` (the last two only when
+    ``config.runtime_filter_bytes`` is not 0).
+
     Args:
         plan: the Substrait plan DataFusion produced for the optimized logical plan.
         sources: every registered table, by name.
@@ -1037,4 +1035,8 @@ def plan_stages(plan: Plan, sources: dict[str, TableSource], config: PlannerConf
     if config.workers < 1:
         msg = "no workers: the worker resolver returned an empty list"
         raise PlanningError(msg)
-    return _Planner(plan, sources, config).run()
+    oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
+    push_semi_joins(plan, oracle)
+    push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
+    reduce_aggregate_inputs(plan, oracle, sources, config.runtime_filter_bytes)
+    return _Planner(plan, sources, config, oracle).run()

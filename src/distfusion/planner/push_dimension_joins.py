@@ -32,15 +32,14 @@ from substrait.proto import Expression, JoinRel, Plan, Rel
 
 from distfusion.planner.estimate import is_selective_scan
 from distfusion.planner.substrait import (
-    FunctionRegistry,
+    RelRewrite,
     SchemaOracle,
     before_emit,
-    children,
     field_refs,
-    is_field_ref,
+    join_rel,
     map_field_refs,
+    rebase_join_condition,
     rel_kind,
-    set_children,
 )
 from distfusion.sources import TableSource
 
@@ -49,27 +48,15 @@ __all__ = ["push_dimension_joins"]
 _INNER = JoinRel.JOIN_TYPE_INNER
 
 
-class _Pusher:
+class _Pusher(RelRewrite):
     def __init__(
-        self,
-        plan: Plan,
-        oracle: SchemaOracle,
-        sources: dict[str, TableSource],
-        runtime_filter_bytes: int,
-        kept: float,
+        self, plan: Plan, oracle: SchemaOracle, sources: dict[str, TableSource], limit: int
     ) -> None:
-        self.oracle = oracle
-        self.registry = FunctionRegistry(plan)
+        super().__init__(plan, oracle)
         self.sources = sources
-        self.limit = runtime_filter_bytes
-        self.kept = kept
+        self.limit = limit
 
-    def arity(self, rel: Rel) -> int:
-        return len(self.oracle.schema(rel))
-
-    def visit(self, rel: Rel) -> Rel:
-        if children(rel):
-            rel = set_children(rel, [self.visit(c) for c in children(rel)])
+    def rewrite(self, rel: Rel) -> Rel:
         if rel_kind(rel) != "join" or rel.join.type != _INNER or rel.join.common.HasField("emit"):
             return rel
         if not rel.join.HasField("expression") or rel.join.HasField("post_join_filter"):
@@ -80,7 +67,7 @@ class _Pusher:
         return rel
 
     def _filtered_scan(self, rel: Rel) -> bool:
-        return is_selective_scan(rel, self.registry, self.sources, self.kept, self.limit)
+        return is_selective_scan(rel, self.registry, self.sources, self.limit)
 
     def push(self, x: Rel, n: Rel, condition: Expression) -> Rel | None:
         """``Inner(x, n, condition)`` with ``n`` joined lower in ``x``; None if it cannot go.
@@ -95,14 +82,10 @@ class _Pusher:
         if kind == "project":
             inner = x.project.input
             width = self.arity(inner)
-            mapping = {}
-            for r in mine:
-                pre = before_emit(x, r)
-                source = pre if pre < width else is_field_ref(x.project.expressions[pre - width])
-                if source is None:
-                    return None
-                mapping[r] = source
-            below = self.push(inner, n, _remap(condition, mapping, x_width, width))
+            mapping = self.project_sources(x, mine)
+            if mapping is None:
+                return None
+            below = self.push(inner, n, rebase_join_condition(condition, mapping, x_width, width))
             if below is None:  # only worth it if n goes below a join
                 return None
             # The projection's expressions read ``inner``'s columns, which keep
@@ -121,8 +104,8 @@ class _Pusher:
         a, b = x.join.left, x.join.right
         a_width, b_width = self.arity(a), self.arity(b)
         if all(r < a_width for r in mine):
-            moved = _remap(condition, {r: r for r in mine}, x_width, a_width)
-            low = self.push(a, n, moved) or _inner(a, n, moved)
+            moved = rebase_join_condition(condition, {r: r for r in mine}, x_width, a_width)
+            low = self.push(a, n, moved) or join_rel(a, n, moved, _INNER)
             # (a, n, b) -> (a, b, n); the join's own condition reads b after n.
             join = Rel()
             join.CopyFrom(x)
@@ -133,27 +116,15 @@ class _Pusher:
             order = list(range(a_width)) + [a_width + n_width + i for i in range(b_width)]
             return _reorder(join, order + [a_width + i for i in range(n_width)])
         if all(r >= a_width for r in mine):
-            moved = _remap(condition, {r: r - a_width for r in mine}, x_width, b_width)
-            low = self.push(b, n, moved) or _inner(b, n, moved)
+            moved = rebase_join_condition(
+                condition, {r: r - a_width for r in mine}, x_width, b_width
+            )
+            low = self.push(b, n, moved) or join_rel(b, n, moved, _INNER)
             join = Rel()
             join.CopyFrom(x)
             join.join.right.CopyFrom(low)
             return join  # (a, b, n): already in order
         return None
-
-
-def _remap(condition: Expression, mapping: dict[int, int], old: int, new: int) -> Expression:
-    """``condition`` of ``Inner(x, n)`` for ``Inner(y, n)``: x columns via ``mapping``."""
-    return map_field_refs(condition, lambda i: mapping[i] if i < old else i - old + new)
-
-
-def _inner(left: Rel, right: Rel, condition: Expression) -> Rel:
-    rel = Rel()
-    rel.join.left.CopyFrom(left)
-    rel.join.right.CopyFrom(right)
-    rel.join.expression.CopyFrom(condition)
-    rel.join.type = _INNER
-    return rel
 
 
 def _reorder(rel: Rel, columns: list[int]) -> Rel:
@@ -165,11 +136,7 @@ def _reorder(rel: Rel, columns: list[int]) -> Rel:
 
 
 def push_dimension_joins(
-    plan: Plan,
-    oracle: SchemaOracle,
-    sources: dict[str, TableSource],
-    runtime_filter_bytes: int,
-    kept: float,
+    plan: Plan, oracle: SchemaOracle, sources: dict[str, TableSource], runtime_filter_bytes: int
 ) -> Plan:
     """Rewrite ``plan`` in place: filtered scans are joined as low as their keys allow.
 
@@ -179,7 +146,6 @@ def push_dimension_joins(
         sources: every registered table, by name (sizes for the estimates).
         runtime_filter_bytes: the largest estimated pushed scan (bytes); 0 turns
             the rewrite off.
-        kept: the largest fraction of its table a pushed scan's filter may keep.
 
     Returns:
         ``plan``, modified.
@@ -187,8 +153,4 @@ def push_dimension_joins(
     Raises:
         PlanningError: DataFusion cannot consume a subtree (from ``oracle``).
     """
-    pusher = _Pusher(plan, oracle, sources, runtime_filter_bytes, kept)
-    for relation in plan.relations:
-        if relation.HasField("root"):
-            relation.root.input.CopyFrom(pusher.visit(relation.root.input))
-    return plan
+    return _Pusher(plan, oracle, sources, runtime_filter_bytes).apply()

@@ -32,14 +32,14 @@ from __future__ import annotations
 from substrait.proto import JoinRel, Plan, Rel
 
 from distfusion.planner.substrait import (
+    RelRewrite,
     SchemaOracle,
     before_emit,
     children,
     field_refs,
-    is_field_ref,
     is_subquery,
-    map_field_refs,
     own_contains,
+    rebase_join_condition,
     rel_kind,
     set_children,
 )
@@ -64,15 +64,8 @@ def _is_plain(rel: Rel) -> bool:
     return all(_is_plain(c) for c in children(rel))
 
 
-class _Pusher:
-    def __init__(self, oracle: SchemaOracle) -> None:
-        self.oracle = oracle
-
-    def arity(self, rel: Rel) -> int:
-        return len(self.oracle.schema(rel))
-
-    def visit(self, rel: Rel) -> Rel:
-        rel = set_children(rel, [self.visit(c) for c in children(rel)]) if children(rel) else rel
+class _Pusher(RelRewrite):
+    def rewrite(self, rel: Rel) -> Rel:
         if rel_kind(rel) == "join" and rel.join.type in _PUSHED and rel.join.HasField("expression"):
             return self.push(rel)
         return rel
@@ -82,52 +75,41 @@ class _Pusher:
         left = semi.join.left
         width = self.arity(left)
         refs = {r for r in field_refs(semi.join.expression) if r < width}
-        kind = rel_kind(left)
         if not refs or semi.join.common.HasField("emit"):
             return semi
+        kind = rel_kind(left)
         if kind == "project":
             inner = left.project.input
-            inner_width = self.arity(inner)
-            mapping = {}
-            for r in refs:
-                pre = before_emit(left, r)
-                source = pre if pre < inner_width else None
-                if source is None:
-                    source = is_field_ref(left.project.expressions[pre - inner_width])
-                if source is None:
-                    return semi
-                mapping[r] = source
-            below = self._moved(semi, inner, mapping, width, inner_width)
+            mapping = self.project_sources(left, refs)
+            if mapping is None:
+                return semi
+            below = _moved(semi, inner, mapping, width, self.arity(inner))
             return set_children(left, [self.push(below)])
         if kind in ("join", "cross") and (kind == "cross" or left.join.type == _J.JOIN_TYPE_INNER):
             x, y = children(left)
             x_width = self.arity(x)
             pre = {r: before_emit(left, r) for r in refs}
             if all(p < x_width for p in pre.values()) and _is_plain(y):
-                below = self._moved(semi, x, pre, width, x_width)
+                below = _moved(semi, x, pre, width, x_width)
                 return set_children(left, [self.push(below), y])
             if all(p >= x_width for p in pre.values()) and _is_plain(x):
                 mapping = {r: p - x_width for r, p in pre.items()}
-                below = self._moved(semi, y, mapping, width, self.arity(y))
+                below = _moved(semi, y, mapping, width, self.arity(y))
                 return set_children(left, [x, self.push(below)])
         return semi
 
-    @staticmethod
-    def _moved(
-        semi: Rel, new_left: Rel, mapping: dict[int, int], old_width: int, new_width: int
-    ) -> Rel:
-        """``semi`` over ``new_left``: its left references through ``mapping``, right shifted."""
 
-        def remap(column: int) -> int:
-            if column < old_width:
-                return mapping[column]
-            return column - old_width + new_width
-
-        out = Rel()
-        out.CopyFrom(semi)
-        out.join.left.CopyFrom(new_left)
-        out.join.expression.CopyFrom(map_field_refs(semi.join.expression, remap))
-        return out
+def _moved(
+    semi: Rel, new_left: Rel, mapping: dict[int, int], old_width: int, new_width: int
+) -> Rel:
+    """``semi`` over ``new_left``: its left references through ``mapping``, right shifted."""
+    out = Rel()
+    out.CopyFrom(semi)
+    out.join.left.CopyFrom(new_left)
+    out.join.expression.CopyFrom(
+        rebase_join_condition(semi.join.expression, mapping, old_width, new_width)
+    )
+    return out
 
 
 def push_semi_joins(plan: Plan, oracle: SchemaOracle) -> Plan:
@@ -143,8 +125,4 @@ def push_semi_joins(plan: Plan, oracle: SchemaOracle) -> Plan:
     Raises:
         PlanningError: DataFusion cannot consume a subtree (from ``oracle``).
     """
-    pusher = _Pusher(oracle)
-    for relation in plan.relations:
-        if relation.HasField("root"):
-            relation.root.input.CopyFrom(pusher.visit(relation.root.input))
-    return plan
+    return _Pusher(plan, oracle).apply()

@@ -28,29 +28,29 @@ The selective side's key is traced down through projections, filters, inner
 joins (either side) and semi joins (left side), and across their equi-join
 keys (``a = b`` carries the restriction from ``b`` to ``a``). The copied scan
 must be estimated at most ``runtime_filter_bytes``, keep at most
-:data:`~distfusion.planner.inject_network_boundaries.REDUCTION_KEPT` of its
-table, and the aggregate's input tables must be at least
-:data:`~distfusion.planner.inject_network_boundaries.REDUCTION_RATIO` times
-larger.
+:data:`~distfusion.planner.estimate.REDUCTION_KEPT` of its table, and the
+aggregate's input tables must be at least
+:data:`~distfusion.planner.estimate.REDUCTION_RATIO` times larger.
 """
 
 from __future__ import annotations
 
 from substrait.proto import JoinRel, Plan, Rel
 
-from distfusion.planner.estimate import is_selective_scan
+from distfusion.planner.estimate import REDUCTION_RATIO, is_selective_scan
 from distfusion.planner.substrait import (
-    FunctionRegistry,
+    RelRewrite,
     SchemaOracle,
     before_emit,
     boolean_type,
     children,
     conjuncts,
-    contains,
     field_ref,
     is_field_ref,
+    join_rel,
     rel_kind,
     set_children,
+    source_tables,
 )
 from distfusion.sources import TableSource
 
@@ -61,29 +61,15 @@ _J = JoinRel
 _BOTH_MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
 
 
-class _Reducer:
+class _Reducer(RelRewrite):
     def __init__(
-        self,
-        plan: Plan,
-        oracle: SchemaOracle,
-        sources: dict[str, TableSource],
-        runtime_filter_bytes: int,
-        kept: float,
-        ratio: float,
+        self, plan: Plan, oracle: SchemaOracle, sources: dict[str, TableSource], limit: int
     ) -> None:
-        self.oracle = oracle
-        self.registry = FunctionRegistry(plan)
+        super().__init__(plan, oracle)
         self.sources = sources
-        self.limit = runtime_filter_bytes
-        self.kept = kept
-        self.ratio = ratio
+        self.limit = limit
 
-    def arity(self, rel: Rel) -> int:
-        return len(self.oracle.schema(rel))
-
-    def visit(self, rel: Rel) -> Rel:
-        if children(rel):
-            rel = set_children(rel, [self.visit(c) for c in children(rel)])
+    def rewrite(self, rel: Rel) -> Rel:
         if rel_kind(rel) == "join" and rel.join.type in _BOTH_MATCHED:
             return self.reduce(rel)
         return rel
@@ -143,9 +129,8 @@ class _Reducer:
         kind = rel_kind(rel)
         pre = before_emit(rel, column)
         if kind == "project":
-            width = self.arity(rel.project.input)
-            source = pre if pre < width else is_field_ref(rel.project.expressions[pre - width])
-            return None if source is None else self.creation_side(rel.project.input, source)
+            source = self.project_sources(rel, [column])
+            return None if source is None else self.creation_side(rel.project.input, source[column])
         if kind in ("filter", "sort", "fetch"):
             return self.creation_side(children(rel)[0], pre)
         if kind != "join" or rel.join.type not in _BOTH_MATCHED:
@@ -166,7 +151,7 @@ class _Reducer:
         return None
 
     def _selective_scan(self, rel: Rel) -> bool:
-        return is_selective_scan(rel, self.registry, self.sources, self.kept, self.limit)
+        return is_selective_scan(rel, self.registry, self.sources, self.limit)
 
     # ------------------------------------------------------------------ aggregate side
     def below_aggregate(self, rel: Rel, column: int, creation: Rel, key: int) -> Rel | None:
@@ -174,11 +159,10 @@ class _Reducer:
         kind = rel_kind(rel)
         pre = before_emit(rel, column)
         if kind == "project":
-            width = self.arity(rel.project.input)
-            source = pre if pre < width else is_field_ref(rel.project.expressions[pre - width])
+            source = self.project_sources(rel, [column])
             if source is None:
                 return None
-            below = self.below_aggregate(rel.project.input, source, creation, key)
+            below = self.below_aggregate(rel.project.input, source[column], creation, key)
             return None if below is None else set_children(rel, [below])
         if kind == "filter":
             below = self.below_aggregate(rel.filter.input, pre, creation, key)
@@ -191,49 +175,23 @@ class _Reducer:
         agg_input = rel.aggregate.input
         if not self._pays(agg_input, creation):
             return None
-        width = self.arity(agg_input)
-        semi = Rel()
-        semi.join.left.CopyFrom(agg_input)
-        semi.join.right.CopyFrom(creation)
-        semi.join.type = _J.JOIN_TYPE_LEFT_SEMI
-        semi.join.expression.CopyFrom(
-            self.registry.call(
-                "equal",
-                field_ref(is_field_ref(groups[pre])),
-                field_ref(width + key),
-                output_type=boolean_type(),
-            )
+        equal = self.registry.call(
+            "equal",
+            field_ref(is_field_ref(groups[pre])),
+            field_ref(self.arity(agg_input) + key),
+            output_type=boolean_type(),
         )
-        return set_children(rel, [semi])
+        return set_children(rel, [join_rel(agg_input, creation, equal, _J.JOIN_TYPE_LEFT_SEMI)])
 
     def _pays(self, agg_input: Rel, creation: Rel) -> bool:
-        """Whether the aggregate reads at least ``ratio`` times the creation side's table."""
-
-        def tables(rel: Rel) -> set[str]:
-            names: set[str] = set()
-
-            def visit(m) -> bool:
-                if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
-                    t = m.read.named_table.names
-                    if len(t) and t[-1] in self.sources:
-                        names.add(t[-1])
-                return False
-
-            contains(rel, visit)
-            return names
-
-        read = sum(self.sources[t].size_bytes for t in tables(agg_input))
-        table = sum(self.sources[t].size_bytes for t in tables(creation))
-        return read >= self.ratio * table
+        """Whether the aggregate reads at least REDUCTION_RATIO times the creation side's table."""
+        read = sum(self.sources[t].size_bytes for t in source_tables(agg_input, self.sources))
+        table = sum(self.sources[t].size_bytes for t in source_tables(creation, self.sources))
+        return read >= REDUCTION_RATIO * table
 
 
 def reduce_aggregate_inputs(
-    plan: Plan,
-    oracle: SchemaOracle,
-    sources: dict[str, TableSource],
-    runtime_filter_bytes: int,
-    kept: float,
-    ratio: float,
+    plan: Plan, oracle: SchemaOracle, sources: dict[str, TableSource], runtime_filter_bytes: int
 ) -> Plan:
     """Rewrite ``plan`` in place: aggregates joined on their keys read only matching rows.
 
@@ -243,9 +201,6 @@ def reduce_aggregate_inputs(
         sources: every registered table, by name (sizes for the estimates).
         runtime_filter_bytes: the largest estimated creation side (bytes); 0 turns
             the rewrite off.
-        kept: the largest fraction of its table the creation side may keep.
-        ratio: how many times larger than the creation side's table the
-            aggregate's input tables must be.
 
     Returns:
         ``plan``, modified.
@@ -253,8 +208,4 @@ def reduce_aggregate_inputs(
     Raises:
         PlanningError: DataFusion cannot consume a subtree (from ``oracle``).
     """
-    reducer = _Reducer(plan, oracle, sources, runtime_filter_bytes, kept, ratio)
-    for relation in plan.relations:
-        if relation.HasField("root"):
-            relation.root.input.CopyFrom(reducer.visit(relation.root.input))
-    return plan
+    return _Reducer(plan, oracle, sources, runtime_filter_bytes).apply()

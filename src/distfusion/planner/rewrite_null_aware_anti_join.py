@@ -100,8 +100,5 @@ def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
             output_type=boolean_type(),
         )
         parts[key] = either_null
-        condition = parts[0]
-        for other in parts[1:]:
-            condition = registry.call("and", condition, other, output_type=boolean_type())
-        rel.join.expression.CopyFrom(condition)
+        rel.join.expression.CopyFrom(registry.conjunction(parts))
     return plan

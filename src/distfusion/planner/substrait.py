@@ -50,8 +50,12 @@ __all__ = [
     "contains",
     "own_contains",
     "stage_read",
+    "join_rel",
     "conjuncts",
     "conjunct_names",
+    "source_tables",
+    "rebase_join_condition",
+    "RelRewrite",
     "filtered_read",
 ]
 
@@ -235,6 +239,34 @@ def conjuncts(expr: Expression, registry: FunctionRegistry) -> list[Expression]:
     return [expr]
 
 
+def source_tables(rel: Rel, names) -> list[str]:
+    """Tables among ``names`` that ``rel`` reads anywhere (subqueries included), in order."""
+    found: list[str] = []
+
+    def visit(m) -> bool:
+        if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
+            t = m.read.named_table.names
+            if len(t) and t[-1] in names and t[-1] not in found:
+                found.append(t[-1])
+        return False
+
+    contains(rel, visit)
+    return found
+
+
+def rebase_join_condition(
+    condition: Expression, left: dict[int, int], old_width: int, new_width: int
+) -> Expression:
+    """A join ``condition`` for a new left input of ``new_width`` columns.
+
+    Left column ``i`` (below ``old_width``) becomes ``left[i]``; right columns
+    keep their order after the new left input.
+    """
+    return map_field_refs(
+        condition, lambda i: left[i] if i < old_width else i - old_width + new_width
+    )
+
+
 def conjunct_names(condition: Expression, registry: FunctionRegistry) -> list[str | None]:
     """The function each conjunct of ``condition`` calls (None: not a call)."""
     return [
@@ -265,6 +297,16 @@ def filtered_read(rel: Rel, registry: FunctionRegistry) -> tuple[Rel, list[str |
     if not names and node.read.HasField("filter"):
         names = conjunct_names(node.read.filter, registry)
     return node, names
+
+
+def join_rel(left: Rel, right: Rel, condition: Expression, join_type: int) -> Rel:
+    """A ``JoinRel`` of ``join_type`` (``JoinRel.JOIN_TYPE_*``) on ``condition``."""
+    rel = Rel()
+    rel.join.left.CopyFrom(left)
+    rel.join.right.CopyFrom(right)
+    rel.join.expression.CopyFrom(condition)
+    rel.join.type = join_type
+    return rel
 
 
 def stage_read(table_name: str, schema: NamedStruct) -> Rel:
@@ -317,6 +359,13 @@ class FunctionRegistry:
         if output_type is not None:
             e.scalar_function.output_type.CopyFrom(output_type)
         return e
+
+    def conjunction(self, conditions: list[Expression]) -> Expression:
+        """``c1 AND c2 AND ...`` of one or more ``conditions`` (see :func:`conjuncts`)."""
+        out = conditions[0]
+        for c in conditions[1:]:
+            out = self.call("and", out, c, output_type=boolean_type())
+        return out
 
     def aggregate(self, name: str, *args: Expression) -> AggregateFunction:
         """An aggregate function over ``args`` (invocation ALL)."""
@@ -403,6 +452,60 @@ class SchemaOracle:
         except Exception as exc:  # DataFusion raises bare Exception
             msg = f"cannot derive the schema of a plan fragment: {exc}"
             raise PlanningError(msg) from exc
+
+
+class RelRewrite:
+    """A rewrite of a plan's relation tree, inputs first (``rewrite`` each relation).
+
+    The base of the Substrait passes that run before stages are cut
+    (``push_semi_joins``, ``push_dimension_joins``, ``reduce_aggregate_inputs``).
+    A relation none of whose inputs changed is not copied.
+    """
+
+    def __init__(self, plan: Plan, oracle: SchemaOracle) -> None:
+        self.plan = plan
+        self.oracle = oracle
+        self.registry = FunctionRegistry(plan)
+
+    def arity(self, rel: Rel) -> int:
+        """Number of output columns of ``rel``."""
+        return len(self.oracle.schema(rel))
+
+    def project_sources(self, project: Rel, columns) -> dict[int, int] | None:
+        """Input column of each output column in ``columns`` of ``project``.
+
+        None when one of them is computed rather than passed through.
+        """
+        width = self.arity(project.project.input)
+        out = {}
+        for c in columns:
+            pre = before_emit(project, c)
+            source = pre if pre < width else is_field_ref(project.project.expressions[pre - width])
+            if source is None:
+                return None
+            out[c] = source
+        return out
+
+    def rewrite(self, rel: Rel) -> Rel:
+        """``rel`` (inputs already rewritten), rewritten; the default keeps it."""
+        return rel
+
+    def visit(self, rel: Rel) -> Rel:
+        """``rel`` with its inputs and then itself rewritten."""
+        inputs = children(rel)
+        new = [self.visit(c) for c in inputs]
+        if any(n is not c for n, c in zip(new, inputs, strict=True)):
+            rel = set_children(rel, new)
+        return self.rewrite(rel)
+
+    def apply(self) -> Plan:
+        """Rewrite the plan's root relation in place; return the plan."""
+        for relation in self.plan.relations:
+            if relation.HasField("root"):
+                new = self.visit(relation.root.input)
+                if new is not relation.root.input:
+                    relation.root.input.CopyFrom(new)
+        return self.plan
 
 
 _NAMED_STRUCTS: dict[pa.Schema, NamedStruct] = {}
