@@ -50,7 +50,7 @@ import pyarrow as pa
 from distfusion.errors import PlanningError, TaskError, TransportError
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import default_target_partitions, task_threads
-from distfusion.stages import BROADCAST, Stage, StageGraph
+from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.worker.execute_task import without_views
 
 __all__ = [
@@ -268,8 +268,9 @@ class _SparkQuery:
         self.group = job_group(graph.query_id)
         self.rdds: dict[int, object] = {}  # stage id -> RDD of (partition, (task, ipc))
         self.broadcasts: dict[int, object] = {}  # stage id -> Broadcast of [(task, ipc)]
-        self.values: dict[int, list] = {}  # stage id -> the broadcast's [(task, ipc)]
-        self.on_driver: dict[int, list] = {}  # stage id -> records of a stage run here
+        # Stage id -> its output on the driver: [(partition, task, ipc)], every partition.
+        self.values: dict[int, list[tuple[int, int, bytes]]] = {}
+        self.on_driver: set[int] = set()  # stages run here rather than on Spark
         self.persisted: list = []
         self.uses = _uses(graph)
 
@@ -284,7 +285,8 @@ class _SparkQuery:
         try:
             head = self.graph.head
             self._collect_broadcasts()
-            records = self._collect_inputs(head)
+            self._collect([i.stage_id for i in head.inputs])
+            inputs = [self._input_values(inp) for inp in head.inputs]
             plan = TaskPlan.for_task(
                 self.graph.query_id,
                 head,
@@ -292,7 +294,6 @@ class _SparkQuery:
                 _dummy_workers(head, self.graph),
                 self.runtime.target_partitions,
             )
-            inputs = _group_inputs(len(head.inputs), records)
             yield from stream_head_stage(plan, lambda i: _decode(inputs[i]))
             finished = True
         finally:
@@ -305,40 +306,32 @@ class _SparkQuery:
             self.runtime._held.pop(self.graph.query_id, None)
             sc.setLocalProperty("spark.jobGroup.id", None)
 
-    def _collect_inputs(self, head: Stage) -> list:
-        """Every record the head stage reads: from one Spark job, or already here.
+    def _collect(self, stage_ids: list[int]) -> None:
+        """Bring the outputs of ``stage_ids`` to the driver (``self.values``), in one Spark job.
 
-        An input whose producer's output is on the driver already (a broadcast
-        collected for another consumer, or a stage run here) is not collected
-        again; a producer read twice (exchange reuse) is collected once.
+        Outputs already here (a broadcast collected for another consumer, a
+        stage run here) are not collected again, nor is a stage listed twice.
         """
-        wanted: dict[int, set[int]] = {}  # stage id -> partitions to collect
-        for inp in head.inputs:
-            if inp.stage_id not in self.values:
-                wanted.setdefault(inp.stage_id, set()).update(inp.partitions_for(0))
-        collected = []
-        if wanted:
-            parts = [
-                self._stage_rdd(sid)
-                .filter(lambda r, w=frozenset(w): r[0] in w)
-                .map(lambda r, sid=sid: (sid, r[0], r[1]))
-                for sid, w in wanted.items()
-            ]
-            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-            collected = self._spark_call(union.collect)
-            self._hold(sum(len(r[2][1]) for r in collected))
-        records = []
-        for i, inp in enumerate(head.inputs):
-            if inp.stage_id in self.values:
-                records.extend((0, (i, task, ipc)) for task, ipc in self.values[inp.stage_id])
-                continue
-            mine = set(inp.partitions_for(0))
-            records.extend(
-                (0, (i, task, ipc))
-                for sid, p, (task, ipc) in collected
-                if sid == inp.stage_id and p in mine
-            )
-        return records
+        wanted = [sid for sid in dict.fromkeys(stage_ids) if sid not in self.values]
+        if not wanted:
+            return
+        parts = [
+            self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
+            for sid in wanted
+        ]
+        union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+        for sid in wanted:
+            self.values[sid] = []
+        for sid, p, task, ipc in self._spark_call(union.collect):
+            self.values[sid].append((p, task, ipc))
+        for sid in wanted:
+            self._hold(sum(len(v[2]) for v in self.values[sid]))
+
+    def _input_values(self, inp: StageInput) -> list[tuple[int, bytes]]:
+        """``(task, ipc)`` of what a one-task consumer reads of ``inp``, by producer task."""
+        mine = inp.partitions_for(0)
+        values = [(t, ipc) for p, t, ipc in self.values[inp.stage_id] if p in mine]
+        return sorted(values, key=lambda v: v[0])
 
     def _hold(self, nbytes: int) -> None:
         held = self.runtime._held
@@ -356,7 +349,8 @@ class _SparkQuery:
         if stage_id in self.rdds:
             return self.rdds[stage_id]
         if stage_id in self.on_driver:  # run on the driver; a consumer reads it through Spark
-            rdd = self.sc.parallelize(self.on_driver[stage_id], 1)
+            records = [(p, (t, ipc)) for p, t, ipc in self.values[stage_id]]
+            rdd = self.sc.parallelize(records, 1)
             self.rdds[stage_id] = rdd
             return rdd
         stage = self.graph.stage(stage_id)
@@ -417,40 +411,23 @@ class _SparkQuery:
         the same job collects its inputs that Spark produces.
         """
         for round_ in _rounds(self.graph):
-            values: dict[int, list] = {sid: [] for sid in round_}
             here = [sid for sid in round_ if self.graph.stage(sid).num_tasks == 1]
-            wanted = [sid for sid in round_ if sid not in here]
+            # Inputs of stages run here come in the same job, unless run here
+            # earlier in the round (stage ids are in producer order).
+            inputs = [i.stage_id for sid in here for i in self.graph.stage(sid).inputs]
+            self._collect([sid for sid in round_ + inputs if sid not in here])
             for sid in here:
-                for inp in self.graph.stage(sid).inputs:
-                    producer = inp.stage_id  # run here before ``sid`` if in ``here``
-                    if producer not in self.values and producer not in wanted + here:
-                        wanted.append(producer)
-                        values[producer] = []
-            if wanted:
-                parts = [
-                    self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[1][0], r[1][1]))
-                    for sid in wanted
-                ]
-                union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-                for sid, task, payload in self._spark_call(union.collect):
-                    values[sid].append((task, payload))
-                for sid in wanted:
-                    self._hold(sum(len(v[1]) for v in values[sid]))
-                    self.values[sid] = values[sid]
-            for sid in here:
-                self.on_driver[sid] = self._run_on_driver(self.graph.stage(sid))
-                self.values[sid] = [r[1] for r in self.on_driver[sid]]
-                self._hold(sum(len(v[1]) for v in self.values[sid]))
+                self._run_on_driver(self.graph.stage(sid))
             for sid in round_:
-                self.broadcasts[sid] = self.sc.broadcast(self.values[sid])
+                values = [(t, ipc) for _, t, ipc in self.values[sid]]
+                self.broadcasts[sid] = self.sc.broadcast(values)
 
-    def _run_on_driver(self, stage: Stage) -> list[tuple[int, tuple[int, bytes]]]:
-        """Run one-task broadcast ``stage`` here; its output records ``(p, (0, ipc))``.
+    def _run_on_driver(self, stage: Stage) -> None:
+        """Run one-task broadcast ``stage`` here; its output goes to ``self.values``.
 
         As a Spark job it would pay a job's scheduling (~0.15 s) to use one
         executor core; here it runs at once with every driver core, as the head
-        stage does. Its inputs are on the driver already (``self.values``): one
-        task reads every partition of each.
+        stage does. Its inputs are on the driver already (``self.values``).
 
         Raises:
             TaskError: the fragment failed (worker ``spark-driver://HOST``).
@@ -465,14 +442,16 @@ class _SparkQuery:
             _dummy_workers(stage, self.graph),
             self.runtime.target_partitions,
         )
-        inputs = [sorted(self.values[i.stage_id], key=lambda v: v[0]) for i in stage.inputs]
+        inputs = [self._input_values(i) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
         parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
-        return [
-            (p, (0, _encode(batches, self.runtime.compression)))
+        self.values[stage.stage_id] = [
+            (p, 0, _encode(batches, self.runtime.compression))
             for p, batches in enumerate(parts)
             if batches
         ]
+        self.on_driver.add(stage.stage_id)
+        self._hold(sum(len(v[2]) for v in self.values[stage.stage_id]))
 
 
 def _rounds(graph: StageGraph) -> list[list[int]]:
