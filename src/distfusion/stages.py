@@ -107,6 +107,10 @@ class StageInput:
         partitions: output partitions of each producer task. A broadcast read
             takes all of them: a stage may be read as a broadcast by one
             consumer (a runtime filter) while another reads its shuffle.
+        groups: for a shuffle read whose partitions adaptive execution
+            coalesced (Spark's ``CoalesceShufflePartitions``): ``groups[i]`` are
+            the producer partitions consumer task *i* reads. None: task *i*
+            reads partition *i*.
     """
 
     table: str
@@ -114,11 +118,12 @@ class StageInput:
     boundary: str
     schema: pa.Schema
     partitions: int = 1
+    groups: tuple[tuple[int, ...], ...] | None = None
 
     def partitions_for(self, task_index: int) -> list[int]:
         """The producer partitions that consumer task ``task_index`` reads."""
         if self.boundary == SHUFFLE:
-            return [task_index]
+            return list(self.groups[task_index]) if self.groups is not None else [task_index]
         if self.boundary == BROADCAST:
             return list(range(self.partitions))
         return [0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -24,7 +25,93 @@ from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.task_plan import TaskPlan
 
-__all__ = ["Runtime", "Routing", "round_robin", "execute_graph", "task_threads"]
+__all__ = [
+    "Runtime",
+    "QueryRun",
+    "StageStats",
+    "Routing",
+    "round_robin",
+    "execute_graph",
+    "task_threads",
+]
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """What a finished stage produced, measured on the workers.
+
+    Adaptive execution plans the rest of a query with these figures instead
+    of estimates (Spark's AQE reads ``MapOutputStatistics`` the same way).
+
+    Attributes:
+        stage_id: the stage.
+        partition_rows: rows of each output partition, summed over the tasks
+            (``len == stage.output.num_partitions``).
+        partition_bytes: Arrow bytes (``RecordBatch.nbytes``, the in-memory
+            size estimates also use) of each output partition, summed over
+            the tasks.
+        elapsed_s: wall seconds from the stage's start to its last task's end.
+    """
+
+    stage_id: int
+    partition_rows: tuple[int, ...]
+    partition_bytes: tuple[int, ...]
+    elapsed_s: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        """Rows of the whole output."""
+        return sum(self.partition_rows)
+
+    @property
+    def bytes(self) -> int:
+        """Arrow bytes of the whole output."""
+        return sum(self.partition_bytes)
+
+
+@runtime_checkable
+class QueryRun(Protocol):
+    """One query's execution on a runtime, stage by stage (adaptive execution).
+
+    ```
+    run = runtime.start_query(query_id)
+    stats = run.run_stages(graph_1, [1, 2])     # run stages 1 and 2, keep outputs
+    ...                                         # plan again with stats
+    for batch in run.stream_head(graph_2): ...  # the rest, then the head stage
+    run.close()                                 # free every output of the query
+    ```
+
+    Stage ids stay valid across graphs: a stage that ran keeps its id, output
+    and workers in every later graph of the query, where consumers may read it
+    differently than first planned (a shuffle output read as a broadcast, its
+    partitions coalesced into fewer tasks, see :attr:`StageInput.groups`).
+    """
+
+    def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
+        """Run the stages ``stage_ids`` of ``graph`` and wait for them to finish.
+
+        Every input of those stages ran in an earlier call or is in
+        ``stage_ids`` (producers first). Outputs are kept until :meth:`close`.
+
+        Returns:
+            Stage id -> its :class:`StageStats`.
+
+        Raises:
+            TaskError: a task failed (names the stage, the task and the worker).
+            TransportError: a worker could not be reached.
+        """
+        ...
+
+    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        """Run the stages of ``graph`` that have not run yet, then the head stage.
+
+        Yields the head stage's batches. Raises as :meth:`run_stages`.
+        """
+        ...
+
+    def close(self) -> None:
+        """Cancel whatever still runs and free every output of the query. Idempotent."""
+        ...
 
 
 Routing = Callable[[StageGraph, list[str]], dict[tuple[int, int], str]]
@@ -52,6 +139,10 @@ class Runtime(Protocol):
             TaskError: a task failed (names the stage, the task and the worker).
             TransportError: a worker could not be reached.
         """
+        ...
+
+    def start_query(self, query_id: str) -> QueryRun:
+        """Start running query ``query_id`` stage by stage (see :class:`QueryRun`)."""
         ...
 
     def close(self) -> None:

@@ -122,7 +122,14 @@ class TaskPlan:
                     for s in self.scans
                 ],
                 "inputs": [
-                    [i.table, i.stage_id, i.boundary, schema_to_json(i.schema), i.partitions]
+                    [
+                        i.table,
+                        i.stage_id,
+                        i.boundary,
+                        schema_to_json(i.schema),
+                        i.partitions,
+                        None if i.groups is None else [list(g) for g in i.groups],
+                    ]
                     for i in self.inputs
                 ],
                 "input_workers": [list(w) for w in self.input_workers],
@@ -161,8 +168,11 @@ class TaskPlan:
                 fragment=base64.b64decode(d["fragment"]),
                 scans=scans,
                 inputs=tuple(
-                    StageInput(t, sid, b, schema_from_json(sc), n)
-                    for t, sid, b, sc, n in d["inputs"]
+                    StageInput(
+                        t, sid, b, schema_from_json(sc), n,
+                        None if g is None else tuple(tuple(x) for x in g),
+                    )
+                    for t, sid, b, sc, n, g in d["inputs"]
                 ),
                 input_workers=tuple(tuple(w) for w in d["input_workers"]),
                 output=OutputPartitioning(
