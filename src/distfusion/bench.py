@@ -5,25 +5,92 @@ allocator and OS caches), then ``runs`` timed runs, interleaved engine by engine
 so that machine noise hits all of them alike. Reported: the median wall time
 (seconds) per query and engine, the sum of medians as the total, and each
 peer's ratio to distfusion (``ratio = distfusion / peer``; below 1 means
-distfusion is faster). The peers are single-node DataFusion on the same files
-(always) plus whatever the runtime adds (:func:`peers_for`).
+distfusion is faster).
+
+The peers (``--peers``, :data:`PEERS`)::
+
+    datafusion   single-node DataFusion on the same files (default)
+    spark-sql    Spark SQL on distfusion's SparkSession (default with --runtime spark)
+    local        distfusion on its local runtime, same --workers, own DistributedContext
+    static       distfusion on the same runtime with DistributedConfig(adaptive=False)
+
+``--json PATH`` writes everything measured (:func:`run_tpch_bench` documents
+the layout); ``--baseline PATH`` compares distfusion's medians with such a file
+from an earlier run and flags queries more than :data:`SLOWER_TOLERANCE` slower
+(:func:`compare_to_baseline`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 
 from rich.console import Console
 from rich.table import Table
 
 from distfusion import tpch
 
-__all__ = ["run_tpch_bench", "peers_for"]
+__all__ = [
+    "PEERS",
+    "SLOWER_TOLERANCE",
+    "BaselineRow",
+    "compare_to_baseline",
+    "load_baseline",
+    "parse_peers",
+    "run_tpch_bench",
+]
 
 Runner = Callable[[str], int]
 """Runs one SQL text to completion; returns the result's row count."""
+
+PEERS = ("datafusion", "spark-sql", "local", "static")
+"""Peer names ``--peers`` accepts, in display order."""
+
+SLOWER_TOLERANCE = 0.05
+"""A query is flagged against a baseline when its median is more than 5% above
+the baseline's (issue 17: "no query more than 5% slower than a baseline run")."""
+
+JSON_FORMAT = 1
+"""Version of the ``--json`` layout; bumped when a field changes meaning."""
+
+
+# ------------------------------------------------------------------ peers
+def parse_peers(spec: str | None, runtime_name: str) -> list[str]:
+    """The peers named by ``--peers`` (comma-separated), in :data:`PEERS` order.
+
+    Args:
+        spec: e.g. ``"datafusion,local"``; None means the default: ``datafusion``,
+            plus ``spark-sql`` on the Spark runtime. An empty string means none.
+        runtime_name: distfusion's runtime (``spark``, ``local``, ``flight``).
+
+    Raises:
+        ValueError: an unknown peer name, or ``spark-sql`` without the Spark runtime.
+
+    >>> parse_peers(None, "spark")
+    ['datafusion', 'spark-sql']
+    >>> parse_peers("static, datafusion", "local")
+    ['datafusion', 'static']
+    """
+    if spec is None:
+        return ["datafusion", "spark-sql"] if runtime_name == "spark" else ["datafusion"]
+    names = {n.strip() for n in spec.split(",") if n.strip()}
+    unknown = names - set(PEERS)
+    if unknown:
+        msg = f"unknown peer(s) {', '.join(sorted(unknown))}; choose from {', '.join(PEERS)}"
+        raise ValueError(msg)
+    if "spark-sql" in names and runtime_name != "spark":
+        msg = "the spark-sql peer runs on the Spark runtime's session: use --runtime spark"
+        raise ValueError(msg)
+    return [p for p in PEERS if p in names]
 
 
 def _datafusion_runner(data_dir: str) -> Runner:
@@ -63,83 +130,360 @@ def _spark_sql_runner(spark, data_dir: str) -> Runner:
     return run
 
 
-def peers_for(runtime_name: str, runtime, data_dir: str) -> dict[str, Runner]:
-    """Peers measured next to distfusion: single-node DataFusion, plus per-runtime ones.
+class DistfusionRunner:
+    """A :data:`Runner` over one DistributedContext that keeps the last query's frame.
 
-    The Spark runtime adds Spark SQL on the same SparkSession (``spark-sql``).
-
-    Returns:
-        Peer name -> runner, in display order.
+    :meth:`probe` (the warm-up run) also reports the plan's shape and the adaptive
+    decisions the frame exposes after the run (:func:`adaptive_decisions`).
     """
-    peers = {"datafusion": _datafusion_runner(data_dir)}
-    if runtime_name == "spark":
-        peers["spark-sql"] = _spark_sql_runner(runtime.spark, data_dir)
-    return peers
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+
+    def __call__(self, sql: str) -> int:
+        """Run ``sql`` to completion; returns the row count."""
+        return self.ctx.sql(sql).to_arrow_table().num_rows
+
+    def probe(self, sql: str) -> tuple[int, dict, list[str]]:
+        """Run ``sql`` once, untimed.
+
+        Returns:
+            ``(rows, shape, decisions)``: see :func:`shape_of` and
+            :func:`adaptive_decisions`.
+        """
+        df = self.ctx.sql(sql)
+        before = _explain(df)
+        rows = df.to_arrow_table().num_rows
+        return rows, shape_of(df.stage_graph()), adaptive_decisions(df, before)
 
 
-def _time(run: Runner, sql: str) -> tuple[float, int]:
-    start = time.perf_counter()
-    rows = run(sql)
-    return time.perf_counter() - start, rows
-
-
-def _shape(graph) -> str:
-    """``graph`` in a few words: stages and tasks, and whether it ran on the coordinator only."""
-    if len(graph.stages) == 1:
-        return "1 stage: the whole query on the coordinator"
-    tasks = sum(s.num_tasks for s in graph.stages)
-    return f"{len(graph.stages)} stages, {tasks} tasks"
-
-
-def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> dict:
-    """Run the benchmark described by CLI ``args`` over ``queries``; print and return it.
+def static_config():
+    """``DistributedConfig(adaptive=False)``, and whether the field exists.
 
     Returns:
-        ``{"queries": {q: {engine: median_s}}, "total": {engine: s}}``.
+        ``(config, has_adaptive)``; without an ``adaptive`` field (a build before
+        adaptive execution), the default config and False: static then runs the
+        very plans distfusion runs (a measure of noise, nothing more).
+    """
+    from distfusion.context import DistributedConfig
 
-    Raises:
-        RuntimeError: an engine returned a different row count than DataFusion.
+    fields = {f.name for f in dataclasses.fields(DistributedConfig)}
+    if "adaptive" in fields:
+        return DistributedConfig(adaptive=False), True
+    return DistributedConfig(), False
+
+
+def _peer_runners(
+    peers: list[str], args, runtime, stack: ExitStack, console: Console
+) -> dict[str, Runner]:
+    """A runner per peer; contexts they open are closed by ``stack``.
+
+    ``static`` shares distfusion's runtime (so it is not closed here: the main
+    context owns it); ``local`` gets its own LocalRuntime with ``args.workers``.
     """
     from distfusion.cli import make_runtime
     from distfusion.context import DistributedContext
 
-    console = console or Console()
-    runtime = make_runtime(args.runtime, args.workers, args)
-    with DistributedContext(runtime=runtime) as ctx:
-        tpch.register_tpch(ctx, args.data)
+    runners: dict[str, Runner] = {}
+    for peer in peers:
+        if peer == "datafusion":
+            runners[peer] = _datafusion_runner(args.data)
+        elif peer == "spark-sql":
+            runners[peer] = _spark_sql_runner(runtime.spark, args.data)
+        elif peer == "local":
+            local = stack.enter_context(
+                DistributedContext(runtime=make_runtime("local", args.workers))
+            )
+            tpch.register_tpch(local, args.data)
+            runners[peer] = DistfusionRunner(local)
+        elif peer == "static":
+            config, has_adaptive = static_config()
+            if not has_adaptive:
+                console.print(
+                    "[yellow]note: DistributedConfig has no `adaptive` field in this build; "
+                    "the static peer runs the same plans as distfusion[/]"
+                )
+            static = DistributedContext(runtime=runtime, config=config)
+            tpch.register_tpch(static, args.data)
+            runners[peer] = DistfusionRunner(static)
+    return runners
 
-        def distfusion_run(sql: str) -> int:
-            return ctx.sql(sql).to_arrow_table().num_rows
 
-        peers = peers_for(args.runtime, runtime, args.data)
-        engines: dict[str, Runner] = {"distfusion": distfusion_run, **peers}
+# ------------------------------------------------------------------ plan facts
+def shape_of(graph) -> dict:
+    """The stage/task shape of a StageGraph, for the JSON output.
+
+    Returns:
+        ``{"stages": n, "tasks": total, "tasks_per_stage": [..], "boundaries":
+        {kind: count}}``; stages in the graph's order (head first).
+    """
+    summary = graph.summary()
+    return {
+        "stages": summary["stages"],
+        "tasks": summary["tasks"],
+        "tasks_per_stage": [s.num_tasks for s in graph.stages],
+        "boundaries": summary["boundaries"],
+    }
+
+
+def describe_shape(shape: dict) -> str:
+    """A shape (:func:`shape_of`) in a few words: stages and tasks, or coordinator only."""
+    if shape["stages"] == 1:
+        return "1 stage: the whole query on the coordinator"
+    return f"{shape['stages']} stages, {shape['tasks']} tasks"
+
+
+def _explain(df) -> str:
+    try:
+        return df.explain()
+    except Exception:  # a frame that cannot render its plan: nothing to compare
+        return ""
+
+
+def adaptive_decisions(df, explain_before: str) -> list[str]:
+    """What adaptive execution decided while ``df`` ran, as text lines; [] when unknown.
+
+    Builds before adaptive execution expose nothing, so each source is optional;
+    the first one found wins:
+
+    1. an ``adaptive_decisions`` attribute or method of the frame;
+    2. an attribute of the frame holding a report with a ``decisions`` list
+       (such as ``runtime.adaptive.AdaptiveReport``);
+    3. the lines under an ``Adaptive decisions:`` heading in ``df.explain()``;
+    4. the lines ``df.explain()`` shows after the run and did not show before it
+       (``explain_before``).
+    """
+    found = getattr(df, "adaptive_decisions", None)
+    if found is not None:
+        found = found() if callable(found) else found
+        if isinstance(found, str):
+            return [line for line in found.splitlines() if line.strip()]
+        return [str(d) for d in found or ()]
+    for value in getattr(df, "__dict__", {}).values():
+        decisions = getattr(value, "decisions", None)
+        if isinstance(decisions, list):
+            return [str(d) for d in decisions]
+    if not explain_before:
+        return []
+    after = _explain(df).splitlines()
+    if "Adaptive decisions:" in after:
+        lines = after[after.index("Adaptive decisions:") + 1 :]
+        taken = []
+        for line in lines:
+            if not line.startswith(" "):
+                break
+            taken.append(line.strip().removeprefix("- "))
+        return taken
+    seen = set(explain_before.splitlines())
+    return [line for line in after if line.strip() and line not in seen]
+
+
+def git_commit() -> dict | None:
+    """The git commit of distfusion's source tree, or None outside a git checkout.
+
+    Returns:
+        ``{"commit": sha, "dirty": bool}``; dirty when tracked files differ from it.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sha = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {"commit": sha, "dirty": bool(status.strip())}
+
+
+# ------------------------------------------------------------------ baseline
+@dataclasses.dataclass(frozen=True)
+class BaselineRow:
+    """One query against the baseline.
+
+    Attributes:
+        query: TPC-H query number.
+        now_s: distfusion's median now, seconds.
+        baseline_s: the baseline's distfusion median, seconds; None when the
+            baseline did not run this query.
+        slower: ``now_s > baseline_s * (1 + tolerance)``; False without a baseline.
+    """
+
+    query: int
+    now_s: float
+    baseline_s: float | None
+    slower: bool
+
+    @property
+    def ratio(self) -> float | None:
+        """``now_s / baseline_s`` (above 1: slower now); None without a baseline."""
+        return self.now_s / self.baseline_s if self.baseline_s else None
+
+
+def load_baseline(path: str) -> dict:
+    """Read a ``--json`` file of an earlier run.
+
+    Returns:
+        The whole document; ``doc["queries"][str(q)]["engines"]["distfusion"]["median_s"]``
+        is what :func:`compare_to_baseline` reads.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not JSON, or no ``queries`` with distfusion medians.
+    """
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as exc:
+            msg = f"--baseline {path}: not JSON ({exc})"
+            raise ValueError(msg) from exc
+    queries = doc.get("queries") if isinstance(doc, dict) else None
+    if not isinstance(queries, dict) or not all(
+        "median_s" in q.get("engines", {}).get("distfusion", {}) for q in queries.values()
+    ):
+        msg = f"--baseline {path}: expected the output of `distfusion bench --json`"
+        raise ValueError(msg)
+    return doc
+
+
+def compare_to_baseline(
+    medians_s: dict[int, float], baseline: dict, tolerance: float = SLOWER_TOLERANCE
+) -> list[BaselineRow]:
+    """distfusion's median per query now against a baseline run's.
+
+    Args:
+        medians_s: query number -> distfusion's median now, seconds.
+        baseline: a document from :func:`load_baseline`.
+        tolerance: relative slowdown allowed before a query is flagged (0.05: 5%).
+
+    Returns:
+        One row per query in ``medians_s``, in its order.
+
+    >>> base = {"queries": {"1": {"engines": {"distfusion": {"median_s": 1.0}}}}}
+    >>> [r.slower for r in compare_to_baseline({1: 1.04, 2: 9.0}, base)]
+    [False, False]
+    >>> compare_to_baseline({1: 1.06}, base)[0].slower
+    True
+    """
+    rows = []
+    for q, now in medians_s.items():
+        entry = baseline["queries"].get(str(q))
+        base = entry["engines"]["distfusion"]["median_s"] if entry else None
+        slower = base is not None and now > base * (1 + tolerance)
+        rows.append(BaselineRow(q, now, base, slower))
+    return rows
+
+
+def _print_baseline(
+    rows: list[BaselineRow], baseline: dict, path: str, settings: dict, console: Console
+) -> None:
+    base_commit = (baseline.get("git") or {}).get("commit", "unknown commit")[:12]
+    old = baseline.get("settings", {})
+    differ = [
+        k
+        for k in ("data", "runtime", "workers", "num_workers", "master")
+        if k in old and old[k] != settings.get(k)
+    ]
+    if differ:
         console.print(
-            f"TPC-H at {args.data}: distfusion on the {args.runtime} runtime "
-            f"({runtime.num_workers()} workers) vs {', '.join(peers)}; "
-            f"{args.runs} timed runs per query, medians in seconds"
+            f"[yellow]note: the baseline ran with other settings: "
+            f"{', '.join(f'{k}={old[k]!r}' for k in differ)}[/]"
         )
-        results: dict[int, dict[str, float]] = {}
-        for q in queries:
-            sql = tpch.query(q)
-            times: dict[str, list[float]] = {e: [] for e in engines}
-            rows = {e: _time(run, sql)[1] for e, run in engines.items()}  # warm-up
-            if len(set(rows.values())) != 1:
-                msg = f"Q{q}: engines disagree on the row count: {rows}"
-                raise RuntimeError(msg)
-            for _ in range(args.runs):
-                for e, run in engines.items():
-                    times[e].append(_time(run, sql)[0])
-            results[q] = {e: statistics.median(t) for e, t in times.items()}
-            line = "  ".join(f"{e} {m:.3f}" for e, m in results[q].items())
-            shape = _shape(ctx.sql(sql).stage_graph())
-            console.print(f"Q{q:<2} {line}  ({shape})")
-    totals = {e: sum(r[e] for r in results.values()) for e in engines}
-    table = Table("query", *[f"{e} (s)" for e in engines], *[f"distfusion / {p}" for p in peers])
-    for q, r in results.items():
+    table = Table(
+        "query",
+        "baseline (s)",
+        "now (s)",
+        "now / baseline",
+        "",
+        title=f"distfusion vs baseline {path} ({base_commit})",
+    )
+    for r in rows:
+        if r.baseline_s is None:
+            table.add_row(f"Q{r.query}", "-", f"{r.now_s:.3f}", "-", "not in baseline")
+            continue
+        flag = f"[red]> {SLOWER_TOLERANCE:.0%} slower[/]" if r.slower else ""
+        table.add_row(
+            f"Q{r.query}", f"{r.baseline_s:.3f}", f"{r.now_s:.3f}", f"{r.ratio:.2f}x", flag
+        )
+    compared = [r for r in rows if r.baseline_s is not None]
+    if compared:
+        now = sum(r.now_s for r in compared)
+        base = sum(r.baseline_s for r in compared)
+        table.add_row("total", f"{base:.3f}", f"{now:.3f}", f"{now / base:.2f}x", "", style="bold")
+    console.print(table)
+    slower = [r.query for r in rows if r.slower]
+    listed = f": {', '.join(f'Q{q}' for q in slower)}" if slower else ""
+    console.print(
+        f"{len(slower)} of {len(compared)} queries more than {SLOWER_TOLERANCE:.0%} "
+        f"slower than the baseline{listed}"
+    )
+
+
+# ------------------------------------------------------------------ the run
+def _time(run: Runner, sql: str) -> float:
+    start = time.perf_counter()
+    run(sql)
+    return time.perf_counter() - start
+
+
+def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
+    return {
+        "benchmark": "tpch",
+        "data": os.path.abspath(args.data),
+        "runtime": args.runtime,
+        "workers": args.workers,
+        "num_workers": runtime.num_workers(),
+        "master": getattr(args, "master", None),
+        "runs": args.runs,
+        "queries": queries,
+        "peers": peers,
+        "argv": sys.argv[1:],
+    }
+
+
+def _environment() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in ("datafusion", "pyarrow", "pyspark"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "versions": versions,
+    }
+
+
+def _console() -> Console:
+    """Rich's console; 160 columns when not a terminal (a log file), so tables stay whole."""
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console
+
+
+def _print_results(results: dict, engines: list[str], peers: list[str], console: Console) -> None:
+    totals = results["total_s"]
+    table = Table(
+        "query",
+        *engines,
+        *[f"/ {p}" for p in peers],
+        title="medians in seconds; ratios distfusion / peer (below 1: distfusion faster)",
+    )
+    for q, r in results["queries"].items():
+        med = {e: r["engines"][e]["median_s"] for e in engines}
         table.add_row(
             f"Q{q}",
-            *[f"{r[e]:.3f}" for e in engines],
-            *[f"{r['distfusion'] / r[p]:.2f}x" for p in peers],
+            *[f"{med[e]:.3f}" for e in engines],
+            *[f"{med['distfusion'] / med[p]:.2f}x" for p in peers],
         )
     table.add_row(
         "total",
@@ -148,4 +492,136 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
         style="bold",
     )
     console.print(table)
-    return {"queries": results, "total": totals}
+
+
+def _measure_query(
+    q: int, engines: dict[str, Runner], runs: int, console: Console
+) -> dict:
+    """Warm up every engine on query ``q``, then ``runs`` interleaved timed runs.
+
+    Returns:
+        ``{"rows": n, "engines": {engine: {"runs_s": [...], "median_s": s}},
+        "shapes": {engine: shape}, "adaptive_decisions": {engine: [line, ...]}}``;
+        shapes and decisions only for distfusion engines (distfusion, local, static).
+
+    Raises:
+        RuntimeError: the engines disagree on the row count.
+    """
+    sql = tpch.query(q)
+    rows, shapes, decisions = {}, {}, {}
+    for e, run in engines.items():  # warm-up
+        if isinstance(run, DistfusionRunner):
+            rows[e], shapes[e], decisions[e] = run.probe(sql)
+        else:
+            rows[e] = run(sql)
+    if len(set(rows.values())) != 1:
+        msg = f"Q{q}: engines disagree on the row count: {rows}"
+        raise RuntimeError(msg)
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    for _ in range(runs):
+        for e, run in engines.items():
+            times[e].append(_time(run, sql))
+    result = {
+        "rows": rows["distfusion"],
+        "engines": {e: {"runs_s": t, "median_s": statistics.median(t)} for e, t in times.items()},
+        "shapes": shapes,
+        "adaptive_decisions": {e: d for e, d in decisions.items() if d},
+    }
+    line = "  ".join(f"{e} {v['median_s']:.3f}" for e, v in result["engines"].items())
+    console.print(f"Q{q:<2} {line}  ({describe_shape(shapes['distfusion'])})")
+    for e, lines in result["adaptive_decisions"].items():
+        if len(lines) == 1:
+            console.print(f"    adaptive ({e}): {lines[0]}", markup=False, highlight=False)
+            continue
+        console.print(f"    adaptive ({e}):")
+        for text in lines:
+            console.print(f"      {text}", markup=False, highlight=False)
+    return result
+
+
+def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> dict:
+    """Run the benchmark described by CLI ``args`` over ``queries``; print and return it.
+
+    ``args`` carries ``data``, ``runtime``, ``workers``, ``runs``, and optionally
+    ``peers`` (``--peers`` text), ``json`` (a path to write the result to) and
+    ``baseline`` (a path to an earlier result).
+
+    Returns:
+        The JSON document (also written to ``args.json`` when given)::
+
+            {"format": 1, "started_at": ISO time, "git": {"commit", "dirty"} | None,
+             "settings": {data, runtime, workers, num_workers, master, runs,
+                          queries, peers, argv, static_adaptive_field},
+             "environment": {python, platform, cpus, versions},
+             "queries": {"1": {"rows": n,
+                               "engines": {engine: {"runs_s": [s, ...], "median_s": s}},
+                               "shapes": {engine: {stages, tasks, tasks_per_stage, boundaries}},
+                               "adaptive_decisions": {engine: [line, ...]}}, ...},
+             "total_s": {engine: sum of medians},
+             "ratios": {peer: total distfusion / total peer},
+             "baseline": {"path", "commit", "slower": [q, ...],
+                          "queries": {"1": {"now_s", "baseline_s", "slower"}}}}  # with --baseline
+
+        Times are wall-clock seconds; ``engine`` is ``distfusion`` or a peer name.
+
+    Raises:
+        RuntimeError: an engine returned a different row count than the others.
+        ValueError: bad ``--peers``, or a ``--baseline`` file that is no bench result.
+        FileNotFoundError: no ``--baseline`` file.
+    """
+    from distfusion.cli import make_runtime
+    from distfusion.context import DistributedContext
+
+    console = console or _console()
+    peers = parse_peers(getattr(args, "peers", None), args.runtime)
+    baseline_path = getattr(args, "baseline", None)
+    baseline = load_baseline(baseline_path) if baseline_path else None  # fail before running
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    runtime = make_runtime(args.runtime, args.workers, args)
+    with ExitStack() as stack:
+        ctx = stack.enter_context(DistributedContext(runtime=runtime))
+        tpch.register_tpch(ctx, args.data)
+        engines: dict[str, Runner] = {
+            "distfusion": DistfusionRunner(ctx),
+            **_peer_runners(peers, args, runtime, stack, console),
+        }
+        settings = _settings(args, queries, peers, runtime)
+        settings["static_adaptive_field"] = static_config()[1]
+        console.print(
+            f"TPC-H at {args.data}: distfusion on the {args.runtime} runtime "
+            f"({runtime.num_workers()} workers) vs {', '.join(peers) or 'no peer'}; "
+            f"{args.runs} timed runs per query, medians in seconds"
+        )
+        per_query = {str(q): _measure_query(q, engines, args.runs, console) for q in queries}
+    totals = {e: sum(r["engines"][e]["median_s"] for r in per_query.values()) for e in engines}
+    doc = {
+        "format": JSON_FORMAT,
+        "started_at": started,
+        "git": git_commit(),
+        "settings": settings,
+        "environment": _environment(),
+        "queries": per_query,
+        "total_s": totals,
+        "ratios": {p: totals["distfusion"] / totals[p] for p in peers if totals[p]},
+    }
+    _print_results(doc, list(engines), peers, console)
+    if baseline is not None:
+        medians = {q: per_query[str(q)]["engines"]["distfusion"]["median_s"] for q in queries}
+        rows = compare_to_baseline(medians, baseline)
+        _print_baseline(rows, baseline, baseline_path, settings, console)
+        doc["baseline"] = {
+            "path": os.path.abspath(baseline_path),
+            "commit": (baseline.get("git") or {}).get("commit"),
+            "slower": [r.query for r in rows if r.slower],
+            "queries": {
+                str(r.query): {"now_s": r.now_s, "baseline_s": r.baseline_s, "slower": r.slower}
+                for r in rows
+            },
+        }
+    json_path = getattr(args, "json", None)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+        console.print(f"wrote {json_path}")
+    return doc

@@ -5,6 +5,8 @@ distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime spar
                  [--workers N] [--master spark://host:7077] [--explain] [--output out.parquet|out.csv]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
+                 [--queries 1,3,5] [--runs 5] [--peers datafusion,spark-sql,local,static]
+                 [--json out.json] [--baseline earlier.json]
 distfusion worker --host 127.0.0.1 --port 50051 [--token T] [--tls-cert C --tls-key K]
 distfusion query ... --runtime flight --workers-url grpc://127.0.0.1:50051,...
 ```
@@ -191,9 +193,26 @@ def cmd_bench(args) -> int:
     """Benchmark the 22 TPC-H queries against single-node DataFusion (and peers)."""
     from distfusion.bench import run_tpch_bench
 
-    queries = [int(q) for q in args.queries.split(",")] if args.queries else list(tpch.QUERIES)
-    run_tpch_bench(args, queries)
+    run_tpch_bench(args, _parse_queries(args.queries))
     return 0
+
+
+def _parse_queries(spec: str) -> list[int]:
+    """``--queries 1,3,5`` as query numbers, in the order given; empty: all 22.
+
+    Raises:
+        ValueError: a part is not a number of a TPC-H query (1..22).
+    """
+    if not spec:
+        return list(tpch.QUERIES)
+    queries = []
+    for part in spec.split(","):
+        part = part.strip().upper().removeprefix("Q")
+        if not part.isdigit() or int(part) not in tpch.QUERIES:
+            msg = f"--queries expects TPC-H query numbers 1..22 separated by commas, got {spec!r}"
+            raise ValueError(msg)
+        queries.append(int(part))
+    return queries
 
 
 def cmd_worker(args) -> int:
@@ -246,13 +265,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_arguments(w)
     w.set_defaults(func=cmd_worker)
 
-    b = sub.add_parser("bench", help="benchmark against single-node DataFusion")
+    b = sub.add_parser("bench", help="benchmark against single-node DataFusion and other peers")
     b.add_argument("benchmark", choices=["tpch"])
     b.add_argument("--data", required=True, help="TPC-H Parquet directory (see datagen)")
     b.add_argument(
         "--runs", type=int, default=5, help="timed runs per query and engine (default: %(default)s)"
     )
-    b.add_argument("--queries", default="", help="comma-separated query numbers (default: all 22)")
+    b.add_argument(
+        "--queries", default="", help="comma-separated query numbers, e.g. 1,3,5 (default: all 22)"
+    )
+    b.add_argument(
+        "--peers",
+        default=None,
+        help="comma-separated engines measured next to distfusion: datafusion (single-node), "
+        "spark-sql (Spark runtime only), local (distfusion's local runtime, same --workers), "
+        "static (same runtime, adaptive execution off); "
+        "default: datafusion, plus spark-sql on the Spark runtime",
+    )
+    b.add_argument(
+        "--json", metavar="PATH", default=None, help="write every timed run and median as JSON"
+    )
+    b.add_argument(
+        "--baseline",
+        metavar="PATH",
+        default=None,
+        help="a --json file of an earlier run: flag queries now more than 5%% slower",
+    )
     _add_runtime_args(b)
     b.set_defaults(func=cmd_bench)
     return parser
