@@ -14,13 +14,16 @@ coordinator                                   workers (via a WorkerTransport)
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.stages import Stage, StageGraph
+from distfusion.errors import QueryCancelled
+from distfusion.stages import Stage, StageGraph, TaskKey
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.task_plan import TaskPlan
@@ -31,6 +34,7 @@ __all__ = [
     "StageStats",
     "Routing",
     "round_robin",
+    "WorkerQueryRun",
     "execute_graph",
     "task_threads",
 ]
@@ -181,13 +185,230 @@ def task_threads(cores: int, num_tasks: int, slots: int) -> int:
     return max(1, cores // max(1, min(num_tasks, slots)))
 
 
-def _input_workers(
-    stage: Stage, graph: StageGraph, placement: dict[tuple[int, int], str]
-) -> tuple[tuple[str, ...], ...]:
-    return tuple(
-        tuple(placement[(inp.stage_id, j)] for j in range(graph.stage(inp.stage_id).num_tasks))
-        for inp in stage.inputs
-    )
+class WorkerQueryRun:
+    """A :class:`QueryRun` on workers reached through a :class:`WorkerTransport`.
+
+    The local and the Flight runtimes run every query through one, stage by
+    stage for adaptive execution (:meth:`Runtime.start_query`) or all at once
+    (:func:`execute_graph`)::
+
+        run_stages(g1, [1, 2])   place stages 1, 2; set_plan producers first;
+                                 wait for every task (task_stats); StageStats
+        run_stages(g2, [4])      stage 4 reads 1 and 2 where they ran
+        stream_head(g3)          place and deliver the stages not run yet,
+                                 run the head stage here; then close()
+        close()                  cancel_query on every worker used
+
+    Placement persists for the whole query: a task keeps its worker in every
+    later graph, so a consumer planned later reads a finished stage where it
+    ran. Stages placed later continue the round-robin where it stopped (the
+    routing sees only the new stages and the URLs rotated by the tasks
+    already placed).
+
+    Args:
+        query_id: the query's UUID; names its tasks on every worker (the
+            graphs' own ``query_id`` is not used).
+        transport: reaches the workers.
+        urls: worker URLs (non-empty), fixed for the query.
+        routing: assigns tasks to URLs (default :func:`round_robin`).
+        target_partitions: DataFusion threads per task (default: the cores).
+        keep_outputs: workers keep every output partition until :meth:`close`
+            (stage by stage: a later graph may read a finished stage again,
+            differently). False frees each partition after its planned
+            readers, as a graph run at once needs.
+        on_close: called once by :meth:`close`, after the workers were told
+            (the Flight runtime ends the query's keepalives there).
+
+    Raises:
+        ValueError: ``urls`` is empty.
+    """
+
+    def __init__(
+        self,
+        query_id: str,
+        transport: WorkerTransport,
+        urls: list[str],
+        routing: Routing = round_robin,
+        target_partitions: int | None = None,
+        keep_outputs: bool = True,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        if not urls:
+            msg = f"query {query_id} needs at least one worker URL"
+            raise ValueError(msg)
+        self.query_id = query_id
+        self.transport = transport
+        self.urls = list(urls)
+        self.routing = routing
+        self.target_partitions = target_partitions or default_target_partitions()
+        self.keep_outputs = keep_outputs
+        self.placement: dict[tuple[int, int], str] = {}
+        """``(stage_id, task_index)`` -> worker URL of every task delivered so far."""
+        self._delivered: dict[int, int] = {}  # stage id -> its task count
+        self._started: dict[int, float] = {}  # stage id -> monotonic time of delivery
+        self._stats: dict[int, StageStats] = {}
+        self._on_close = on_close
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------- QueryRun
+    def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
+        """See :meth:`QueryRun.run_stages`.
+
+        Stages of ``stage_ids`` that ran in an earlier call are not run again;
+        their stats are returned again. On any error the run is closed.
+
+        Raises:
+            ValueError: a stage is not in ``graph``, is its head stage, or
+                reads a stage that has not run and is not in ``stage_ids``.
+            QueryCancelled: the run was closed.
+            TaskError: a task failed (names the stage, the task and the worker).
+            TransportError: a worker could not be reached.
+        """
+        self._check_open()
+        try:
+            order = {s.stage_id: i for i, s in enumerate(graph.stages)}
+            unknown = [sid for sid in stage_ids if sid not in order]
+            if unknown or graph.head.stage_id in stage_ids:
+                msg = (
+                    f"run_stages runs non-head stages of the graph; got {list(stage_ids)} "
+                    f"(stages {sorted(order)}, head {graph.head.stage_id})"
+                )
+                raise ValueError(msg)
+            wanted = sorted(set(stage_ids), key=order.__getitem__)
+            new = [graph.stage(sid) for sid in wanted if sid not in self._delivered]
+            self._deliver(graph, new)
+            for stage in new:
+                self._stats[stage.stage_id] = self._measure(stage)
+        except BaseException:
+            self.close()
+            raise
+        return {sid: self._stats[sid] for sid in wanted}
+
+    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        """See :meth:`QueryRun.stream_head`.
+
+        Delivers the stages not run yet (producers first) without waiting for
+        them, then runs the head stage here, reading its inputs as
+        :meth:`TaskPlan.input_reads` says (coalesced groups and broadcasts
+        included). Ends the query: when the batches are all read, the
+        iterator is closed or an error is raised, the run is closed.
+
+        Raises:
+            ValueError: a stage reads a stage that is not in ``graph`` and never ran.
+            QueryCancelled: the run was closed.
+            TaskError: a task failed, here or on a worker.
+            TransportError: a worker could not be reached.
+        """
+        try:
+            self._check_open()
+            rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
+            self._deliver(graph, rest)
+            head = graph.head
+            plan = TaskPlan.for_task(
+                self.query_id, head, 0, self._input_workers(head), self.target_partitions
+            )
+
+            def read_input(i: int) -> list[pa.RecordBatch]:
+                out: list[pa.RecordBatch] = []
+                for url, producer, part in plan.input_reads(i):
+                    out.extend(self.transport.execute_partition(url, producer, part))
+                return out
+
+            yield from stream_head_stage(plan, read_input)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """See :meth:`QueryRun.close`: ``cancel_query`` on every worker used. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            for url in sorted(set(self.placement.values())):
+                self.transport.cancel_query(url, self.query_id)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    # ------------------------------------------------------------- internals
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = f"query {self.query_id} was closed"
+            raise QueryCancelled(msg)
+
+    def _place(self, graph: StageGraph, stages: list[Stage]) -> None:
+        """Give every task of ``stages`` (not placed yet) a worker URL."""
+        if not stages:
+            return
+        shift = len(self.placement) % len(self.urls)
+        urls = self.urls[shift:] + self.urls[:shift]
+        proposed = self.routing(StageGraph(self.query_id, (*stages, graph.head)), urls)
+        for stage in stages:
+            for t in range(stage.num_tasks):
+                key = (stage.stage_id, t)
+                if key not in proposed:
+                    msg = f"routing {self.routing!r} placed no worker for stage {key[0]} task {t}"
+                    raise ValueError(msg)
+                self.placement[key] = proposed[key]
+
+    def _input_workers(self, stage: Stage) -> tuple[tuple[str, ...], ...]:
+        workers = []
+        for inp in stage.inputs:
+            if inp.stage_id not in self._delivered:
+                msg = (
+                    f"stage {stage.stage_id} reads stage {inp.stage_id}, which has not "
+                    "run and is not among the stages to run"
+                )
+                raise ValueError(msg)
+            n = self._delivered[inp.stage_id]
+            workers.append(tuple(self.placement[(inp.stage_id, j)] for j in range(n)))
+        return tuple(workers)
+
+    def _deliver(self, graph: StageGraph, stages: list[Stage]) -> None:
+        """Place ``stages`` (producers first) and send every task plan.
+
+        Every task of a stage is delivered before any task of a later stage:
+        the order the workers' FIFO pools rely on to never deadlock.
+        """
+        self._place(graph, stages)
+        n_workers = len(self.urls)
+        for stage in stages:
+            inputs = self._input_workers(stage)
+            threads = task_threads(self.target_partitions, stage.num_tasks, n_workers)
+            self._started[stage.stage_id] = time.monotonic()
+            for t in range(stage.num_tasks):
+                plan = TaskPlan.for_task(
+                    self.query_id, stage, t, inputs, threads, keep_output=self.keep_outputs
+                )
+                self.transport.set_plan(self.placement[(stage.stage_id, t)], plan)
+            self._delivered[stage.stage_id] = stage.num_tasks
+
+    def _measure(self, stage: Stage) -> StageStats:
+        """Wait for every task of ``stage``; its output summed over the tasks."""
+        n = stage.output.num_partitions
+        rows, nbytes = [0] * n, [0] * n
+        for t in range(stage.num_tasks):
+            key = TaskKey(self.query_id, stage.stage_id, t)
+            task_rows, task_bytes = self.transport.task_stats(
+                self.placement[(stage.stage_id, t)], key
+            )
+            assert len(task_rows) == n == len(task_bytes), (key, task_rows, n)
+            for p in range(n):
+                rows[p] += task_rows[p]
+                nbytes[p] += task_bytes[p]
+        elapsed_s = time.monotonic() - self._started[stage.stage_id]
+        return StageStats(stage.stage_id, tuple(rows), tuple(nbytes), elapsed_s)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"WorkerQueryRun({self.query_id[:8]}, stages run {sorted(self._delivered)}, {state})"
 
 
 def execute_graph(
@@ -199,8 +420,10 @@ def execute_graph(
 ) -> Iterator[pa.RecordBatch]:
     """Run ``graph`` on the workers at ``urls``; yield the head stage's batches.
 
-    Every task plan is delivered before the head stage starts reading, stage by
-    stage (the order the workers' FIFO pools rely on). Whatever happens — the
+    A :class:`WorkerQueryRun` of query ``graph.query_id`` that frees each
+    partition after its planned reads, streaming the head at once. Every task
+    plan is delivered before the head stage starts reading, stage by stage
+    (the order the workers' FIFO pools rely on). Whatever happens — the
     result fully read, an error, the iterator closed early — every worker is
     told to cancel the query and free its state.
 
@@ -216,28 +439,10 @@ def execute_graph(
         QueryCancelled: a worker cancelled the query.
         TransportError: a worker could not be reached.
     """
-    tp = target_partitions or default_target_partitions()
-    placement = routing(graph, urls)
-    used = sorted(set(placement.values()))
-    qid = graph.query_id
+    run = WorkerQueryRun(
+        graph.query_id, transport, urls, routing, target_partitions, keep_outputs=False
+    )
     try:
-        for stage in graph.stages[:-1]:
-            inputs = _input_workers(stage, graph, placement)
-            for t in range(stage.num_tasks):
-                plan = TaskPlan.for_task(
-                    qid, stage, t, inputs, task_threads(tp, stage.num_tasks, len(urls))
-                )
-                transport.set_plan(placement[(stage.stage_id, t)], plan)
-        head = graph.head
-        plan = TaskPlan.for_task(qid, head, 0, _input_workers(head, graph, placement), tp)
-
-        def read_input(i: int) -> list[pa.RecordBatch]:
-            out: list[pa.RecordBatch] = []
-            for url, producer, part in plan.input_reads(i):
-                out.extend(transport.execute_partition(url, producer, part))
-            return out
-
-        yield from stream_head_stage(plan, read_input)
+        yield from run.stream_head(graph)
     finally:
-        for url in used:
-            transport.cancel_query(url, qid)
+        run.close()

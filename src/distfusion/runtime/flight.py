@@ -6,7 +6,7 @@
         ▼
  FlightRuntime.execute(graph)
    urls = resolver.get_urls()          right before execution
-   execute_graph(graph, FlightWorkerTransport, urls, routing)
+   WorkerQueryRun(FlightWorkerTransport, urls, routing).stream_head(graph)
         │  set_plan / DoGet / cancel_query over gRPC
         ▼
  workers: distfusion worker --port P   (FlightWorker)
@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUnavailableError
 from distfusion.resolver import StaticWorkerResolver, WorkerResolver
-from distfusion.runtime.base import Routing, execute_graph, round_robin
+from distfusion.runtime.base import Routing, WorkerQueryRun, round_robin
 from distfusion.stages import StageGraph
 
 __all__ = ["FlightRuntime", "start_local_workers"]
@@ -138,19 +138,42 @@ class FlightRuntime:
         urls = self._urls()
         return self._execute(graph, urls)
 
+    def start_query(self, query_id: str) -> WorkerQueryRun:
+        """See :meth:`Runtime.start_query`: a run on the workers the resolver reports now.
+
+        The workers keep every output of the query until the run is closed;
+        keepalives are sent for it meanwhile. No retry: a lost worker fails
+        the run (its finished outputs are gone with it).
+
+        Raises:
+            PlanningError: the resolver returned no URL.
+        """
+        return self._start(query_id, self._urls(), keep_outputs=True)
+
+    def _start(self, query_id: str, urls: list[str], keep_outputs: bool) -> WorkerQueryRun:
+        def finish() -> None:
+            self._end_heartbeat(query_id)
+            self.transport.forget_query(query_id)
+
+        run = WorkerQueryRun(
+            query_id,
+            self.transport,
+            urls,
+            self.routing,
+            self.target_partitions,
+            keep_outputs=keep_outputs,
+            on_close=finish,
+        )
+        self._start_heartbeat(query_id, urls, run.placement)
+        return run
+
     def _execute(self, graph: StageGraph, urls: list[str]) -> Iterator[pa.RecordBatch]:
         attempt = 0
         while True:
-            run = dataclasses.replace(graph, query_id=str(uuid.uuid4()))
-            placement: dict[tuple[int, int], str] = {}
-
-            def routing(g: StageGraph, u: list[str], placement=placement):
-                placement.update(self.routing(g, u))
-                return placement
-
-            batches = execute_graph(run, self.transport, urls, routing, self.target_partitions)
+            query_id = str(uuid.uuid4())
+            run = self._start(query_id, urls, keep_outputs=False)
+            batches = run.stream_head(dataclasses.replace(graph, query_id=query_id))
             yielded = False
-            self._start_heartbeat(run.query_id, urls, placement)
             try:
                 for batch in batches:
                     yielded = True
@@ -172,9 +195,8 @@ class FlightRuntime:
                 urls = remaining
                 attempt += 1
             finally:
-                batches.close()  # cancels the attempt's tasks on every worker
-                self._end_heartbeat(run.query_id)
-                self.transport.forget_query(run.query_id)
+                batches.close()
+                run.close()  # cancels the attempt's tasks on every worker, ends keepalives
 
     def _lost_workers(self, urls: list[str]) -> list[str]:
         lost = []
@@ -221,7 +243,8 @@ class FlightRuntime:
                 for qid in qids:
                     with self._lock:
                         placement = self._running.get(qid, (None, {}))[1]
-                    tasks = sorted(k for k, u in placement.items() if u == url)
+                    # a copy: the query's run may be placing more stages meanwhile
+                    tasks = sorted(k for k, u in placement.copy().items() if u == url)
                     named = ", ".join(f"stage {s} task {t}" for s, t in tasks) or "no task"
                     detail = f"stopped answering while query {qid[:8]} ran; it held {named}"
                     self.transport.abort_query(qid, WorkerUnavailableError(url, detail))

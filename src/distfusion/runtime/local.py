@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from distfusion.runtime.base import Routing, execute_graph, round_robin
+from distfusion.runtime.base import Routing, WorkerQueryRun, execute_graph, round_robin
 from distfusion.stages import StageGraph
 from distfusion.transport.in_memory import InMemoryTransport
 from distfusion.worker.worker import Worker
@@ -61,6 +61,12 @@ class LocalRuntime:
     def execute(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
         """See :meth:`Runtime.execute`."""
         return execute_graph(graph, self.transport, self.urls, self.routing, self.target_partitions)
+
+    def start_query(self, query_id: str) -> WorkerQueryRun:
+        """See :meth:`Runtime.start_query`: a run on these workers keeping every output."""
+        return WorkerQueryRun(
+            query_id, self.transport, self.urls, self.routing, self.target_partitions
+        )
 
     def stats(self) -> dict[str, dict]:
         """Live tasks and bytes held, per worker URL (zero between queries)."""

@@ -6,6 +6,7 @@ execution never know which transport runs:
 =====================  ======================================================
 ``set_plan``           deliver one task's plan to a worker; it starts the task
 ``execute_partition``  read one output partition of a task as Arrow batches
+``task_stats``         wait for a task; rows and bytes of each output partition
 ``cancel_query``       stop every task of a query on a worker, free its state
 ``stats``              live tasks and bytes a worker holds
 =====================  ======================================================
@@ -49,6 +50,28 @@ class WorkerTransport(Protocol):
         Raises:
             TaskError: the task failed; stage, task, worker and cause are kept.
             QueryCancelled: the query was cancelled.
+            WorkerUnavailableError: the worker cannot be reached.
+        """
+        ...
+
+    def task_stats(
+        self, url: str, key: TaskKey, timeout_s: float | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Wait for task ``key`` on the worker at ``url``; what it produced.
+
+        Used by :class:`~distfusion.runtime.base.QueryRun` to measure a
+        finished stage (adaptive execution). Reads and frees nothing.
+        Waits for the task to finish (at most ``timeout_s`` seconds when given).
+
+        Returns:
+            ``(partition_rows, partition_bytes)``, one entry per output
+            partition of the task each: rows, and Arrow bytes
+            (``RecordBatch.nbytes``).
+
+        Raises:
+            TaskError: the task failed; stage, task, worker and cause are kept.
+            QueryCancelled: the query was cancelled.
+            TimeoutError: the task did not finish within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached.
         """
         ...

@@ -7,6 +7,9 @@ The worker protocol on the wire (served by
       DoAction "set_plan"   body: TaskPlan JSON ──> queue the task
       DoGet ticket {query_id, stage_id,        ──> wait for the task, stream
              task_index, partition, timeout_s}      the partition as Arrow IPC
+      DoAction "task_stats" body {query_id,    ──> wait for the task, answer
+             stage_id, task_index, timeout_s}      {"partition_rows": [..],
+                                                    "partition_bytes": [..]}
       DoAction "cancel_query" body: query id   ──> stop tasks, free state
       DoAction "keepalive" body: [query ids]   ──> the coordinator is alive
       DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
@@ -39,7 +42,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -68,6 +71,7 @@ ACTION_SET_PLAN = "set_plan"
 ACTION_CANCEL_QUERY = "cancel_query"
 ACTION_KEEPALIVE = "keepalive"
 ACTION_STATS = "stats"
+ACTION_TASK_STATS = "task_stats"
 
 _ERROR_MARK = "distfusion-error"
 _ABORTED_KEPT = 4096
@@ -221,6 +225,34 @@ def decode_ticket(data: bytes) -> tuple[TaskKey, int, float | None]:
         raise ValueError(msg) from exc
 
 
+def encode_task_request(key: TaskKey, timeout_s: float | None) -> bytes:
+    """The body of a ``task_stats`` action naming task ``key`` (JSON bytes)."""
+    return json.dumps(
+        {
+            "query_id": key.query_id,
+            "stage_id": key.stage_id,
+            "task_index": key.task_index,
+            "timeout_s": timeout_s,
+        }
+    ).encode()
+
+
+def decode_task_request(data: bytes) -> tuple[TaskKey, float | None]:
+    """Inverse of :func:`encode_task_request`.
+
+    Raises:
+        ValueError: ``data`` is not a task request.
+    """
+    try:
+        d = json.loads(data)
+        key = TaskKey(str(d["query_id"]), int(d["stage_id"]), int(d["task_index"]))
+        timeout_s = d.get("timeout_s")
+        return key, None if timeout_s is None else float(timeout_s)
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"not a distfusion task request: {exc}"
+        raise ValueError(msg) from exc
+
+
 def task_name(key: TaskKey) -> str:
     """``"query 1a2b3c4d stage 1 task 0"``: how errors name a task."""
     return f"query {key.query_id[:8]} stage {key.stage_id} task {key.task_index}"
@@ -288,15 +320,18 @@ class FlightWorkerTransport:
     def _options(self, timeout_s: float | None):
         return self._flight.FlightCallOptions(timeout=timeout_s, headers=self._headers)
 
-    def _action(self, url: str, name: str, body: bytes, timeout_s: float | None) -> list[bytes]:
+    def _action(
+        self, url: str, name: str, body: bytes, timeout_s: float | None, what: str | None = None
+    ) -> list[bytes]:
+        what = what or name
         client = self._client(url)
         try:
             results = client.do_action(self._flight.Action(name, body), self._options(timeout_s))
             return [r.body.to_pybytes() for r in results]
         except self._flight.FlightError as exc:
-            raise decode_error(url, name, exc) from None
+            raise decode_error(url, what, exc) from None
         except OSError as exc:  # pyarrow maps some gRPC failures to IOError
-            raise WorkerUnavailableError(url, f"{name}: {exc}") from None
+            raise WorkerUnavailableError(url, f"{what}: {exc}") from None
 
     # ------------------------------------------------------------- protocol
     def set_plan(self, url: str, plan: TaskPlan) -> None:
@@ -331,31 +366,70 @@ class FlightWorkerTransport:
         """
         what = f"reading partition {partition} of {task_name(key)}"
         client = self._client(url)
+
+        def read(wait_s: float) -> Iterator[pa.RecordBatch]:
+            ticket = self._flight.Ticket(encode_ticket(key, partition, wait_s))
+            try:
+                reader = client.do_get(ticket, self._options(wait_s + self.action_timeout_s))
+                return iter([chunk.data for chunk in reader])
+            except self._flight.FlightError as exc:
+                raise decode_error(url, what, exc) from None
+            except OSError as exc:
+                raise WorkerUnavailableError(url, f"{what}: {exc}") from None
+
+        return self._long_poll(url, key, timeout_s, read)
+
+    def task_stats(
+        self, url: str, key: TaskKey, timeout_s: float | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """See :meth:`WorkerTransport.task_stats` (the ``task_stats`` action, JSON).
+
+        Raises:
+            TaskError: the task failed on its worker (its fields as the worker set them).
+            QueryCancelled: the query was cancelled on the worker.
+            TimeoutError: the task did not finish within ``timeout_s`` seconds.
+            WorkerUnavailableError: the worker cannot be reached.
+            AuthenticationError: the worker rejected the token.
+            TransportError: the worker's answer is not a task's stats.
+        """
+
+        def ask(wait_s: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+            body = encode_task_request(key, wait_s)
+            what = f"waiting for {task_name(key)}"
+            (answer,) = self._action(
+                url, ACTION_TASK_STATS, body, wait_s + self.action_timeout_s, what
+            )
+            try:
+                d = json.loads(answer)
+                return tuple(map(int, d["partition_rows"])), tuple(map(int, d["partition_bytes"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                msg = f"worker {url} answered task_stats of {task_name(key)} badly: {exc}"
+                raise TransportError(msg) from None
+
+        return self._long_poll(url, key, timeout_s, ask)
+
+    def _long_poll(self, url: str, key: TaskKey, timeout_s: float | None, call: Callable):
+        """``call(wait_s)`` until task ``key`` is done, ``timeout_s`` passed or the query aborted.
+
+        Each call waits at most ``poll_s`` on the worker, so this thread runs
+        Python between calls (Ctrl-C is seen, a dead worker is noticed by the
+        next call, :meth:`abort_query` takes effect) however long the task runs.
+        ``call`` raises :class:`_PollExpired` when the worker's wait ended first.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             aborted = self._aborted.get(key.query_id)
             if aborted is not None:
                 raise aborted
-            # Long-poll: each call waits at most poll_s on the worker, so this
-            # thread runs Python between calls (Ctrl-C is seen, a dead worker is
-            # noticed by the next call) however long the task runs.
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait_s = self.poll_s if left is None else min(self.poll_s, left)
-            ticket = self._flight.Ticket(encode_ticket(key, partition, wait_s))
             try:
-                reader = client.do_get(ticket, self._options(wait_s + self.action_timeout_s))
-                batches = [chunk.data for chunk in reader]
-            except self._flight.FlightError as exc:
-                err = decode_error(url, what, exc)
-                if isinstance(err, _PollExpired) and (left is None or left > wait_s):
+                return call(wait_s)
+            except _PollExpired:
+                if left is None or left > wait_s:
                     continue
-                if isinstance(err, _PollExpired):
-                    msg = f"worker {url}: {task_name(key)} did not finish within {timeout_s} s"
-                    raise TimeoutError(msg) from None
-                raise err from None
-            except OSError as exc:
-                raise WorkerUnavailableError(url, f"{what}: {exc}") from None
-            return iter(batches)
+                msg = f"worker {url}: {task_name(key)} did not finish within {timeout_s} s"
+                raise TimeoutError(msg) from None
 
     def cancel_query(self, url: str, query_id: str) -> None:
         """See :meth:`WorkerTransport.cancel_query`; waits at most ``cancel_timeout_s``."""

@@ -45,6 +45,12 @@ class InMemoryTransport:
         """See :meth:`WorkerTransport.execute_partition`."""
         return self._worker(url).execute_partition(key, partition, timeout_s)
 
+    def task_stats(
+        self, url: str, key: TaskKey, timeout_s: float | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """See :meth:`WorkerTransport.task_stats`."""
+        return self._worker(url).task_stats(key, timeout_s)
+
     def cancel_query(self, url: str, query_id: str) -> None:
         """See :meth:`WorkerTransport.cancel_query`."""
         worker = self.workers.get(url)

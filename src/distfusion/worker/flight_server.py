@@ -8,6 +8,8 @@ whose tasks read their inputs from other workers through a
               ┌──────────── FlightWorker (gRPC threads) ────────────┐
     set_plan ─┼─> TaskPlan.from_json ──> Worker.set_plan (FIFO pool) │
     DoGet ────┼─> Worker.execute_partition ──> Arrow stream          │
+    stats of ─┼─> Worker.task_stats ──> rows, bytes per partition   │
+    a task    │                                                      │
     cancel ───┼─> Worker.cancel_query                                │
     stats ────┼─> Worker.stats + plans received + live queries       │
               │  reaper thread: a query nobody asked about for       │
@@ -50,8 +52,10 @@ from distfusion.transport.flight import (
     ACTION_KEEPALIVE,
     ACTION_SET_PLAN,
     ACTION_STATS,
+    ACTION_TASK_STATS,
     TOKEN_ENV,
     FlightWorkerTransport,
+    decode_task_request,
     decode_ticket,
     encode_error,
     import_flight,
@@ -104,6 +108,7 @@ class _Server(flight.FlightServerBase):
             (ACTION_CANCEL_QUERY, "stop every task of a query and free its state"),
             (ACTION_KEEPALIVE, "the coordinator of these query ids (JSON list) is alive"),
             (ACTION_STATS, "live tasks, bytes held, plans received (JSON)"),
+            (ACTION_TASK_STATS, "wait for a task; rows and bytes per output partition (JSON)"),
         ]
 
     def do_get(self, context, ticket):
@@ -236,6 +241,13 @@ class FlightWorker:
                 self._plans_received += 1
             self.worker.set_plan(plan)
             return []
+        if name == ACTION_TASK_STATS:
+            key, timeout_s = decode_task_request(body)
+            self._touch(key.query_id)
+            rows, nbytes = self.worker.task_stats(key, timeout_s)
+            self._touch(key.query_id)
+            answer = {"partition_rows": list(rows), "partition_bytes": list(nbytes)}
+            return [json.dumps(answer).encode()]
         if name == ACTION_CANCEL_QUERY:
             query_id = body.decode()
             self._cancel(query_id)

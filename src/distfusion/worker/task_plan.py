@@ -50,6 +50,12 @@ class TaskPlan:
         output: how the output is split into partitions.
         target_partitions: DataFusion's ``target_partitions`` inside the task
             (threads one task may use).
+        keep_output: the worker keeps every output partition until the query
+            is cancelled, however often it is read, instead of freeing each
+            after ``output.readers`` reads. Set for tasks run stage by stage
+            (:class:`~distfusion.runtime.base.QueryRun`): a later plan of the
+            query may read a finished stage again, differently (its shuffle
+            output as a broadcast, its partitions coalesced).
     """
 
     key: TaskKey
@@ -59,6 +65,7 @@ class TaskPlan:
     input_workers: tuple[tuple[str, ...], ...]
     output: OutputPartitioning
     target_partitions: int = 1
+    keep_output: bool = False
 
     @classmethod
     def for_task(
@@ -68,6 +75,7 @@ class TaskPlan:
         task_index: int,
         input_workers: tuple[tuple[str, ...], ...],
         target_partitions: int,
+        keep_output: bool = False,
     ) -> TaskPlan:
         """The plan of task ``task_index`` of ``stage``.
 
@@ -77,6 +85,7 @@ class TaskPlan:
             task_index: 0-based, below ``stage.num_tasks``.
             input_workers: one tuple of producer-task URLs per ``stage.inputs``.
             target_partitions: threads the task may use (>= 1).
+            keep_output: see :attr:`keep_output`.
         """
         scans = tuple(
             ScanShare(_without_units(s.source), s.task_units[task_index]) for s in stage.scans
@@ -89,6 +98,7 @@ class TaskPlan:
             input_workers=input_workers,
             output=stage.output,
             target_partitions=max(1, target_partitions),
+            keep_output=keep_output,
         )
 
     def input_reads(self, i: int) -> list[tuple[str, TaskKey, int]]:
@@ -141,6 +151,7 @@ class TaskPlan:
                     "readers": self.output.readers,
                 },
                 "target_partitions": self.target_partitions,
+                "keep_output": self.keep_output,
             }
         )
 
@@ -183,6 +194,7 @@ class TaskPlan:
                     o["readers"],
                 ),
                 target_partitions=d["target_partitions"],
+                keep_output=bool(d.get("keep_output", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"not a distfusion task plan: {exc}"

@@ -6,9 +6,12 @@ and a network worker server (which forwards its requests to a :class:`Worker`).
 
 Lifecycle of a task on a worker::
 
-    set_plan(plan) ──> queued ──> running ──> done: partitions held
+    set_plan(plan) ──> queued ──> running ──> done: partitions held, their
+                                      │            │ rows and bytes counted
                                       │            │ each partition freed after
-                                      │            │ ``output.readers`` reads
+                                      │            │ ``output.readers`` reads (or
+                                      │            │ kept until cancel_query when
+                                      │            │ ``plan.keep_output``)
                                       └─> failed: the TaskError is served instead
     cancel_query(query_id): stops running tasks, drops queued ones and every
     partition of the query.
@@ -47,6 +50,8 @@ class _Task:
     partitions: list[list[pa.RecordBatch]] | None = None
     reads_left: list[int] = field(default_factory=list)
     error: BaseException | None = None
+    partition_rows: tuple[int, ...] = ()
+    partition_bytes: tuple[int, ...] = ()
 
 
 class Worker:
@@ -88,7 +93,8 @@ class Worker:
         """The batches of output ``partition`` of task ``key``, once the task is done.
 
         Blocks until the task finishes. The partition is freed after it has been
-        read by all its readers.
+        read by all its readers, unless the plan says ``keep_output`` (then it
+        is held until :meth:`cancel_query`).
 
         Raises:
             TaskError: the task failed (its own error, with stage, task, worker).
@@ -100,16 +106,44 @@ class Worker:
         with self._lock:
             if task.error is not None:
                 raise task.error
-            if task.partitions is None or task.reads_left[partition] <= 0:
+            if (
+                task.partitions is None
+                or not 0 <= partition < len(task.partitions)
+                or task.reads_left[partition] <= 0
+            ):
                 msg = f"partition {partition} of task {key} is not held by worker {self.url}"
                 raise KeyError(msg)
             batches = task.partitions[partition]
+            if task.plan.keep_output:
+                return iter(batches)
             task.reads_left[partition] -= 1
             if task.reads_left[partition] == 0:
                 task.partitions[partition] = []
             if not any(task.reads_left):
                 self._tasks.pop(key, None)
         return iter(batches)
+
+    def task_stats(
+        self, key: TaskKey, timeout_s: float | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What task ``key`` produced, once it is done: rows and bytes per output partition.
+
+        Blocks until the task finishes. Reads nothing and frees nothing.
+
+        Returns:
+            ``(partition_rows, partition_bytes)``, one entry per output
+            partition each: rows, and Arrow bytes (``RecordBatch.nbytes``).
+
+        Raises:
+            TaskError: the task failed (its own error, with stage, task, worker).
+            QueryCancelled: the query was cancelled on this worker.
+            TimeoutError: ``timeout_s`` seconds passed without the task finishing.
+        """
+        task = self._wait(key, timeout_s)
+        with self._lock:
+            if task.error is not None:
+                raise task.error
+            return task.partition_rows, task.partition_bytes
 
     def cancel_query(self, query_id: str) -> None:
         """Stop every task of ``query_id`` and drop all its state on this worker."""
@@ -181,8 +215,11 @@ class Worker:
                 cancelled=lambda: self._is_cancelled(qid),
                 worker=self.url,
             )
+            rows = tuple(sum(b.num_rows for b in p) for p in partitions)
+            nbytes = tuple(sum(b.nbytes for b in p) for p in partitions)
             with self._lock:
                 task.partitions = partitions
+                task.partition_rows, task.partition_bytes = rows, nbytes
         except (TaskError, QueryCancelled) as exc:
             task.error = exc
         except Exception as exc:  # reading an input failed, or a bug: name the task
