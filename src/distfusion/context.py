@@ -32,8 +32,13 @@ from substrait.proto import Plan
 
 from distfusion.errors import PlanningError
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+from distfusion.planner.inject_network_boundaries import (
+    MaterializedStage,
+    PlannerConfig,
+    plan_stages,
+)
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
+from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime
 from distfusion.sources import (
     TableSource,
@@ -79,6 +84,11 @@ class DistributedConfig:
             aggregate, a filtered dimension joined first). 0 turns them off.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
+        adaptive: plan the rest of a query again over the measured output of
+            the stages that decide it (default True; see
+            :mod:`distfusion.runtime.adaptive`): a shuffle join whose finished
+            side is small becomes a broadcast, runtime filters and task counts
+            follow actual sizes. False: the static plan runs as is.
     """
 
     bytes_per_task: int | None = None
@@ -88,6 +98,7 @@ class DistributedConfig:
     replicate_scan_bytes: int = 4 * 1024 * 1024
     runtime_filter_bytes: int = 10 * 1024 * 1024
     estimator: TaskEstimator | None = None
+    adaptive: bool = True
 
     def task_estimator(self, runtime: object = None) -> TaskEstimator:
         """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
@@ -341,6 +352,9 @@ class DistributedDataFrame:
         self.context = context
         self.df = df
         self._graph: StageGraph | None = None
+        self._plan_bytes: bytes | None = None
+        self.last_run: AdaptiveReport | None = None
+        """What adaptive execution did in the last run (None before a run)."""
 
     def schema(self) -> pa.Schema:
         """The result's Arrow schema."""
@@ -349,13 +363,9 @@ class DistributedDataFrame:
     def _is_query(self) -> bool:
         return len(self.df.schema()) > 0  # DDL has no columns
 
-    def stage_graph(self) -> StageGraph:
-        """The distributed plan (planned once, on first use).
-
-        Raises:
-            PlanningError: the plan cannot be distributed or the runtime has no worker.
-        """
-        if self._graph is None:
+    def _substrait(self) -> bytes:
+        """The optimized query as Substrait plan bytes (made once)."""
+        if self._plan_bytes is None:
             ctx = self.context
             try:
                 logical = self.df.optimized_logical_plan()
@@ -365,23 +375,57 @@ class DistributedDataFrame:
                 msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
                 raise PlanningError(msg) from exc
             rewrite_null_aware_anti_joins(plan, logical)
-            config = PlannerConfig(
-                workers=ctx.runtime.num_workers(),
-                estimator=ctx.config.task_estimator(ctx.runtime),
-                broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
-                max_broadcast_bytes=ctx.config.max_broadcast_bytes,
-                replicate_scan_bytes=ctx.config.replicate_scan_bytes,
-                runtime_filter_bytes=ctx.config.runtime_filter_bytes,
-            )
-            self._graph = plan_stages(plan, ctx.sources, config)
+            self._plan_bytes = plan.SerializeToString()
+        return self._plan_bytes
+
+    def _planner_config(self) -> PlannerConfig:
+        ctx = self.context
+        runtime = ctx.runtime
+        return PlannerConfig(
+            workers=runtime.num_workers(),
+            estimator=ctx.config.task_estimator(runtime),
+            broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
+            max_broadcast_bytes=ctx.config.max_broadcast_bytes,
+            replicate_scan_bytes=ctx.config.replicate_scan_bytes,
+            runtime_filter_bytes=ctx.config.runtime_filter_bytes,
+            max_tasks=getattr(runtime, "max_tasks", None),
+            broadcast_copies=getattr(runtime, "broadcast_copies", None),
+        )
+
+    def _plan(
+        self,
+        config: PlannerConfig,
+        materialized: dict[str, MaterializedStage] | None = None,
+        query_id: str | None = None,
+    ) -> StageGraph:
+        """Plan the query (over the stages that ran, for adaptive execution)."""
+        plan = Plan()
+        plan.ParseFromString(self._substrait())  # the planner rewrites its plan in place
+        return plan_stages(plan, self.context.sources, config, materialized, query_id)
+
+    def stage_graph(self) -> StageGraph:
+        """The static distributed plan (planned once, on first use).
+
+        With adaptive execution (the default) a run may change the plan of
+        the stages not yet run; :meth:`explain` after a run shows what ran.
+
+        Raises:
+            PlanningError: the plan cannot be distributed or the runtime has no worker.
+        """
+        if self._graph is None:
+            self._graph = self._plan(self._planner_config())
         return self._graph
 
     def explain(self) -> str:
         """The distributed plan as text.
 
         Stages head first, with task counts, boundaries, work units per task and
-        each stage's fragment as DataFusion renders it.
+        each stage's fragment as DataFusion renders it. After an adaptive run,
+        the plan that ran, the measured size of every stage run before the
+        rest was planned, and each adaptive decision with the sizes it used.
         """
+        if self.last_run is not None and self.last_run.graphs:
+            return self.last_run.render()
         return self.stage_graph().render()
 
     def execute_stream(self) -> Iterator[pa.RecordBatch]:
@@ -396,9 +440,25 @@ class DistributedDataFrame:
         """
         if not self._is_query():
             return iter(())
+        ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
-        graph = dataclasses.replace(self.stage_graph(), query_id=str(uuid.uuid4()))
-        return _named(self.context.runtime.execute(graph), self.df.schema().names)
+        query_id = str(uuid.uuid4())
+        names = self.df.schema().names
+        if not ctx.config.adaptive:
+            graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
+            return _named(ctx.runtime.execute(graph), names)
+        config = self._planner_config()
+        self.stage_graph()  # planning errors before anything runs
+        self.last_run = AdaptiveReport()
+        batches = run_adaptive(
+            lambda materialized: self._plan(config, materialized, query_id),
+            ctx.runtime,
+            query_id,
+            config.estimator,
+            config.workers,
+            self.last_run,
+        )
+        return _named(batches, names)
 
     def collect(self) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for errors)."""

@@ -159,6 +159,11 @@ class Stage:
         output: how the output is partitioned for the consumer.
         plan_text: DataFusion's rendering of the fragment, for ``explain()``.
         output_schema: the Arrow schema of the stage output the consumer reads.
+        estimated_rows: the planner's estimate of the output's rows.
+        estimated_bytes: the planner's estimate of the output's Arrow bytes.
+        computation: a digest of what the stage computes (fragment, task
+            count, inputs), whatever its output partitioning: adaptive
+            execution recognises a stage that ran when it plans again.
     """
 
     stage_id: int
@@ -169,6 +174,9 @@ class Stage:
     output: OutputPartitioning
     plan_text: str
     output_schema: pa.Schema
+    estimated_rows: float = 0.0
+    estimated_bytes: float = 0.0
+    computation: str = ""
 
     @property
     def is_leaf(self) -> bool:

@@ -36,6 +36,7 @@ first, fast second.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass, field, replace
 
@@ -91,7 +92,7 @@ from distfusion.stages import (
 )
 from distfusion.worker.execute_task import hash_type
 
-__all__ = ["PlannerConfig", "plan_stages"]
+__all__ = ["MaterializedStage", "PlannerConfig", "plan_stages"]
 
 _J = JoinRel
 # Join types whose right side may be broadcast (the left side is probed per task).
@@ -171,6 +172,9 @@ class _Fragment:
     partitioning: tuple[int, ...] | None = None
     # A stage whose output holds every value of the partitioning columns.
     key_source: _KeySource | None = None
+    # Set when the fragment is only the read of a stage that ran already
+    # (adaptive execution): that stage, and the read's serialized bytes.
+    passthrough: tuple[MaterializedStage, bytes] | None = None
 
     def with_rel(
         self, rel: Rel, est: Estimate | None = None, partitioning: tuple[int, ...] | None = None
@@ -178,13 +182,39 @@ class _Fragment:
         """``rel`` over this fragment; ``partitioning`` carries it (and its key source)."""
         source = self.key_source if partitioning is not None else None
         return replace(
-            self, rel=rel, est=est or self.est, partitioning=partitioning, key_source=source
+            self,
+            rel=rel,
+            est=est or self.est,
+            partitioning=partitioning,
+            key_source=source,
+            passthrough=None,
         )
 
 
 @dataclass(frozen=True)
+class MaterializedStage:
+    """A stage that ran (adaptive execution), as the planner sees it when it plans again.
+
+    Attributes:
+        stage: the stage as it ran (its id, task count and output stay valid).
+        rows: rows of its output, measured.
+        bytes: Arrow bytes of its output, measured.
+    """
+
+    stage: Stage
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class PlannerConfig:
-    """Knobs of the planner (see :class:`~distfusion.context.DistributedConfig`)."""
+    """Knobs of the planner (see :class:`~distfusion.context.DistributedConfig`).
+
+    ``max_tasks``: cap on a stage's tasks when it is not the worker count (on
+    Spark, where slots only limit concurrency). ``broadcast_copies``: how many
+    copies of a broadcast the runtime makes at most whatever the probe's task
+    count (Spark ships one per executor Python worker); None: one per task.
+    """
 
     workers: int
     estimator: TaskEstimator
@@ -192,6 +222,13 @@ class PlannerConfig:
     max_broadcast_bytes: int = 100 * 1024 * 1024
     replicate_scan_bytes: int = 4 * 1024 * 1024
     runtime_filter_bytes: int = 10 * 1024 * 1024
+    max_tasks: int | None = None
+    broadcast_copies: int | None = None
+
+    @property
+    def task_cap(self) -> int:
+        """Most tasks a stage may get: ``max_tasks`` when set, else the workers."""
+        return self.max_tasks or self.workers
 
     def broadcast_pays(self, build_bytes: float, probe_bytes: float, probe_tasks: int) -> bool:
         """Whether to broadcast a join side of ``build_bytes`` to ``probe_tasks`` tasks.
@@ -203,7 +240,8 @@ class PlannerConfig:
         """
         if build_bytes <= self.broadcast_threshold_bytes:
             return True
-        replicated = build_bytes * max(probe_tasks - 1, 0)
+        copies = min(probe_tasks, self.broadcast_copies or probe_tasks)
+        replicated = build_bytes * max(copies - 1, 0)
         return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes
 
 
@@ -214,6 +252,8 @@ class _Planner:
         sources: dict[str, TableSource],
         config: PlannerConfig,
         oracle: SchemaOracle,
+        materialized: dict[str, MaterializedStage] | None = None,
+        first_stage_id: int = 1,
     ) -> None:
         self.plan = plan
         self.sources = sources
@@ -225,6 +265,88 @@ class _Planner:
         self.computed: dict[tuple, int] = {}
         self.reuses = 0
         self.query_id = str(uuid.uuid4())
+        # Stages that ran, by computation digest and by id (adaptive execution).
+        self.materialized = materialized or {}
+        self.ran = {m.stage.stage_id: m.stage for m in self.materialized.values()}
+        self.next_stage_id = max([first_stage_id - 1, *self.ran]) + 1
+        self.tables: set[str] = set()
+
+    # ------------------------------------------------------------------ adaptive reuse
+    def _computation(self, frag: _Fragment) -> str:
+        """Digest of what ``frag`` computes: its relation, tasks, inputs and replicated scans."""
+        h = hashlib.sha1(frag.rel.SerializeToString(deterministic=True))
+        inputs = [(i.table, i.boundary, i.partitions) for i in frag.inputs]
+        h.update(repr((frag.tasks, inputs, sorted(frag.replicated))).encode())
+        return h.hexdigest()
+
+    def _include(self, stage: Stage) -> None:
+        """Put stage ``stage`` that ran (and the stages it read) into this graph, once."""
+        if any(s.stage_id == stage.stage_id for s in self.stages):
+            return
+        for inp in stage.inputs:
+            self._include(self.ran[inp.stage_id])
+        self.stages.append(stage)
+
+
+    def _read_ran(
+        self, m: MaterializedStage, kind: str, partitions: int, key_columns: tuple[int, ...]
+    ) -> tuple[Rel, StageInput] | None:
+        """Read stage ``m`` that ran as a consumer sealed with ``kind`` wants, if it can.
+
+        Its output serves as is when cut the same way; a consumer wanting every
+        row (broadcast, coalesce) reads every partition of every task. None
+        when the output cannot serve (a shuffle by other keys or counts).
+        """
+        out = m.stage.output
+        if kind == out.kind and (partitions, key_columns) == (out.num_partitions, out.key_columns):
+            boundary = COALESCE if kind == RESULT else kind
+            n = 1
+        elif kind in (BROADCAST, COALESCE):
+            boundary, n = BROADCAST, out.num_partitions
+        else:
+            return None
+        self._include(m.stage)
+        # One name per way of reading: the same read is the same fragment in
+        # every plan of the query, so later stages are recognised too.
+        natural = boundary == (COALESCE if out.kind == RESULT else out.kind)
+        table = f"__stage_{m.stage.stage_id}" + ("" if natural else f"_{boundary}")
+        declared = m.stage.output_schema
+        if table not in self.tables:
+            self.tables.add(table)
+            self.oracle.register_empty(table, declared)
+        return stage_read(table, named_struct(declared)), StageInput(
+            table, m.stage.stage_id, boundary, declared, n
+        )
+
+    def _as_ran(self, frag: _Fragment) -> _Fragment:
+        """``frag``, or the read of the stage that ran it already, with its measured size.
+
+        Like Spark AQE's query stages: the rest of the query is planned over
+        the stage's actual output (its rows, bytes, task count and hash
+        partitioning) instead of the estimate of what it would be.
+        """
+        m = self.materialized.get(self._computation(frag))
+        if m is None:
+            return frag
+        out = m.stage.output
+        est = Estimate(m.rows, m.bytes, frag.est.kept)
+        num_columns = out.num_columns if out.num_columns is not None else len(m.stage.output_schema)
+        if out.kind == SHUFFLE and out.num_partitions > 1:
+            read, inp = self._read_ran(m, SHUFFLE, out.num_partitions, out.key_columns)
+            keys = out.key_columns
+            part = keys if keys and all(k < num_columns for k in keys) else None
+            tasks = out.num_partitions
+        else:
+            read, inp = self._read_ran(m, BROADCAST, 1, ())
+            part, tasks = None, 1
+        return _Fragment(
+            read,
+            tasks,
+            est,
+            [inp],
+            partitioning=part,
+            passthrough=(m, read.SerializeToString(deterministic=True)),
+        )
 
     # ------------------------------------------------------------------ sealing
     def seal(
@@ -235,7 +357,11 @@ class _Planner:
         keys: list[Expression] | None = None,
         readers: int = 1,
     ) -> tuple[Rel, StageInput]:
-        """Close ``frag`` as a stage; return the consumer's ``ReadRel`` and input."""
+        """Close ``frag`` as a stage; return the consumer's ``ReadRel`` and input.
+
+        A stage that ran already (adaptive execution) is read again when its
+        output can serve (:meth:`_read_ran`) rather than planned once more.
+        """
         rel = frag.rel
         key_columns: list[int] = []
         base_schema = self.oracle.schema(rel)
@@ -248,6 +374,17 @@ class _Planner:
             else:
                 key_columns.append(num_columns + len(appended))
                 appended.append(k)
+        computation = self._computation(frag) if self.materialized else ""
+        if self.materialized:
+            m = self.materialized.get(computation)
+            if frag.passthrough is not None:
+                ran, read_bytes = frag.passthrough
+                if rel.SerializeToString(deterministic=True) == read_bytes:
+                    m = ran
+            if m is not None:
+                found = self._read_ran(m, kind, partitions, tuple(key_columns))
+                if found is not None:
+                    return found
         if appended:
             proj = Rel()
             proj.project.input.CopyFrom(rel)
@@ -275,7 +412,8 @@ class _Planner:
             except Exception as exc:  # DataFusion raises bare Exception
                 msg = f"DataFusion cannot consume a plan fragment: {exc}"
                 raise PlanningError(msg) from exc
-            stage_id = len(self.stages) + 1
+            stage_id = self.next_stage_id
+            self.next_stage_id += 1
             self.computed[what] = len(self.stages)
             self.stages.append(
                 Stage(
@@ -293,9 +431,13 @@ class _Planner:
                     ),
                     plan_text=plan_text,
                     output_schema=declared,
+                    estimated_rows=frag.est.rows,
+                    estimated_bytes=frag.est.bytes,
+                    computation=computation or self._computation(frag),
                 )
             )
             table = f"__stage_{stage_id}"
+        self.tables.add(table)
         self.oracle.register_empty(table, declared)
         boundary = COALESCE if kind == RESULT else kind
         return stage_read(table, named_struct(declared)), StageInput(
@@ -337,7 +479,7 @@ class _Planner:
 
     def shuffle_tasks(self, est: Estimate) -> int:
         n = self.config.estimator.shuffle_tasks(int(est.bytes), self.config.workers)
-        return max(1, min(n, self.config.workers))
+        return max(1, min(n, self.config.task_cap))
 
     def exchange(
         self, frag: _Fragment, n: int, keys: list[Expression] | None
@@ -408,7 +550,7 @@ class _Planner:
         )
         read = stage_read(source.input.table, named_struct(schema))
         rel = join_rel(frag.rel, read, condition, _J.JOIN_TYPE_LEFT_SEMI)
-        index = source.input.stage_id - 1
+        index = next(i for i, s in enumerate(self.stages) if s.stage_id == source.input.stage_id)
         producer = self.stages[index]
         readers = producer.output.readers + frag.tasks
         self.stages[index] = replace(producer, output=replace(producer.output, readers=readers))
@@ -426,6 +568,10 @@ class _Planner:
 
     # ------------------------------------------------------------------ visiting
     def visit(self, rel: Rel) -> _Fragment:
+        frag = self._visit(rel)
+        return self._as_ran(frag) if self.materialized else frag
+
+    def _visit(self, rel: Rel) -> _Fragment:
         method = getattr(self, f"visit_{rel_kind(rel)}", None)
         if method is None:
             return self.visit_single(rel)
@@ -489,7 +635,7 @@ class _Planner:
         scan_bytes = source.projected_bytes(cols)
         rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
         tasks = self.config.estimator.leaf_tasks(scan_bytes, len(source.units), self.config.workers)
-        tasks = max(1, min(tasks, self.config.workers, len(source.units)))
+        tasks = max(1, min(tasks, self.config.task_cap, len(source.units)))
         return _Fragment(unproject_read(rel), tasks, Estimate(rows, scan_bytes))
 
     def _pipeline(self, rel: Rel, factor: float = 1.0) -> _Fragment:
@@ -830,7 +976,7 @@ class _Planner:
         est = sum((f.est for f in frags), Estimate(0, 0))
         if rel.set.op != SetRel.SET_OP_UNION_ALL or all(f.tasks == 1 for f in frags):
             return self.visit_single(rel, frags)
-        n = max(1, min(self.config.workers, max(f.tasks for f in frags)))
+        n = max(1, min(self.config.task_cap, max(f.tasks for f in frags)))
         reads, inputs = [], []
         for f in frags:
             read, inp = self.exchange(f, n, None)
@@ -1011,7 +1157,13 @@ def _split_units(units: tuple[WorkUnit, ...], tasks: int) -> tuple[tuple[WorkUni
     return tuple(tuple(b) for b in bins)
 
 
-def plan_stages(plan: Plan, sources: dict[str, TableSource], config: PlannerConfig) -> StageGraph:
+def plan_stages(
+    plan: Plan,
+    sources: dict[str, TableSource],
+    config: PlannerConfig,
+    materialized: dict[str, MaterializedStage] | None = None,
+    query_id: str | None = None,
+) -> StageGraph:
     """Cut a Substrait plan into a :class:`StageGraph`.
 
     The plan is first rewritten in place by the join rules of
@@ -1024,6 +1176,11 @@ def plan_stages(plan: Plan, sources: dict[str, TableSource], config: PlannerConf
         plan: the Substrait plan DataFusion produced for the optimized logical plan.
         sources: every registered table, by name.
         config: worker count, task estimator and broadcast threshold.
+        materialized: stages of this query that ran already, by
+            :attr:`Stage.computation` (adaptive execution). A subtree one of
+            them computes is read from it, planned over its measured size;
+            new stages get ids above theirs.
+        query_id: the graph's query id (default: a new UUID).
 
     Returns:
         The stages, producers first, the head stage (1 task) last.
@@ -1039,4 +1196,7 @@ def plan_stages(plan: Plan, sources: dict[str, TableSource], config: PlannerConf
     push_semi_joins(plan, oracle)
     push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
     reduce_aggregate_inputs(plan, oracle, sources, config.runtime_filter_bytes)
-    return _Planner(plan, sources, config, oracle).run()
+    planner = _Planner(plan, sources, config, oracle, materialized)
+    if query_id is not None:
+        planner.query_id = query_id
+    return planner.run()

@@ -42,6 +42,7 @@ import pickle
 import re
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 
@@ -49,7 +50,7 @@ import pyarrow as pa
 
 from distfusion.errors import PlanningError, TaskError, TransportError
 from distfusion.resolver import SparkWorkerResolver
-from distfusion.runtime.base import default_target_partitions, task_threads
+from distfusion.runtime.base import QueryRun, StageStats, default_target_partitions, task_threads
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.worker.execute_task import without_views
 
@@ -200,6 +201,20 @@ class SparkRuntime:
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
+    max_tasks = 1024
+    """Most tasks a stage gets: on Spark, slots limit how many tasks run at once,
+    not how many a stage has (the scheduler queues them), so task counts follow
+    the data size (``bytes_per_task``) up to this."""
+
+    @property
+    def broadcast_copies(self) -> int:
+        """Copies of a broadcast Spark makes at most: one per task slot's Python worker.
+
+        Executors fetch a ``Broadcast`` once and each reused Python worker loads
+        it once, however many tasks of the stage read it.
+        """
+        return len(self.resolver.get_urls()) or 1
+
     def num_workers(self) -> int:
         """Task slots of the Spark application (local mode: one per core).
 
@@ -227,7 +242,15 @@ class SparkRuntime:
             TransportError: Spark failed the job for another reason (an executor
                 lost, the session stopped).
         """
-        return _SparkQuery(self, graph).run()
+        run = self.start_query(graph.query_id)
+        try:
+            yield from run.stream_head(graph)
+        finally:
+            run.close()
+
+    def start_query(self, query_id: str) -> QueryRun:
+        """Start query ``query_id`` stage by stage (see :class:`~distfusion.runtime.base.QueryRun`)."""
+        return _SparkQuery(self, query_id)
 
     def stats(self) -> dict[str, dict]:
         """Live tasks and bytes held for queries, under the Spark master's URL.
@@ -259,52 +282,115 @@ def job_group(query_id: str) -> str:
 
 
 class _SparkQuery:
-    """One execution of a stage graph on Spark (driver side)."""
+    """One query on Spark, stage by stage, on the driver: a :class:`~distfusion.runtime.base.QueryRun`.
 
-    def __init__(self, runtime: SparkRuntime, graph: StageGraph) -> None:
+    A stage that ran keeps its output where Spark put it for every later graph
+    of the query: its shuffle files (the map stage of its ``partitionBy``,
+    run by ``SparkContext.submitMapStage`` as Spark's AQE runs query stages),
+    or its records on the driver and their ``Broadcast``. Consumers planned
+    later read those again: a shuffle output as a broadcast (collected from
+    the shuffle files, nothing recomputed), or with partitions coalesced
+    (``RDD.coalesce`` over the shuffled RDD; Spark picks which partitions a
+    task reads, the count follows the plan).
+    """
+
+    def __init__(self, runtime: SparkRuntime, query_id: str) -> None:
         self.runtime = runtime
         self.sc = runtime.sc
-        self.graph = graph
-        self.group = job_group(graph.query_id)
-        self.rdds: dict[int, object] = {}  # stage id -> RDD of (partition, (task, ipc))
-        self.broadcasts: dict[int, object] = {}  # stage id -> Broadcast of [(task, ipc)]
-        # Stage id -> its output on the driver: [(partition, task, ipc)], every partition.
-        self.values: dict[int, list[tuple[int, int, bytes]]] = {}
+        self.query_id = query_id
+        self.group = job_group(query_id)
+        self.graph: StageGraph | None = None
+        # One partition function per query: PySpark partitioners are equal, and
+        # Spark unions shuffled RDDs partition by partition, only when their
+        # functions are one object. A lambda: executors unpickle it without distfusion.
+        self.identity = lambda p: p
+        self.ran: set[int] = set()  # stage ids that ran; valid in every later graph
+        self.shuffled: dict[int, object] = {}  # stage id -> output partitionBy'd: (p, (sid, task, ipc))
+        self.values: dict[int, list[tuple[int, int, bytes]]] = {}  # stage id -> output on the driver
+        self.broadcasts: dict[int, object] = {}  # stage id -> Broadcast of [(task, ipc)], all partitions
+        self.rdds: dict[int, object] = {}  # stage id -> output records (p, (task, ipc)); this graph
         self.on_driver: set[int] = set()  # stages run here rather than on Spark
         self.persisted: list = []
-        self.uses = _uses(graph)
+        self.uses: dict[int, int] = {}
+        self.acc = self.sc.accumulator({}, _merge_param())  # (stage, task, partition) -> (rows, bytes)
+        self.finished = False
+        self.closed = False
 
-    # ------------------------------------------------------------------ driver
-    def run(self) -> Iterator[pa.RecordBatch]:
+    # ------------------------------------------------------------------ QueryRun
+    def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
+        """See :meth:`QueryRun.run_stages`: broadcast outputs are collected, shuffles written."""
+        start = time.perf_counter()
+        self._use(graph)
+        self._set_job_group()
+        stages = [graph.stage(sid) for sid in stage_ids]
+        self._prepare_broadcasts(stages, outputs=True)
+        dependencies = [
+            self._shuffle_dependency(self._shuffled(s.stage_id))
+            for s in stages
+            if s.output.kind != BROADCAST
+        ]
+        futures = [self.sc._jsc.sc().submitMapStage(dep) for dep in dependencies]
+        for future in futures:
+            self._spark_call(future.get)
+        self.ran.update(stage_ids)
+        elapsed = time.perf_counter() - start
+        return {s.stage_id: self._stage_stats(s, elapsed) for s in stages}
+
+    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        """See :meth:`QueryRun.stream_head`: one Spark job per broadcast round and one for the head's inputs."""
         from distfusion.worker.execute_task import stream_head_stage
         from distfusion.worker.task_plan import TaskPlan
 
-        sc = self.sc
-        finished = False
-        sc.setJobGroup(self.group, f"distfusion query {self.graph.query_id[:8]}", True)
-        try:
-            head = self.graph.head
-            self._collect_broadcasts()
-            self._collect([i.stage_id for i in head.inputs])
-            inputs = [self._input_values(inp) for inp in head.inputs]
-            plan = TaskPlan.for_task(
-                self.graph.query_id,
-                head,
-                0,
-                _dummy_workers(head, self.graph),
-                self.runtime.target_partitions,
-            )
-            yield from stream_head_stage(plan, lambda i: _decode(inputs[i]))
-            finished = True
-        finally:
-            if not finished:
-                sc.cancelJobGroup(self.group)
-            for b in self.broadcasts.values():
-                b.destroy()
-            for rdd in self.persisted:
-                rdd.unpersist()
-            self.runtime._held.pop(self.graph.query_id, None)
-            sc.setLocalProperty("spark.jobGroup.id", None)
+        self._use(graph)
+        self._set_job_group()
+        head = graph.head
+        pending = [s for s in graph.stages if s.stage_id not in self.ran]
+        self._prepare_broadcasts(pending, outputs=False)
+        self._collect([i.stage_id for i in head.inputs])
+        inputs = [self._input_values(inp) for inp in head.inputs]
+        plan = TaskPlan.for_task(
+            self.query_id, head, 0, _dummy_workers(head, graph), self.runtime.target_partitions
+        )
+        yield from stream_head_stage(plan, lambda i: _decode(inputs[i]))
+        self.finished = True
+
+    def close(self) -> None:
+        """Cancel the query's Spark jobs unless it finished; free its broadcasts and caches."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.finished:
+            self.sc.cancelJobGroup(self.group)
+        for b in self.broadcasts.values():
+            b.destroy()
+        for rdd in self.persisted:
+            rdd.unpersist()
+        self.runtime._held.pop(self.query_id, None)
+        self.sc.setLocalProperty("spark.jobGroup.id", None)
+
+    # ------------------------------------------------------------------ driver
+    def _use(self, graph: StageGraph) -> None:
+        """Plan Spark work for ``graph``: outputs of stages that did not run are forgotten."""
+        if graph is self.graph:
+            return
+        self.graph = graph
+        self.uses = _uses(graph)
+        for cache in (self.rdds, self.shuffled, self.values, self.broadcasts):
+            for sid in [sid for sid in cache if sid not in self.ran]:
+                del cache[sid]
+
+    def _set_job_group(self) -> None:
+        self.sc.setJobGroup(self.group, f"distfusion query {self.query_id[:8]}", True)
+
+    def _stage_stats(self, stage: Stage, elapsed_s: float) -> StageStats:
+        """The measured output of ``stage``, from the tasks' accumulator updates."""
+        n = stage.output.num_partitions
+        rows, nbytes = [0] * n, [0] * n
+        for (sid, _, p), (r, b) in self.acc.value.items():
+            if sid == stage.stage_id and p < n:
+                rows[p] += r
+                nbytes[p] += b
+        return StageStats(stage.stage_id, tuple(rows), tuple(nbytes), elapsed_s)
 
     def _collect(self, stage_ids: list[int]) -> None:
         """Bring the outputs of ``stage_ids`` to the driver (``self.values``), in one Spark job.
@@ -316,7 +402,7 @@ class _SparkQuery:
         if not wanted:
             return
         parts = [
-            self._stage_rdd(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
+            self._records(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
             for sid in wanted
         ]
         union = parts[0] if len(parts) == 1 else self.sc.union(parts)
@@ -335,7 +421,7 @@ class _SparkQuery:
 
     def _hold(self, nbytes: int) -> None:
         held = self.runtime._held
-        held[self.graph.query_id] = held.get(self.graph.query_id, 0) + nbytes
+        held[self.query_id] = held.get(self.query_id, 0) + nbytes
 
     def _spark_call(self, action):
         """Run a Spark action; failures become distfusion errors."""
@@ -344,80 +430,111 @@ class _SparkQuery:
         except Exception as exc:
             raise _translate_error(exc, self.sc.master) from exc
 
+    def _records(self, stage_id: int):
+        """The RDD of ``stage_id``'s output records ``(p, (task, ipc))``, never computed twice.
+
+        A stage whose output is on the driver is parallelized from there; one
+        whose shuffle ran is read back from its shuffle files.
+        """
+        if stage_id in self.values:
+            records = [(p, (t, ipc)) for p, t, ipc in self.values[stage_id]]
+            return self.sc.parallelize(records, 1)
+        if stage_id in self.ran and stage_id in self.shuffled:
+            return self.shuffled[stage_id].map(lambda r: (r[0], r[1][1:]))
+        return self._stage_rdd(stage_id)
+
+    def _shuffled(self, stage_id: int):
+        """``stage_id``'s records partitioned by consumer partition, tagged with the stage id."""
+        if stage_id not in self.shuffled:
+            n = self.graph.stage(stage_id).output.num_partitions
+            self.shuffled[stage_id] = (
+                self._records(stage_id)
+                .map(lambda r, sid=stage_id: (r[0], (sid,) + r[1]))
+                .partitionBy(n, self.identity)
+            )
+        return self.shuffled[stage_id]
+
+    @staticmethod
+    def _shuffle_dependency(shuffled):
+        """The JVM ``ShuffleDependency`` of a PySpark ``partitionBy`` result (for ``submitMapStage``).
+
+        PySpark's ``partitionBy`` returns ``valueOfPair(ShuffledRDD)``: a
+        one-to-one child of the ``ShuffledRDD``, whose one dependency is the shuffle.
+        """
+        return shuffled._jrdd.rdd().dependencies().head().rdd().dependencies().head()
+
     def _stage_rdd(self, stage_id: int):
-        """The RDD of ``stage_id``'s output records, built once per query."""
+        """The RDD of ``stage_id``'s output records, built once per graph (it has not run)."""
         if stage_id in self.rdds:
             return self.rdds[stage_id]
-        if stage_id in self.on_driver:  # run on the driver; a consumer reads it through Spark
-            records = [(p, (t, ipc)) for p, t, ipc in self.values[stage_id]]
-            rdd = self.sc.parallelize(records, 1)
-            self.rdds[stage_id] = rdd
-            return rdd
         stage = self.graph.stage(stage_id)
-        shuffled = [(i, inp) for i, inp in enumerate(stage.inputs) if inp.boundary != BROADCAST]
+        read = [inp for inp in stage.inputs if inp.boundary != BROADCAST]
         broadcast = {
             i: self.broadcasts[inp.stage_id]
             for i, inp in enumerate(stage.inputs)
             if inp.boundary == BROADCAST
         }
-        if shuffled:
-            # Each input is tagged and partitioned on its own, inside the
-            # producer's Python worker; the union of RDDs with one partitioner
-            # is Spark's PartitionerAwareUnionRDD: partition i holds partition
-            # i of every input. (A union before partitionBy would run the
-            # partitioning in a second Python worker per task.)
-            # The partitioners are equal when their functions are one object
-            # (a lambda, so executors unpickle it without importing distfusion).
-            n = stage.num_tasks
-            identity = lambda p: p  # noqa: E731
-            parts = [
-                self._stage_rdd(inp.stage_id)
-                .map(lambda r, i=i: (r[0], (i,) + r[1]))
-                .partitionBy(n, identity)
-                for i, inp in shuffled
-            ]
+        if read:
+            # Each input is partitioned on its own, inside the producer's Python
+            # worker; the union of RDDs with one partitioner is Spark's
+            # PartitionerAwareUnionRDD: partition i holds partition i of every input.
+            producers = list(dict.fromkeys(inp.stage_id for inp in read))
+            parts = [self._shuffled(sid) for sid in producers]
             base = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            n = self.graph.stage(producers[0]).output.num_partitions
             if base.getNumPartitions() != n:  # not co-partitioned: would lose rows
                 msg = f"stage {stage_id}: Spark did not co-partition its {len(parts)} inputs"
                 raise PlanningError(msg)
+            if stage.num_tasks < n:  # partitions coalesced by adaptive execution
+                base = base.coalesce(stage.num_tasks)
         else:
             base = self.sc.parallelize(range(stage.num_tasks), stage.num_tasks)
         fn = _task_function(
-            self.graph.query_id,
+            self.query_id,
             stage_id,
             pickle.dumps(stage),
-            bool(shuffled),
+            bool(read),
             broadcast,
             task_threads(
                 self.runtime.target_partitions, stage.num_tasks, self.runtime.target_partitions
             ),
             self.runtime.compression,
+            self.acc,
         )
         rdd = base.mapPartitionsWithIndex(fn)
-        rdd.setName(f"distfusion {self.graph.query_id[:8]} stage {stage_id}")
+        rdd.setName(f"distfusion {self.query_id[:8]} stage {stage_id}")
         if self.uses.get(stage_id, 0) > 1:
             rdd.persist()
             self.persisted.append(rdd)
         self.rdds[stage_id] = rdd
         return rdd
 
-    def _collect_broadcasts(self) -> None:
-        """Collect every broadcast stage output on the driver and ``sc.broadcast`` it.
+    def _prepare_broadcasts(self, stages: list[Stage], outputs: bool) -> None:
+        """Create the broadcasts ``stages`` read (and, with ``outputs``, their own broadcast outputs).
 
         One Spark job per round: a round collects every broadcast whose producer
-        needs no broadcast of a later round (``_rounds``), as a union tagged with
-        the producer's stage id, so independent broadcasts run side by side.
-        A one-task producer runs on the driver instead (:meth:`_run_on_driver`);
-        the same job collects its inputs that Spark produces.
+        needs no broadcast of a later round (:func:`_rounds`), as a union tagged
+        with the producer's stage id, so independent broadcasts run side by side.
+        A one-task producer that has not run runs on the driver instead
+        (:meth:`_run_on_driver`); the same job collects its inputs that Spark produces.
         """
-        for round_ in _rounds(self.graph):
-            here = [sid for sid in round_ if self.graph.stage(sid).num_tasks == 1]
+        graph = self.graph
+        needed = {i.stage_id for s in stages for i in s.inputs if i.boundary == BROADCAST}
+        if outputs:
+            needed |= {s.stage_id for s in stages if s.output.kind == BROADCAST}
+        needed -= set(self.broadcasts)
+        for round_ in _rounds(graph, needed, self.ran):
+            here = [
+                sid
+                for sid in round_
+                if graph.stage(sid).num_tasks == 1 and sid not in self.ran
+            ]
             # Inputs of stages run here come in the same job, unless run here
             # earlier in the round (stage ids are in producer order).
-            inputs = [i.stage_id for sid in here for i in self.graph.stage(sid).inputs]
+            inputs = [i.stage_id for sid in here for i in graph.stage(sid).inputs]
             self._collect([sid for sid in round_ + inputs if sid not in here])
             for sid in here:
-                self._run_on_driver(self.graph.stage(sid))
+                self._run_on_driver(graph.stage(sid))
             for sid in round_:
                 values = [(t, ipc) for _, t, ipc in self.values[sid]]
                 self.broadcasts[sid] = self.sc.broadcast(values)
@@ -436,7 +553,7 @@ class _SparkQuery:
         from distfusion.worker.task_plan import TaskPlan
 
         plan = TaskPlan.for_task(
-            self.graph.query_id,
+            self.query_id,
             stage,
             0,
             _dummy_workers(stage, self.graph),
@@ -445,32 +562,59 @@ class _SparkQuery:
         inputs = [self._input_values(i) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
         parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
+        self.acc.add(_partition_stats(stage.stage_id, 0, parts))
         self.values[stage.stage_id] = [
-            (p, 0, _encode(batches, self.runtime.compression))
-            for p, batches in enumerate(parts)
-            if batches
+            (p, 0, ipc) for p, (_, ipc) in _output_records(0, parts, self.runtime.compression)
         ]
         self.on_driver.add(stage.stage_id)
         self._hold(sum(len(v[2]) for v in self.values[stage.stage_id]))
 
 
-def _rounds(graph: StageGraph) -> list[list[int]]:
-    """Broadcast producers grouped by collection round, earliest first.
+def _merge_param():
+    """A Spark ``AccumulatorParam`` merging dicts (later keys win: a retried task overwrites).
+
+    Defined in a function, so cloudpickle ships the class by value: executors
+    need nothing of distfusion to merge.
+    """
+    from pyspark.accumulators import AccumulatorParam
+
+    class MergeDicts(AccumulatorParam):
+        def zero(self, value):
+            return {}
+
+        def addInPlace(self, value1, value2):
+            value1.update(value2)
+            return value1
+
+    return MergeDicts()
+
+
+def _partition_stats(stage_id: int, task_index: int, parts) -> dict:
+    """``{(stage, task, partition): (rows, Arrow bytes)}`` of one task's output."""
+    return {
+        (stage_id, task_index, p): (
+            sum(b.num_rows for b in batches),
+            sum(b.nbytes for b in batches),
+        )
+        for p, batches in enumerate(parts)
+    }
+
+
+def _rounds(graph: StageGraph, needed: set[int], ran: set[int]) -> list[list[int]]:
+    """The broadcast producers ``needed``, grouped by collection round, earliest first.
 
     ``depth(s)`` is how many rounds must finish before stage *s* can run: the
     largest, over its inputs, of the input's depth plus one for a broadcast
-    input. A broadcast producer is collected in round ``depth(producer)``.
+    input; a stage that ran has depth 0. A producer is collected in round
+    ``depth(producer)``.
     """
     depth: dict[int, int] = {}
     for s in graph.stages:  # producers first
-        depth[s.stage_id] = max(
+        depth[s.stage_id] = 0 if s.stage_id in ran else max(
             (depth[i.stage_id] + (1 if i.boundary == BROADCAST else 0) for i in s.inputs), default=0
         )
-    producers = sorted(
-        {i.stage_id for s in graph.stages for i in s.inputs if i.boundary == BROADCAST}
-    )
     rounds: dict[int, list[int]] = {}
-    for sid in producers:
+    for sid in sorted(needed):
         rounds.setdefault(depth[sid], []).append(sid)
     return [rounds[d] for d in sorted(rounds)]
 
@@ -499,25 +643,56 @@ def _dummy_workers(stage: Stage, graph: StageGraph) -> tuple[tuple[str, ...], ..
     )
 
 
-def _group_inputs(num_inputs: int, records) -> list[list[tuple[int, bytes]]]:
-    """Records ``(p, (input, task, ipc))`` -> per input, ``(task, ipc)`` sorted by task."""
-    out: list[list[tuple[int, bytes]]] = [[] for _ in range(num_inputs)]
-    for _, (i, task, payload) in records:
-        out[i].append((task, payload))
-    for values in out:
+def _group_inputs(stage: Stage, records) -> list[list[tuple[int, bytes]]]:
+    """Records ``(p, (producer stage, task, ipc))`` -> per input of ``stage``, ``(task, ipc)`` by task.
+
+    Broadcast inputs get nothing here (they come from their ``Broadcast``).
+    """
+    by_stage: dict[int, list[tuple[int, bytes]]] = {}
+    for _, (sid, task, payload) in records:
+        by_stage.setdefault(sid, []).append((task, payload))
+    for values in by_stage.values():
         values.sort(key=lambda v: v[0])
-    return out
+    return [
+        by_stage.get(inp.stage_id, []) if inp.boundary != BROADCAST else []
+        for inp in stage.inputs
+    ]
 
 
-def _encode(batches: list[pa.RecordBatch], compression: str | None) -> bytes:
-    """Batches as one Arrow IPC stream, buffers compressed with ``compression``."""
-    batches = [without_views(b) for b in batches]
-    sink = pa.BufferOutputStream()
+def _encode(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
+    """Batches as one Arrow IPC stream, buffers compressed with ``compression``.
+
+    Returns an Arrow buffer, not ``bytes``: ``to_pybytes()`` was one more copy
+    of every byte (~0.7 s/GiB here, docs/spark-data-path.md). A buffer has
+    ``len``, pickles as its bytes (protocol 5, PySpark's) and comes back as a
+    buffer over them, and ``pa.ipc.open_stream`` reads it without a copy.
+    """
+    return _ipc_stream([without_views(b) for b in batches], compression)
+
+
+def _ipc_stream(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
+    """``batches`` (no view columns) written as one Arrow IPC stream.
+
+    Uncompressed, the stream is measured first (``MockOutputStream`` writes
+    nothing) and written once into a buffer of its exact size: a growing
+    ``BufferOutputStream`` reallocates and copies as it doubles, and keeps up
+    to twice the memory. Compressed, that would compress twice.
+    """
+    schema = batches[0].schema
     options = pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.ipc.new_stream(sink, batches[0].schema, options=options) as writer:
+    if compression is None:
+        mock = pa.MockOutputStream()
+        with pa.ipc.new_stream(mock, schema, options=options) as writer:
+            for b in batches:
+                writer.write_batch(b)
+        buf = pa.allocate_buffer(mock.size())
+        sink = pa.FixedSizeBufferWriter(buf)
+    else:
+        sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
         for b in batches:
             writer.write_batch(b)
-    return sink.getvalue().to_pybytes()
+    return buf if compression is None else sink.getvalue()
 
 
 def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
@@ -529,9 +704,73 @@ def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
     return out
 
 
+CHUNK_BYTES = 16 * 2**20
+"""Default ``chunk_bytes`` of :func:`_output_records` (Arrow buffer bytes per record).
+
+Measured in docs/spark-data-path.md (``benchmarks/spark_data_path.py``).
+"""
+
+
+def _output_records(
+    task_index: int,
+    parts: list[list[pa.RecordBatch]],
+    compression: str | None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Iterator[tuple[int, tuple[int, bytes]]]:
+    """A task's output as records ``(consumer partition, (task_index, ipc bytes))``.
+
+    Args:
+        task_index: the producing task; consumers order payloads by it.
+        parts: one list of RecordBatch per output partition (``run_task``'s result).
+        compression: Arrow IPC buffer compression (None, ``"lz4"``, ``"zstd"``).
+        chunk_bytes: most Arrow buffer bytes (``RecordBatch.nbytes``, before
+            IPC compression) per record; IPC framing adds a schema message and
+            a header per batch (~1 KiB). A batch larger than this is sliced by
+            rows; a single row larger than this travels alone.
+
+    Yields:
+        For every non-empty partition ``p``, in order, one or more records
+        ``(p, (task_index, ipc))``, each ``ipc`` a complete Arrow IPC stream
+        (:func:`_encode`), in the order of the partition's rows. Spark's shuffle
+        keeps the order of one map task's records for a reduce partition, and
+        consumers sort payloads by task with a stable sort (:func:`_group_inputs`,
+        ``_input_values``), so :func:`_decode` gives the rows back in order.
+    """
+    for p, batches in enumerate(parts):
+        for chunk in _chunks(batches, chunk_bytes):
+            yield p, (task_index, _ipc_stream(chunk, compression))
+
+
+def _chunks(batches: list[pa.RecordBatch], chunk_bytes: int) -> Iterator[list[pa.RecordBatch]]:
+    """``batches`` in consecutive groups of at most ``chunk_bytes`` (``nbytes``) each."""
+    group: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        for piece in _pieces(without_views(batch), chunk_bytes):
+            nbytes = piece.nbytes
+            if group and size + nbytes > chunk_bytes:
+                yield group
+                group, size = [], 0
+            group.append(piece)
+            size += nbytes
+    if group:
+        yield group
+
+
+def _pieces(batch: pa.RecordBatch, chunk_bytes: int) -> Iterator[pa.RecordBatch]:
+    """``batch`` sliced (zero-copy) by rows into pieces of at most ``chunk_bytes`` each."""
+    if batch.nbytes <= chunk_bytes or batch.num_rows <= 1:
+        yield batch
+        return
+    pieces = -(-batch.nbytes // chunk_bytes)
+    rows = -(-batch.num_rows // pieces)
+    for start in range(0, batch.num_rows, rows):
+        yield from _pieces(batch.slice(start, rows), chunk_bytes)
+
+
 # ---------------------------------------------------------------------- executor side
 def _task_function(
-    query_id, stage_id, stage_bytes, shuffled, broadcast, target_partitions, compression
+    query_id, stage_id, stage_bytes, shuffled, broadcast, target_partitions, compression, stats
 ):
     """The function Spark ships to the executors for one stage.
 
@@ -570,18 +809,28 @@ def _task_function(
             broadcast,
             target_partitions,
             compression,
+            stats,
         )
 
     return run
 
 
 def _run_task(
-    query_id, stage_bytes, task_index, records, shuffled, broadcast, target_partitions, compression
+    query_id,
+    stage_bytes,
+    task_index,
+    records,
+    shuffled,
+    broadcast,
+    target_partitions,
+    compression,
+    stats=None,
 ):
     """Run task ``task_index`` of the pickled stage inside a Spark task.
 
-    Yields records ``(consumer partition, (task_index, ipc bytes))``, one per
-    non-empty output partition.
+    Yields records ``(consumer partition, (task_index, ipc bytes))``
+    (:func:`_output_records`); adds each output partition's rows and Arrow
+    bytes to the ``stats`` accumulator.
 
     Raises:
         RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
@@ -600,15 +849,13 @@ def _run_task(
         # index): PySpark reuses a Python worker only after its task read the
         # whole input, and a fresh worker costs ~1 s of imports and zip scans.
         records = list(records)
-        inputs = _group_inputs(len(stage.inputs), records if shuffled else ())
+        inputs = _group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
         parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
-        out = [
-            (p, (task_index, _encode(batches, compression)))
-            for p, batches in enumerate(parts)
-            if batches
-        ]
+        out = list(_output_records(task_index, parts, compression))
+        if stats is not None:
+            stats.add(_partition_stats(stage.stage_id, task_index, parts))
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     except Exception as exc:
