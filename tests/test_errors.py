@@ -55,8 +55,29 @@ class RecordingRuntime:
         self.executed.append(graph)
         return self.inner.execute(graph)
 
+    def start_query(self, query_id: str):
+        return _RecordingRun(self, self.inner.start_query(query_id))
+
     def stats(self) -> dict:
         return self.inner.stats()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _RecordingRun:
+    """A QueryRun that records the graph whose head stage it streams."""
+
+    def __init__(self, runtime: RecordingRuntime, inner) -> None:
+        self.runtime = runtime
+        self.inner = inner
+
+    def run_stages(self, graph: StageGraph, stage_ids: list[int]):
+        return self.inner.run_stages(graph, stage_ids)
+
+    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        self.runtime.executed.append(graph)
+        return self.inner.stream_head(graph)
 
     def close(self) -> None:
         self.inner.close()

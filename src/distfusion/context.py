@@ -89,6 +89,11 @@ class DistributedConfig:
             :mod:`distfusion.runtime.adaptive`): a shuffle join whose finished
             side is small becomes a broadcast, runtime filters and task counts
             follow actual sizes. False: the static plan runs as is.
+        adaptive_shuffle_bytes: with ``adaptive``, a shuffle estimated at least
+            this large (default 256 MiB, two seconds through Spark's shuffle
+            here) runs before its consumers are planned, so they get as many
+            tasks as its measured bytes need. Smaller shuffles run with their
+            consumers: planning again (~30 ms) would cost more than it saves.
     """
 
     bytes_per_task: int | None = None
@@ -99,6 +104,7 @@ class DistributedConfig:
     runtime_filter_bytes: int = 10 * 1024 * 1024
     estimator: TaskEstimator | None = None
     adaptive: bool = True
+    adaptive_shuffle_bytes: int = 256 * 1024 * 1024
 
     def task_estimator(self, runtime: object = None) -> TaskEstimator:
         """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
@@ -454,8 +460,8 @@ class DistributedDataFrame:
             lambda materialized: self._plan(config, materialized, query_id),
             ctx.runtime,
             query_id,
-            config.estimator,
-            config.workers,
+            config,
+            ctx.config.adaptive_shuffle_bytes,
             self.last_run,
         )
         return _named(batches, names)

@@ -161,6 +161,9 @@ class Stage:
         output_schema: the Arrow schema of the stage output the consumer reads.
         estimated_rows: the planner's estimate of the output's rows.
         estimated_bytes: the planner's estimate of the output's Arrow bytes.
+        estimated_max_bytes: the output's Arrow bytes if every filter below
+            kept every row (``estimated_bytes`` over the kept fraction): what
+            the stage could be when the selectivity guesses are wrong.
         computation: a digest of what the stage computes (fragment, task
             count, inputs), whatever its output partitioning: adaptive
             execution recognises a stage that ran when it plans again.
@@ -176,6 +179,7 @@ class Stage:
     output_schema: pa.Schema
     estimated_rows: float = 0.0
     estimated_bytes: float = 0.0
+    estimated_max_bytes: float = 0.0
     computation: str = ""
 
     @property

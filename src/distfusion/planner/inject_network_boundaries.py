@@ -433,6 +433,7 @@ class _Planner:
                     output_schema=declared,
                     estimated_rows=frag.est.rows,
                     estimated_bytes=frag.est.bytes,
+                    estimated_max_bytes=frag.est.bytes / max(frag.est.kept, 1e-6),
                     computation=computation or self._computation(frag),
                 )
             )

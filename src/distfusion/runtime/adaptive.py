@@ -39,8 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
-from distfusion.planner.estimate import TaskEstimator
-from distfusion.planner.inject_network_boundaries import MaterializedStage
+from distfusion.planner.inject_network_boundaries import MaterializedStage, PlannerConfig
 from distfusion.runtime.base import Runtime, StageStats
 from distfusion.stages import BROADCAST, SHUFFLE, Stage, StageGraph
 
@@ -101,20 +100,30 @@ def _find(graphs: list[StageGraph], stage_id: int) -> Stage:
     raise KeyError(stage_id)
 
 
-def next_wave(graph: StageGraph, ran: set[int]) -> list[int]:
-    """The stages to run before planning again; empty when nothing waits on a decision.
+def next_wave(
+    graph: StageGraph, ran: set[int], max_broadcast_bytes: float, shuffle_bytes: float
+) -> list[int]:
+    """The stages to run before planning again; empty when no decision waits on one.
 
-    A stage *waits* when a consumer reads it by hash shuffle together with
-    another such input that has not run and is estimated smaller (by
-    ``estimated_bytes``, then stage id): the smaller side runs first, and its
-    measured size decides the join (broadcast, reduction, shuffle). The wave
-    is every stage that has not run, does not wait and reads nothing that
-    waits; the head stage never runs in a wave.
+    Three kinds of stage decide something with their measured size:
+
+    - the smaller side of a join both of whose sides are hash shuffles that
+      have not run (by ``estimated_bytes``, then stage id): small, it becomes
+      a broadcast, and the larger side is never shuffled. The larger sides wait.
+    - a broadcast side that could be larger than ``max_broadcast_bytes`` if
+      the planner's selectivity guesses are wrong (``estimated_max_bytes``):
+      measured too large, its join is shuffled instead. Its consumer waits.
+    - a hash shuffle estimated at ``shuffle_bytes`` or more: its consumer
+      waits, to get as many tasks as the measured bytes need (coalesced
+      partitions) and its joins decided on the measured size. Smaller ones
+      run with their consumers: planning again costs more than it can save.
+
+    The wave is every stage that has not run and neither waits nor reads one
+    that does; the head stage never runs in a wave.
 
     Returns:
         Stage ids, producers first.
     """
-    stages = graph.stages[:-1]
     by_id = {s.stage_id: s for s in graph.stages}
     waiting: set[int] = set()
     for consumer in graph.stages:
@@ -125,32 +134,42 @@ def next_wave(graph: StageGraph, ran: set[int]) -> list[int]:
             and i.stage_id not in ran
             and by_id[i.stage_id].output.key_columns
         }
-        if len(sides) < 2:
-            continue
-        first = min(sides, key=lambda sid: (by_id[sid].estimated_bytes, sid))
-        waiting |= sides - {first}
+        if len(sides) >= 2:
+            first = min(sides, key=lambda sid: (by_id[sid].estimated_bytes, sid))
+            waiting |= sides - {first}
+        for i in consumer.inputs:
+            producer = by_id[i.stage_id]
+            if i.stage_id in ran:
+                continue
+            if (
+                i.boundary == BROADCAST
+                and producer.output.kind == BROADCAST
+                and producer.estimated_max_bytes > max_broadcast_bytes
+            ) or (i.boundary == SHUFFLE and producer.estimated_bytes >= shuffle_bytes):
+                waiting.add(consumer.stage_id)
+    waiting.discard(graph.head.stage_id)
     if not waiting:
         return []
     blocked = set(waiting)
-    for s in stages:  # producers first: blocked propagates downstream
+    for s in graph.stages:  # producers first: blocked propagates downstream
         if any(i.stage_id in blocked for i in s.inputs):
             blocked.add(s.stage_id)
-    return [s.stage_id for s in stages if s.stage_id not in ran and s.stage_id not in blocked]
+    return [
+        s.stage_id
+        for s in graph.stages[:-1]
+        if s.stage_id not in ran and s.stage_id not in blocked
+    ]
 
 
 def coalesce_partitions(
-    graph: StageGraph,
-    stats: dict[int, StageStats],
-    estimator: TaskEstimator,
-    workers: int,
-    ran: set[int],
+    graph: StageGraph, stats: dict[int, StageStats], config: PlannerConfig, ran: set[int]
 ) -> tuple[StageGraph, list[str]]:
     """Give stages reading measured shuffles as many tasks as their bytes need.
 
     A stage that has not run, reads every shuffle input from a stage with
     measured partitions (all ``n`` of them, ``n`` = its task count), and
-    splits no source scan, gets ``estimator.shuffle_tasks(bytes, workers)``
-    tasks when that is fewer than ``n``: task *j* reads a contiguous group of
+    splits no source scan, gets ``config.estimator.shuffle_tasks(bytes,
+    config.workers)`` tasks when that is fewer than ``n``: task *j* reads a contiguous group of
     partitions holding about ``bytes / tasks`` bytes (Spark's
     ``CoalesceShufflePartitions``, whose groups are contiguous too). Every
     shuffle input gets the same groups, so co-partitioned inputs stay aligned.
@@ -172,12 +191,12 @@ def coalesce_partitions(
         ):
             stages.append(s)
             continue
+        producers = {i.stage_id for i in shuffled}
         sizes = [
-            sum(stats[i.stage_id].partition_bytes[p] for i in {i.stage_id: i for i in shuffled}.values())
-            for p in range(s.num_tasks)
+            sum(stats[sid].partition_bytes[p] for sid in producers) for p in range(s.num_tasks)
         ]
         total = sum(sizes)
-        want = max(1, min(s.num_tasks, estimator.shuffle_tasks(total, workers)))
+        want = max(1, min(s.num_tasks, config.estimator.shuffle_tasks(total, config.workers)))
         if want >= s.num_tasks:
             stages.append(s)
             continue
@@ -208,29 +227,33 @@ def _contiguous_groups(sizes: list[int], groups: int) -> tuple[tuple[int, ...], 
 
 
 def _describe_changes(before: StageGraph, after: StageGraph, stats: dict[int, StageStats]) -> list[str]:
-    """How ``after`` (planned over ``stats``) reads the stages that ran, against ``before``."""
+    """What planning again over ``stats`` changed from ``before`` to ``after``, one line each."""
     notes = []
-    before_ids = {s.stage_id for s in before.stages}
     for s in after.stages:
         for i in s.inputs:
             st = stats.get(i.stage_id)
-            if st is None or i.boundary != BROADCAST:
-                continue
             producer = after.stage(i.stage_id)
-            if producer.output.kind == BROADCAST:
+            if st is None or producer.stage_id not in {x.stage_id for x in before.stages}:
                 continue
+            natural = {SHUFFLE: SHUFFLE, BROADCAST: BROADCAST}.get(producer.output.kind, "coalesce")
+            if i.boundary == natural or i.boundary == "coalesce":
+                continue
+            how = "as a broadcast" if i.boundary == BROADCAST else f"by {i.boundary}"
             notes.append(
-                f"stage {i.stage_id} ({producer.output.kind}, estimated "
+                f"stage {producer.stage_id} ({producer.output.kind} output, estimated "
                 f"{_mib(producer.estimated_bytes)}) measured {_mib(st.bytes)}, {st.rows} rows: "
-                f"read as a broadcast by stage {s.stage_id}"
+                f"read {how} by stage {s.stage_id}"
             )
-    dropped = [s for s in before.stages[:-1] if s.stage_id not in {x.stage_id for x in after.stages} and s.stage_id not in stats]
-    for s in dropped:
-        notes.append(
-            f"stage {s.stage_id} (estimated {_mib(s.estimated_bytes)}, "
-            f"output {s.output.describe()}) replanned: not run as planned"
-        )
-    del before_ids
+    kept = {s.computation for s in after.stages}
+    measured = ", ".join(
+        f"stage {sid} {_mib(st.bytes)}" for sid, st in stats.items() if sid in {x.stage_id for x in before.stages}
+    )
+    for s in before.stages[:-1]:
+        if s.computation not in kept and s.stage_id not in stats:
+            notes.append(
+                f"stage {s.stage_id} as planned (estimated {_mib(s.estimated_bytes)}, output "
+                f"{s.output.describe()}) planned again over the measured sizes ({measured})"
+            )
     return notes
 
 
@@ -238,8 +261,8 @@ def run_adaptive(
     plan: Planner,
     runtime: Runtime,
     query_id: str,
-    estimator: TaskEstimator,
-    workers: int,
+    config: PlannerConfig,
+    shuffle_bytes: float,
     report: AdaptiveReport | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run a query adaptively on ``runtime``; yield the head stage's batches.
@@ -249,8 +272,10 @@ def run_adaptive(
             per wave).
         runtime: runs the stages (:meth:`Runtime.start_query`).
         query_id: the query's UUID.
-        estimator: gives the task counts of coalesced stages.
-        workers: the worker count passed to ``estimator``.
+        config: the planner's settings: its task estimator sizes coalesced
+            stages, ``max_broadcast_bytes`` bounds broadcasts (:func:`next_wave`).
+        shuffle_bytes: a shuffle estimated this large is measured before its
+            consumers are planned (:func:`next_wave`).
         report: filled in as the query runs (graphs, measured sizes, decisions).
 
     Raises:
@@ -265,10 +290,10 @@ def run_adaptive(
         graph = plan(materialized)
         report.graphs.append(graph)
         for _ in range(MAX_WAVES):
-            wave = next_wave(graph, ran)
+            wave = next_wave(graph, ran, config.max_broadcast_bytes, shuffle_bytes)
             if not wave:
                 break
-            graph, notes = coalesce_partitions(graph, report.stats, estimator, workers, ran)
+            graph, notes = coalesce_partitions(graph, report.stats, config, ran)
             report.decisions.extend(notes)
             stats = run.run_stages(graph, wave)
             report.stats.update(stats)
@@ -281,7 +306,7 @@ def run_adaptive(
             graph = plan(materialized)
             report.decisions.extend(_describe_changes(before, graph, report.stats))
             report.graphs.append(graph)
-        graph, notes = coalesce_partitions(graph, report.stats, estimator, workers, ran)
+        graph, notes = coalesce_partitions(graph, report.stats, config, ran)
         report.decisions.extend(notes)
         report.graphs[-1] = graph
         yield from run.stream_head(graph)

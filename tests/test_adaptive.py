@@ -1,0 +1,181 @@
+"""Adaptive execution: the rest of a query is planned again over measured stage sizes.
+
+Each rule runs on tables whose estimates are wrong on purpose, in both
+directions, on every runtime; results equal single-node DataFusion's.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from datafusion import SessionContext
+
+from distfusion import DistributedConfig, DistributedContext
+from distfusion.runtime.adaptive import next_wave
+from distfusion.stages import BROADCAST, SHUFFLE
+from tests.compare import assert_same_result
+
+ROWS = 200_000
+KiB = 1024
+
+# The fact table, and a dimension whose column x is 7 on only 10 rows while
+# y and z are 1 on every row: "x = 7" keeps 10 rows where the planner guesses
+# a tenth, "y = 1 AND z = 1" keeps all where it guesses a twentieth.
+FACT = pa.table({"k": pa.array([i % 50_000 for i in range(ROWS)], pa.int64()), "v": range(ROWS)})
+DIM = pa.table(
+    {
+        "k": pa.array(range(ROWS), pa.int64()),
+        "x": [7 if i % 20_000 == 0 else i % 5 for i in range(ROWS)],
+        "y": [1] * ROWS,
+        "z": [1] * ROWS,
+    }
+)
+SELECTIVE = "SELECT sum(f.v) AS s, count(*) AS n FROM fact f JOIN dim d ON f.k = d.k WHERE d.x = 7"
+UNSELECTIVE = (
+    "SELECT d.x, sum(f.v) AS s, count(*) AS n FROM fact f JOIN dim d ON f.k = d.k "
+    "WHERE d.y = 1 AND d.z = 1 GROUP BY d.x"
+)
+
+# Runtimes: in-process, Flight worker processes and Spark (tests/conftest.py).
+RUNTIMES = [("local", 2), ("flight", 2), ("spark", 2)]
+
+
+def _contexts(runtime, **config) -> tuple[DistributedContext, SessionContext]:
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2, **config))
+    oracle = SessionContext()
+    for name, table in (("fact", FACT), ("dim", DIM)):
+        ctx.register_table(name, table, max_rows_per_unit=ROWS // 4)
+        oracle.register_record_batches(name, [table.to_batches()])
+    return ctx, oracle
+
+
+def _readers(graph, boundary: str) -> list[tuple[int, int]]:
+    """``(consumer, producer)`` pairs of ``graph`` reading across ``boundary``."""
+    return [(s.stage_id, i.stage_id) for s in graph.stages for i in s.inputs if i.boundary == boundary]
+
+
+def _shuffled_inputs(stage) -> int:
+    return sum(i.boundary == SHUFFLE for i in stage.inputs)
+
+
+def _scans(graph, table: str):
+    return [s for s in graph.stages if any(sc.source.name == table for sc in s.scans)]
+
+
+@pytest.mark.parametrize(("runtime_name", "workers"), RUNTIMES, ids=[r for r, _ in RUNTIMES])
+def test_shuffle_join_whose_small_side_is_measured_becomes_a_broadcast(
+    runtime_name, workers, runtime_for
+):
+    # dim's side is estimated at ~480 KB (a tenth of dim) and fact's at ~3 MB: over
+    # the 64 KiB broadcast threshold, both are shuffled. Measured, dim's side is 10 rows.
+    ctx, oracle = _contexts(
+        runtime_for(runtime_name, workers),
+        broadcast_threshold_bytes=64 * KiB,
+        max_broadcast_bytes=64 * KiB,
+        runtime_filter_bytes=0,
+    )
+    df = ctx.sql(SELECTIVE)
+    shuffle_join = [s for s in df.stage_graph().stages if _shuffled_inputs(s) == 2]
+    assert len(shuffle_join) == 1
+
+    got = df.to_arrow_table()
+    assert_same_result(got, oracle.sql(SELECTIVE).to_arrow_table(), ordered=False)
+
+    run = df.last_run
+    final = run.final
+    (dim_stage,) = _scans(final, "dim")
+    assert run.stats[dim_stage.stage_id].rows == 10
+    (fact_stage,) = _scans(final, "fact")
+    # The join runs in fact's tasks, which read dim's measured output as a broadcast:
+    # nothing of fact crosses the network before the join.
+    assert (fact_stage.stage_id, dim_stage.stage_id) in _readers(final, BROADCAST)
+    assert fact_stage.output.kind != SHUFFLE or fact_stage.output.key_columns != (0,)
+    assert any("read as a broadcast" in d and "10 rows" in d for d in run.decisions), run.decisions
+    assert not [s for s in final.stages if _shuffled_inputs(s) == 2]
+    assert "Adaptive decisions:" in df.explain() and "measured" in df.explain()
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in ctx.runtime.stats().values())
+
+
+@pytest.mark.parametrize(("runtime_name", "workers"), RUNTIMES, ids=[r for r, _ in RUNTIMES])
+def test_broadcast_side_measured_large_is_shuffled_instead(runtime_name, workers, runtime_for):
+    # "y = 1 AND z = 1" is guessed to keep 5% of dim (~240 KB: under the 1 MiB
+    # threshold, broadcast statically) and keeps all of it (~4.8 MB).
+    ctx, oracle = _contexts(
+        runtime_for(runtime_name, workers),
+        broadcast_threshold_bytes=1024 * KiB,
+        max_broadcast_bytes=1024 * KiB,
+        runtime_filter_bytes=0,
+    )
+    df = ctx.sql(UNSELECTIVE)
+    static = df.stage_graph()
+    (static_dim,) = _scans(static, "dim")
+    (static_fact,) = _scans(static, "fact")
+    assert (static_fact.stage_id, static_dim.stage_id) in _readers(static, BROADCAST)
+
+    got = df.to_arrow_table()
+    assert_same_result(got, oracle.sql(UNSELECTIVE).to_arrow_table(), ordered=False)
+
+    run = df.last_run
+    assert run.stats[static_dim.stage_id].rows == ROWS
+    final = run.final
+    (fact_stage,) = _scans(final, "fact")
+    # fact's tasks do not read dim's large output as a broadcast: both sides are
+    # shuffled (dim's measured output is read once more and shuffled by k).
+    assert (fact_stage.stage_id, static_dim.stage_id) not in _readers(final, BROADCAST)
+    assert fact_stage.output.kind == SHUFFLE
+    assert [s for s in final.stages if _shuffled_inputs(s) == 2]
+    assert any(f"stage {static_dim.stage_id}" in d for d in run.decisions), run.decisions
+
+
+def test_measured_shuffle_partitions_are_coalesced(runtime_for):
+    # Estimated large (every shuffle is measured: adaptive_shuffle_bytes=0) but
+    # a few KiB: the consumers need one task each, not four.
+    ctx = DistributedContext(
+        runtime=runtime_for("local", 4),
+        config=DistributedConfig(bytes_per_task=1024 * KiB, adaptive_shuffle_bytes=0),
+    )
+    ctx.register_table("fact", FACT, max_rows_per_unit=ROWS // 4)
+    oracle = SessionContext()
+    oracle.register_record_batches("fact", [FACT.to_batches()])
+    sql = "SELECT k % 1000 AS g, count(*) AS n, sum(v) AS s FROM fact GROUP BY k % 1000"
+    df = ctx.sql(sql)
+    static = df.stage_graph()
+    (final_agg,) = [s for s in static.stages if s.inputs and s is not static.head]
+    assert final_agg.num_tasks > 1
+
+    got = df.to_arrow_table()
+    assert_same_result(got, oracle.sql(sql).to_arrow_table(), ordered=False)
+    coalesced = df.last_run.final.stage(final_agg.stage_id)
+    assert coalesced.num_tasks == 1
+    (inp,) = coalesced.inputs
+    assert inp.groups == (tuple(range(final_agg.num_tasks)),)
+    assert any("coalesced" in d for d in df.last_run.decisions)
+
+
+def test_adaptive_off_runs_the_static_plan(runtime_for):
+    ctx, oracle = _contexts(
+        runtime_for("local", 2),
+        broadcast_threshold_bytes=64 * KiB,
+        max_broadcast_bytes=64 * KiB,
+        adaptive=False,
+    )
+    df = ctx.sql(SELECTIVE)
+    assert_same_result(df.to_arrow_table(), oracle.sql(SELECTIVE).to_arrow_table(), ordered=False)
+    assert df.last_run is None
+    assert df.explain() == df.stage_graph().render()
+
+
+def test_next_wave_runs_the_smaller_join_side_first(runtime_for):
+    ctx, _ = _contexts(
+        runtime_for("local", 2),
+        broadcast_threshold_bytes=64 * KiB,
+        max_broadcast_bytes=64 * KiB,
+        runtime_filter_bytes=0,
+    )
+    graph = ctx.sql(SELECTIVE).stage_graph()
+    (dim_stage,) = _scans(graph, "dim")
+    (fact_stage,) = _scans(graph, "fact")
+    assert dim_stage.estimated_bytes < fact_stage.estimated_bytes
+    assert next_wave(graph, set(), 64 * KiB, float("inf")) == [dim_stage.stage_id]
+    # Once it ran, nothing waits on a decision: the rest runs in one go.
+    assert next_wave(graph, {dim_stage.stage_id}, 64 * KiB, float("inf")) == []
