@@ -259,3 +259,30 @@ def test_execute_runs_the_graph_at_once_and_leaves_workers_idle(cluster, oracle)
     expected = oracle_result(oracle, SQL)
     assert_same_result(_result(runtime.execute(graph), graph, expected), expected, ordered=True)
     _wait_idle(runtime)
+
+
+def test_flight_run_survives_losing_a_worker_between_calls(oracle):
+    from tests.flight_cluster import start_workers, stop_workers
+
+    workers = start_workers(2)
+    runtime = FlightRuntime([w.url for w in workers], max_retries=1)
+    try:
+        graph = _graph(runtime)
+        leaf = graph.stages[0]
+        run = runtime.start_query(graph.query_id)
+        first = run.run_stages(graph, [leaf.stage_id])[leaf.stage_id]
+        victim = run.placement[(leaf.stage_id, 0)]
+        next(w for w in workers if w.url == victim).kill()
+        # The kept output on the dead worker is gone: the head's read fails, the
+        # leaf runs again on the survivor, then the rest.
+        expected = oracle_result(oracle, SQL)
+        got = _result(run.stream_head(graph), graph, expected)
+        assert_same_result(got, expected, ordered=True)
+        assert set(run.placement.values()) == {w.url for w in workers if w.url != victim}
+        assert first.rows == 2 * KEYS
+        survivors = FlightRuntime([w.url for w in workers if w.url != victim])
+        _wait_idle(survivors)
+        survivors.close()
+    finally:
+        runtime.close()
+        stop_workers(workers)

@@ -7,6 +7,7 @@
  FlightRuntime.execute(graph)
    urls = resolver.get_urls()          right before execution
    WorkerQueryRun(FlightWorkerTransport, urls, routing).stream_head(graph)
+     (wrapped: a lost worker -> run again on the others)
         │  set_plan / DoGet / cancel_query over gRPC
         ▼
  workers: distfusion worker --port P   (FlightWorker)
@@ -20,13 +21,13 @@ leaves nothing behind.
 Faults: when a query fails before yielding a row, the runtime asks every
 worker of the attempt for its stats; workers that do not answer are dropped
 and the query runs again, with a fresh query id, on the remaining ones (at
-most ``max_retries`` times). Otherwise, or when no worker remains, the error
+most ``max_retries`` times; a query run stage by stage runs the stages that
+ran so far again first). Otherwise, or when no worker remains, the error
 is raised: it names the worker URL, the stage and the task.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import select
@@ -42,7 +43,7 @@ import pyarrow as pa
 
 from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUnavailableError
 from distfusion.resolver import StaticWorkerResolver, WorkerResolver
-from distfusion.runtime.base import Routing, WorkerQueryRun, round_robin
+from distfusion.runtime.base import QueryRun, Routing, StageStats, WorkerQueryRun, round_robin
 from distfusion.stages import StageGraph
 
 __all__ = ["FlightRuntime", "start_local_workers"]
@@ -135,20 +136,26 @@ class FlightRuntime:
                 was left or possible (names its URL).
             AuthenticationError: a worker rejected the token.
         """
-        urls = self._urls()
-        return self._execute(graph, urls)
+        return self._execute(graph, self._urls())
 
-    def start_query(self, query_id: str) -> WorkerQueryRun:
+    def _execute(self, graph: StageGraph, urls: list[str]) -> Iterator[pa.RecordBatch]:
+        # A generator: nothing starts (no keepalive either) before the first batch is asked for.
+        run = _RetryingQueryRun(self, str(uuid.uuid4()), urls, keep_outputs=False)
+        yield from run.stream_head(graph)
+
+    def start_query(self, query_id: str) -> QueryRun:
         """See :meth:`Runtime.start_query`: a run on the workers the resolver reports now.
 
         The workers keep every output of the query until the run is closed;
-        keepalives are sent for it meanwhile. No retry: a lost worker fails
-        the run (its finished outputs are gone with it).
+        keepalives are sent for it meanwhile. A worker lost before the head
+        stage yields a row: the stages run so far run again, under a fresh
+        query id, on the remaining workers (at most ``max_retries`` times),
+        then the failed call.
 
         Raises:
             PlanningError: the resolver returned no URL.
         """
-        return self._start(query_id, self._urls(), keep_outputs=True)
+        return _RetryingQueryRun(self, query_id, self._urls(), keep_outputs=True)
 
     def _start(self, query_id: str, urls: list[str], keep_outputs: bool) -> WorkerQueryRun:
         def finish() -> None:
@@ -166,37 +173,6 @@ class FlightRuntime:
         )
         self._start_heartbeat(query_id, urls, run.placement)
         return run
-
-    def _execute(self, graph: StageGraph, urls: list[str]) -> Iterator[pa.RecordBatch]:
-        attempt = 0
-        while True:
-            query_id = str(uuid.uuid4())
-            run = self._start(query_id, urls, keep_outputs=False)
-            batches = run.stream_head(dataclasses.replace(graph, query_id=query_id))
-            yielded = False
-            try:
-                for batch in batches:
-                    yielded = True
-                    yield batch
-                return
-            except (TaskError, TransportError) as exc:
-                if yielded or attempt >= self.max_retries:
-                    raise
-                lost = self._lost_workers(urls)
-                if not lost:
-                    raise
-                remaining = [u for u in urls if u not in lost]
-                if not remaining:
-                    msg = f"every worker is unreachable ({', '.join(lost)}); last error: {exc}"
-                    raise WorkerUnavailableError(lost[0], msg) from exc
-                log.warning(
-                    "lost worker(s) %s (%s); running the query again on %s", lost, exc, remaining
-                )
-                urls = remaining
-                attempt += 1
-            finally:
-                batches.close()
-                run.close()  # cancels the attempt's tasks on every worker, ends keepalives
 
     def _lost_workers(self, urls: list[str]) -> list[str]:
         lost = []
@@ -298,6 +274,104 @@ class FlightRuntime:
 
     def __repr__(self) -> str:
         return f"FlightRuntime({self.resolver!r})"
+
+
+class _RetryingQueryRun:
+    """A :class:`QueryRun` on Flight workers that survives losing a worker.
+
+    Runs the query as a :class:`WorkerQueryRun` (an attempt) and records every
+    :meth:`run_stages` call. When a call fails with a task or transport error
+    before the head stage yields a row, the workers are probed; if some are
+    lost, the attempt is closed, a new one starts on the remaining workers
+    under a fresh query id, replays the recorded calls (the lost outputs are
+    computed again) and makes the failed call again. At most
+    ``runtime.max_retries`` new attempts; otherwise, or when no worker
+    remains, the error is raised.
+    """
+
+    def __init__(
+        self, runtime: FlightRuntime, query_id: str, urls: list[str], keep_outputs: bool
+    ) -> None:
+        self._runtime = runtime
+        self._urls = list(urls)
+        self._keep_outputs = keep_outputs
+        self._attempts = 0
+        self._calls: list[tuple[StageGraph, list[int]]] = []
+        self._run = runtime._start(query_id, self._urls, keep_outputs)
+
+    @property
+    def query_id(self) -> str:
+        """The query id of the current attempt on the workers."""
+        return self._run.query_id
+
+    @property
+    def placement(self) -> dict[tuple[int, int], str]:
+        """``(stage_id, task_index)`` -> worker URL in the current attempt."""
+        return self._run.placement
+
+    def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
+        """See :meth:`QueryRun.run_stages` (lost workers: see the class)."""
+        while True:
+            try:
+                stats = self._run.run_stages(graph, stage_ids)
+            except (TaskError, TransportError) as exc:
+                self._retry(exc)
+                continue
+            self._calls.append((graph, list(stage_ids)))
+            return stats
+
+    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        """See :meth:`QueryRun.stream_head` (lost workers: see the class)."""
+        try:
+            while True:
+                batches = self._run.stream_head(graph)
+                yielded = False
+                try:
+                    for batch in batches:
+                        yielded = True
+                        yield batch
+                    return
+                except (TaskError, TransportError) as exc:
+                    if yielded:
+                        raise
+                    self._retry(exc)
+                finally:
+                    batches.close()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """See :meth:`QueryRun.close`."""
+        self._run.close()
+
+    def _retry(self, exc: Exception) -> None:
+        """Start a new attempt on the workers that still answer, or raise ``exc``."""
+        self._run.close()  # the failed attempt's tasks, on every worker it used
+        while True:
+            if self._attempts >= self._runtime.max_retries:
+                raise exc
+            lost = self._runtime._lost_workers(self._urls)
+            if not lost:
+                raise exc
+            remaining = [u for u in self._urls if u not in lost]
+            if not remaining:
+                msg = f"every worker is unreachable ({', '.join(lost)}); last error: {exc}"
+                raise WorkerUnavailableError(lost[0], msg) from exc
+            log.warning(
+                "lost worker(s) %s (%s); running the query again on %s", lost, exc, remaining
+            )
+            self._urls = remaining
+            self._attempts += 1
+            self._run = self._runtime._start(str(uuid.uuid4()), remaining, self._keep_outputs)
+            try:
+                for graph, stage_ids in self._calls:
+                    self._run.run_stages(graph, stage_ids)
+                return
+            except (TaskError, TransportError) as again:
+                exc = again
+
+    def __repr__(self) -> str:
+        return f"_RetryingQueryRun({self._run!r}, attempt {self._attempts})"
 
 
 def start_local_workers(
