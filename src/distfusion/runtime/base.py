@@ -1,14 +1,21 @@
 """What every runtime provides, and the coordinator loop shared by worker runtimes.
 
 ```
-coordinator                                   workers (via a WorkerTransport)
-  assign each task a worker URL (routing)
+coordinator (WorkerQueryRun)                  workers (via a WorkerTransport)
+  assign each new task a worker URL (routing;
+    kept for the whole query)
   set_plan(task) for every task, ────────────> tasks queue, run, read inputs
     stage by stage, producers first               from producer tasks, hold output
+  run_stages only: wait, measure <──────────── task_stats(task): rows, bytes
+                                                  per output partition
   head stage: read its inputs  <────────────── execute_partition(task, partition)
     run the fragment here, stream batches
   finally: cancel_query on every worker ─────> free whatever is left
 ```
+
+:func:`execute_graph` runs a graph at once (partitions freed after their
+planned reads); :meth:`Runtime.start_query` runs it stage by stage (outputs
+kept until the query is closed). Both are one :class:`WorkerQueryRun`.
 """
 
 from __future__ import annotations
