@@ -10,9 +10,10 @@ from tests.compare import assert_same_result, is_ordered, oracle_result
 WORKERS = (1, 2, 3, 4)
 
 
-def _context(runtime, tpch_dir, workers: int) -> DistributedContext:
+def _context(runtime, tpch_dir, workers: int, adaptive: bool = True) -> DistributedContext:
     # Force one task per worker in every stage so small data still distributes.
-    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=workers))
+    config = DistributedConfig(tasks_per_stage=workers, adaptive=adaptive)
+    ctx = DistributedContext(runtime=runtime, config=config)
     tpch.register_tpch(ctx, tpch_dir)
     return ctx
 
@@ -20,14 +21,22 @@ def _context(runtime, tpch_dir, workers: int) -> DistributedContext:
 # (runtime, workers): the local runtime on 1-4 in-process workers; the Flight
 # runtime on three worker processes (tests/conftest.py: flight_workers); the Spark
 # runtime on the embedded local[2] session (tests/conftest.py: spark_session).
-CASES = [("local", w) for w in WORKERS] + [("flight", 3), ("spark", 2)]
+# Adaptive execution is on by default; "static" runs the static plan as is.
+CASES = [("local", w, True) for w in WORKERS] + [
+    ("flight", 3, True),
+    ("spark", 2, True),
+    ("local", 2, False),
+    ("flight", 3, False),
+    ("spark", 2, False),
+]
+IDS = [f"{r}-{w}" + ("" if adaptive else "-static") for r, w, adaptive in CASES]
 
 
-@pytest.mark.parametrize(("runtime_name", "workers"), CASES, ids=[f"{r}-{w}" for r, w in CASES])
+@pytest.mark.parametrize(("runtime_name", "workers", "adaptive"), CASES, ids=IDS)
 @pytest.mark.parametrize("q", tpch.QUERIES)
-def test_tpch(q, runtime_name, workers, runtime_for, tpch_dir, oracle):
+def test_tpch(q, runtime_name, workers, adaptive, runtime_for, tpch_dir, oracle):
     sql = tpch.query(q)
-    ctx = _context(runtime_for(runtime_name, workers), tpch_dir, workers)
+    ctx = _context(runtime_for(runtime_name, workers), tpch_dir, workers, adaptive)
     got = ctx.sql(sql).to_arrow_table()
     assert_same_result(got, oracle_result(oracle, sql), ordered=is_ordered(sql))
     stats = ctx.runtime.stats().values()

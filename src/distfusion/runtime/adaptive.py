@@ -89,6 +89,9 @@ class AdaptiveReport:
 
 
 def _mib(nbytes: float) -> str:
+    """``nbytes`` in MiB, or KiB below one MiB."""
+    if nbytes < 2**20:
+        return f"{nbytes / 2**10:.1f} KiB"
     return f"{nbytes / 2**20:.1f} MiB"
 
 
