@@ -326,10 +326,16 @@ class _Planner:
         partitioning) instead of the estimate of what it would be.
         """
         m = self.materialized.get(self._computation(frag))
-        if m is None:
-            return frag
+        return frag if m is None else self._passthrough(m, frag.est.kept)
+
+    def _passthrough(self, m: MaterializedStage, kept: float) -> _Fragment:
+        """A fragment that only reads stage ``m`` that ran, sized as measured.
+
+        A shuffle output is read partition by partition (one task each, hash
+        partitioned by its keys); any other output by one task reading it all.
+        """
         out = m.stage.output
-        est = Estimate(m.rows, m.bytes, frag.est.kept)
+        est = Estimate(m.rows, m.bytes, kept)
         num_columns = out.num_columns if out.num_columns is not None else len(m.stage.output_schema)
         if out.kind == SHUFFLE and out.num_partitions > 1:
             read, inp = self._read_ran(m, SHUFFLE, out.num_partitions, out.key_columns)
@@ -377,14 +383,20 @@ class _Planner:
         computation = self._computation(frag) if self.materialized else ""
         if self.materialized:
             m = self.materialized.get(computation)
+            ran_read = None  # the stage ``frag`` only reads, if it does
             if frag.passthrough is not None:
                 ran, read_bytes = frag.passthrough
                 if rel.SerializeToString(deterministic=True) == read_bytes:
-                    m = ran
+                    m = ran_read = ran
             if m is not None:
                 found = self._read_ran(m, kind, partitions, tuple(key_columns))
                 if found is not None:
                     return found
+                if m is not ran_read:
+                    # Cut differently than it ran: partition its measured output
+                    # again rather than compute it once more (keys refer to the
+                    # same columns: the output keeps the fragment's columns).
+                    return self.seal(self._passthrough(m, frag.est.kept), kind, partitions, keys, readers)
         if appended:
             proj = Rel()
             proj.project.input.CopyFrom(rel)

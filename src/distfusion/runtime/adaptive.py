@@ -307,7 +307,8 @@ def run_adaptive(
                 ran.add(sid)
             before = graph
             graph = plan(materialized)
-            report.decisions.extend(_describe_changes(before, graph, report.stats))
+            changes = _describe_changes(before, graph, report.stats)
+            report.decisions.extend(c for c in changes if c not in report.decisions)
             report.graphs.append(graph)
         graph, notes = coalesce_partitions(graph, report.stats, config, ran)
         report.decisions.extend(notes)
