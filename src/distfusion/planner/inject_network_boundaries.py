@@ -383,20 +383,20 @@ class _Planner:
         computation = self._computation(frag) if self.materialized else ""
         if self.materialized:
             m = self.materialized.get(computation)
-            ran_read = None  # the stage ``frag`` only reads, if it does
-            if frag.passthrough is not None:
-                ran, read_bytes = frag.passthrough
-                if rel.SerializeToString(deterministic=True) == read_bytes:
-                    m = ran_read = ran
-            if m is not None:
+            if m is not None:  # this very computation ran
                 found = self._read_ran(m, kind, partitions, tuple(key_columns))
                 if found is not None:
                     return found
-                if m is not ran_read:
-                    # Cut differently than it ran: partition its measured output
-                    # again rather than compute it once more (keys refer to the
-                    # same columns: the output keeps the fragment's columns).
-                    return self.seal(self._passthrough(m, frag.est.kept), kind, partitions, keys, readers)
+                # Cut differently than it ran: partition its measured output
+                # again rather than compute it once more (keys refer to the
+                # same columns: the output keeps the fragment's columns).
+                return self.seal(self._passthrough(m, frag.est.kept), kind, partitions, keys, readers)
+            if frag.passthrough is not None:  # only reads a stage that ran
+                ran, read_bytes = frag.passthrough
+                if rel.SerializeToString(deterministic=True) == read_bytes:
+                    found = self._read_ran(ran, kind, partitions, tuple(key_columns))
+                    if found is not None:
+                        return found
         if appended:
             proj = Rel()
             proj.project.input.CopyFrom(rel)

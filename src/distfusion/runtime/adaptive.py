@@ -303,6 +303,8 @@ def run_adaptive(
             for sid in wave:
                 stage = graph.stage(sid)
                 st = stats[sid]
+                # The planner never plans a computation that ran once more.
+                assert stage.computation not in materialized, stage
                 materialized[stage.computation] = MaterializedStage(stage, st.rows, st.bytes)
                 ran.add(sid)
             before = graph
