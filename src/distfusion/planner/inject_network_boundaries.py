@@ -253,7 +253,6 @@ class _Planner:
         config: PlannerConfig,
         oracle: SchemaOracle,
         materialized: dict[str, MaterializedStage] | None = None,
-        first_stage_id: int = 1,
     ) -> None:
         self.plan = plan
         self.sources = sources
@@ -268,7 +267,7 @@ class _Planner:
         # Stages that ran, by computation digest and by id (adaptive execution).
         self.materialized = materialized or {}
         self.ran = {m.stage.stage_id: m.stage for m in self.materialized.values()}
-        self.next_stage_id = max([first_stage_id - 1, *self.ran]) + 1
+        self.next_stage_id = max(self.ran, default=0) + 1  # ids stay unique in the query
         self.tables: set[str] = set()
 
     # ------------------------------------------------------------------ adaptive reuse
@@ -286,7 +285,6 @@ class _Planner:
         for inp in stage.inputs:
             self._include(self.ran[inp.stage_id])
         self.stages.append(stage)
-
 
     def _read_ran(
         self, m: MaterializedStage, kind: str, partitions: int, key_columns: tuple[int, ...]
@@ -390,7 +388,8 @@ class _Planner:
                 # Cut differently than it ran: partition its measured output
                 # again rather than compute it once more (keys refer to the
                 # same columns: the output keeps the fragment's columns).
-                return self.seal(self._passthrough(m, frag.est.kept), kind, partitions, keys, readers)
+                again = self._passthrough(m, frag.est.kept)
+                return self.seal(again, kind, partitions, keys, readers)
             if frag.passthrough is not None:  # only reads a stage that ran
                 ran, read_bytes = frag.passthrough
                 if rel.SerializeToString(deterministic=True) == read_bytes:

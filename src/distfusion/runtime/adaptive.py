@@ -230,27 +230,30 @@ def _contiguous_groups(sizes: list[int], groups: int) -> tuple[tuple[int, ...], 
 
 
 def _describe_changes(before: StageGraph, after: StageGraph, stats: dict[int, StageStats]) -> list[str]:
-    """What planning again over ``stats`` changed from ``before`` to ``after``, one line each."""
+    """What planning again over ``stats`` changed from ``before`` to ``after``, one line each.
+
+    A stage that ran and is now read another way than its output was cut (a
+    shuffle read as a broadcast), and every stage of ``before`` that had not
+    run and is gone from ``after`` (planned again over the measured sizes).
+    """
     notes = []
+    before_ids = {s.stage_id for s in before.stages}
     for s in after.stages:
         for i in s.inputs:
             st = stats.get(i.stage_id)
             producer = after.stage(i.stage_id)
-            if st is None or producer.stage_id not in {x.stage_id for x in before.stages}:
+            if st is None or i.stage_id not in before_ids or i.boundary != BROADCAST:
                 continue
-            natural = {SHUFFLE: SHUFFLE, BROADCAST: BROADCAST}.get(producer.output.kind, "coalesce")
-            if i.boundary == natural or i.boundary == "coalesce":
-                continue
-            how = "as a broadcast" if i.boundary == BROADCAST else f"by {i.boundary}"
-            notes.append(
-                f"stage {producer.stage_id} ({producer.output.kind} output, estimated "
-                f"{_mib(producer.estimated_bytes)}) measured {_mib(st.bytes)}, {st.rows} rows: "
-                f"read {how} by stage {s.stage_id}"
-            )
-    kept = {s.computation for s in after.stages}
+            if producer.output.kind != BROADCAST:
+                notes.append(
+                    f"stage {producer.stage_id} ({producer.output.kind} output, estimated "
+                    f"{_mib(producer.estimated_bytes)}) measured {_mib(st.bytes)}, {st.rows} "
+                    f"rows: read as a broadcast by stage {s.stage_id}"
+                )
     measured = ", ".join(
-        f"stage {sid} {_mib(st.bytes)}" for sid, st in stats.items() if sid in {x.stage_id for x in before.stages}
+        f"stage {sid} {_mib(st.bytes)}" for sid, st in stats.items() if sid in before_ids
     )
+    kept = {s.computation for s in after.stages}
     for s in before.stages[:-1]:
         if s.computation not in kept and s.stage_id not in stats:
             notes.append(
