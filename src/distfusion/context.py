@@ -403,11 +403,14 @@ class DistributedDataFrame:
         config: PlannerConfig,
         materialized: dict[str, MaterializedStage] | None = None,
         query_id: str | None = None,
+        first_stage_id: int = 1,
     ) -> StageGraph:
         """Plan the query (over the stages that ran, for adaptive execution)."""
         plan = Plan()
         plan.ParseFromString(self._substrait())  # the planner rewrites its plan in place
-        return plan_stages(plan, self.context.sources, config, materialized, query_id)
+        return plan_stages(
+            plan, self.context.sources, config, materialized, query_id, first_stage_id
+        )
 
     def stage_graph(self) -> StageGraph:
         """The static distributed plan (planned once, on first use).
@@ -457,7 +460,7 @@ class DistributedDataFrame:
         self.stage_graph()  # planning errors before anything runs
         self.last_run = AdaptiveReport()
         batches = run_adaptive(
-            lambda materialized: self._plan(config, materialized, query_id),
+            lambda materialized, first_id: self._plan(config, materialized, query_id, first_id),
             ctx.runtime,
             query_id,
             config,

@@ -253,6 +253,7 @@ class _Planner:
         config: PlannerConfig,
         oracle: SchemaOracle,
         materialized: dict[str, MaterializedStage] | None = None,
+        first_stage_id: int = 1,
     ) -> None:
         self.plan = plan
         self.sources = sources
@@ -267,7 +268,8 @@ class _Planner:
         # Stages that ran, by computation digest and by id (adaptive execution).
         self.materialized = materialized or {}
         self.ran = {m.stage.stage_id: m.stage for m in self.materialized.values()}
-        self.next_stage_id = max(self.ran, default=0) + 1  # ids stay unique in the query
+        # Ids stay unique in the query: above every stage that ran.
+        self.next_stage_id = max(first_stage_id, max(self.ran, default=0) + 1)
         self.tables: set[str] = set()
 
     # ------------------------------------------------------------------ adaptive reuse
@@ -1175,6 +1177,7 @@ def plan_stages(
     config: PlannerConfig,
     materialized: dict[str, MaterializedStage] | None = None,
     query_id: str | None = None,
+    first_stage_id: int = 1,
 ) -> StageGraph:
     """Cut a Substrait plan into a :class:`StageGraph`.
 
@@ -1193,6 +1196,8 @@ def plan_stages(
             them computes is read from it, planned over its measured size;
             new stages get ids above theirs.
         query_id: the graph's query id (default: a new UUID).
+        first_stage_id: the lowest id a new stage may get (adaptive execution:
+            above every stage of the query that ran).
 
     Returns:
         The stages, producers first, the head stage (1 task) last.
@@ -1208,7 +1213,7 @@ def plan_stages(
     push_semi_joins(plan, oracle)
     push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
     reduce_aggregate_inputs(plan, oracle, sources, config.runtime_filter_bytes)
-    planner = _Planner(plan, sources, config, oracle, materialized)
+    planner = _Planner(plan, sources, config, oracle, materialized, first_stage_id)
     if query_id is not None:
         planner.query_id = query_id
     return planner.run()

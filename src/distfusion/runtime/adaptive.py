@@ -48,8 +48,9 @@ __all__ = ["AdaptiveReport", "run_adaptive", "next_wave", "coalesce_partitions"]
 MAX_WAVES = 16
 """Waves run before the rest of the query runs in one go whatever is undecided."""
 
-Planner = Callable[[dict[str, MaterializedStage]], StageGraph]
-"""Plans the query over the stages that ran (by :attr:`Stage.computation`)."""
+Planner = Callable[[dict[str, MaterializedStage], int], StageGraph]
+"""Plans the query over the stages that ran (by :attr:`Stage.computation`), new
+stages numbered from the given id on."""
 
 
 @dataclass
@@ -293,7 +294,7 @@ def run_adaptive(
     materialized: dict[str, MaterializedStage] = {}
     ran: set[int] = set()
     try:
-        graph = plan(materialized)
+        graph = plan(materialized, 1)
         report.graphs.append(graph)
         for _ in range(MAX_WAVES):
             wave = next_wave(graph, ran, config.max_broadcast_bytes, shuffle_bytes)
@@ -306,12 +307,16 @@ def run_adaptive(
             for sid in wave:
                 stage = graph.stage(sid)
                 st = stats[sid]
-                # The planner never plans a computation that ran once more.
-                assert stage.computation not in materialized, stage
-                materialized[stage.computation] = MaterializedStage(stage, st.rows, st.bytes)
+                # A computation planned twice in one graph (cut two ways) ran
+                # twice: later plans read the first; the second stays known
+                # (under its id) to stages that read it.
+                key = stage.computation
+                if key in materialized:
+                    key = f"{key}@{sid}"
+                materialized[key] = MaterializedStage(stage, st.rows, st.bytes)
                 ran.add(sid)
             before = graph
-            graph = plan(materialized)
+            graph = plan(materialized, max(ran) + 1)
             changes = _describe_changes(before, graph, report.stats)
             report.decisions.extend(c for c in changes if c not in report.decisions)
             report.graphs.append(graph)
