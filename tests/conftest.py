@@ -17,7 +17,8 @@ TPCH_SCALE = float(os.environ.get("DISTFUSION_TEST_SCALE", "0.1"))
 @pytest.fixture(scope="session")
 def tpch_dir() -> Path:
     """TPC-H at scale factor 0.1 (4 Parquet files per table), generated once and cached
-    under ``data/`` (set ``DISTFUSION_TEST_DATA`` to use another directory)."""
+    under ``data/`` (set ``DISTFUSION_TEST_DATA`` to use another directory).
+    """
     path = Path(os.environ.get("DISTFUSION_TEST_DATA", REPO / "data" / f"tpch-sf{TPCH_SCALE:g}"))
     marker = path / ".complete"
     if not marker.exists():
@@ -46,7 +47,8 @@ FLIGHT_WORKERS = 3
 @pytest.fixture(scope="session")
 def flight_workers():
     """URLs of three Flight worker processes on 127.0.0.1 (free ports), started once
-    per session and stopped at its end, even after a failure."""
+    per session and stopped at its end, even after a failure.
+    """
     from tests.flight_cluster import start_workers, stop_workers
 
     procs = start_workers(FLIGHT_WORKERS)
@@ -65,7 +67,8 @@ def _flight(request, workers: int):
 @pytest.fixture(scope="session")
 def spark_session():
     """The one SparkSession of the test session: embedded ``local[2]``, where Spark
-    retries failed task attempts (see :class:`~distfusion.runtime.spark.SparkRuntime`)."""
+    retries failed task attempts (see :class:`~distfusion.runtime.spark.SparkRuntime`).
+    """
     from distfusion.runtime.spark import SparkRuntime
 
     runtime = SparkRuntime(master="local[2]")

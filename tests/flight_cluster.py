@@ -1,6 +1,6 @@
 """Flight worker processes for tests.
 
-Real ``python -m distfusion.worker.flight_server`` processes on 127.0.0.1, each
+Real ``python -m distfusion.worker.flight_cli`` processes on 127.0.0.1, each
 on a free port it picks itself (``--port 0``) and announces on its first stdout line.
 """
 
@@ -65,7 +65,7 @@ def start_worker(*args: str, env: dict | None = None, timeout_s: float = 60.0) -
     log = tempfile.NamedTemporaryFile(prefix="distfusion-worker-", suffix=".log", delete=False)
     full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "distfusion.worker.flight_server", "--port", "0", *args],
+        [sys.executable, "-m", "distfusion.worker.flight_cli", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=log,
         env=full_env,

@@ -32,7 +32,8 @@ from distfusion import (
 )
 from distfusion.runtime.base import QueryRun, StageStats
 from distfusion.runtime.flight import FlightRuntime
-from distfusion.stages import BROADCAST, SHUFFLE, StageGraph, TaskKey
+from distfusion.protocol import TaskKey
+from distfusion.stages import BROADCAST, SHUFFLE, StageGraph
 from tests.compare import assert_same_result, oracle_result
 
 ROWS = 2000

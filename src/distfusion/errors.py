@@ -13,12 +13,19 @@ DistfusionError
  └── TransientError                 retry-safe: running the same query again may succeed
 ```
 
+Errors keep their kind and fields across processes: each class names the
+fields its constructor takes (``error_fields``); pickling (``__reduce__``) and
+the wire codec of :mod:`distfusion.protocol.errors` (Flight workers, Spark
+tasks) both rebuild an error from them.
+
 DataFusion reports every failure as a bare ``Exception("DataFusion error: ...")``;
 it is wrapped once, where it crosses into distfusion (the planner or the worker),
 keeping DataFusion's message verbatim.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 __all__ = [
     "AuthenticationError",
@@ -33,7 +40,19 @@ __all__ = [
 
 
 class DistfusionError(Exception):
-    """Root of every error distfusion raises."""
+    """Root of every error distfusion raises.
+
+    Attributes:
+        error_fields: the attributes a subclass's constructor takes, in order;
+            empty when it takes only the message.
+    """
+
+    error_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __reduce__(self):  # keeps the fields when the error crosses a process boundary
+        if not self.error_fields:
+            return super().__reduce__()
+        return (type(self), tuple(getattr(self, f) for f in self.error_fields))
 
 
 class TransientError(DistfusionError):
@@ -59,6 +78,8 @@ class TaskError(DistfusionError):
         remote_traceback: the formatted traceback from the worker, or ``""``.
     """
 
+    error_fields = ("stage_id", "task_index", "worker", "cause", "remote_traceback")
+
     def __init__(
         self,
         stage_id: int,
@@ -75,12 +96,6 @@ class TaskError(DistfusionError):
         msg = f"stage {stage_id} task {task_index} failed on worker {worker}: {cause}"
         super().__init__(msg)
 
-    def __reduce__(self):  # keeps the fields when the error crosses a process boundary
-        return (
-            type(self),
-            (self.stage_id, self.task_index, self.worker, self.cause, self.remote_traceback),
-        )
-
 
 class TransportError(DistfusionError):
     """A worker could not be reached, or answered something the coordinator cannot read."""
@@ -95,14 +110,12 @@ class _WorkerCallError(TransportError):
     """
 
     what = "failed"
+    error_fields = ("url", "detail")
 
     def __init__(self, url: str, detail: str) -> None:
         self.url = url
         self.detail = detail
         super().__init__(f"worker {url} {self.what}: {detail}")
-
-    def __reduce__(self):
-        return (type(self), (self.url, self.detail))
 
 
 class WorkerUnavailableError(_WorkerCallError, TransientError):

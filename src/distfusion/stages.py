@@ -34,7 +34,6 @@ __all__ = [
     "SourceScan",
     "Stage",
     "StageGraph",
-    "TaskKey",
 ]
 
 SHUFFLE = "shuffle"
@@ -45,18 +44,6 @@ BROADCAST = "broadcast"
 """Every consumer task receives all rows."""
 RESULT = "result"
 """The head stage's output: the query result, streamed to the caller."""
-
-
-@dataclass(frozen=True)
-class TaskKey:
-    """Identifies one task of one query: ``(query_id, stage_id, task_index)``."""
-
-    query_id: str
-    stage_id: int
-    task_index: int
-
-    def __str__(self) -> str:
-        return f"{self.query_id[:8]}/s{self.stage_id}/t{self.task_index}"
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ from distfusion.planner.substrait import (
     unproject_read,
     unproject_source_reads,
 )
+from distfusion.protocol.hashing import hash_type
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     BROADCAST,
@@ -90,7 +91,6 @@ from distfusion.stages import (
     StageGraph,
     StageInput,
 )
-from distfusion.worker.execute_task import hash_type
 
 __all__ = ["MaterializedStage", "PlannerConfig", "plan_stages"]
 

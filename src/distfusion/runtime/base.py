@@ -30,10 +30,10 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 
 from distfusion.errors import QueryCancelled
-from distfusion.stages import Stage, StageGraph, TaskKey
+from distfusion.protocol.task_plan import TaskKey, TaskPlan
+from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
-from distfusion.worker.task_plan import TaskPlan
 
 __all__ = [
     "Runtime",

@@ -45,6 +45,7 @@ from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUn
 from distfusion.resolver import StaticWorkerResolver, WorkerResolver
 from distfusion.runtime.base import QueryRun, Routing, StageStats, WorkerQueryRun, round_robin
 from distfusion.stages import StageGraph
+from distfusion.transport.flight import FlightWorkerTransport
 
 __all__ = ["FlightRuntime", "start_local_workers"]
 
@@ -91,8 +92,6 @@ class FlightRuntime:
         heartbeat_s: float = 1.0,
         probe_timeout_s: float = 2.0,
     ) -> None:
-        from distfusion.transport.flight import FlightWorkerTransport
-
         if isinstance(resolver, list | tuple):
             resolver = StaticWorkerResolver(list(resolver))
         self.resolver = resolver
@@ -399,7 +398,7 @@ def start_local_workers(
                 [
                     sys.executable,
                     "-m",
-                    "distfusion.worker.flight_server",
+                    "distfusion.worker.flight_cli",
                     "--port",
                     "0",
                     *(args or []),

@@ -36,8 +36,13 @@ fragment natively with DataFusion inside the Spark task
 
 Errors raised inside a Spark task reach the driver as a Java exception
 holding the Python traceback as text. The task therefore reports a failure as
-one line, ``DISTFUSION_TASK_ERROR {json}``, which the driver turns back into a
-:class:`~distfusion.errors.TaskError` naming the stage and the task.
+one line, ``DISTFUSION_TASK_ERROR {json}`` (the protocol's error codec,
+:mod:`distfusion.protocol.errors`, plus Spark's attempt count), which the
+driver turns back into a :class:`~distfusion.errors.TaskError` naming the
+stage and the task.
+
+``pyspark`` is an optional dependency: it is imported inside the functions
+that need it (each marked so), when a SparkRuntime is created or a task runs.
 """
 
 from __future__ import annotations
@@ -50,16 +55,17 @@ import socket
 import struct
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from distfusion.errors import PlanningError, TaskError, TransportError
+from distfusion.protocol.errors import error_from_dict, error_to_dict, task_error
+from distfusion.protocol.task_plan import TaskPlan
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import QueryRun, StageStats, default_target_partitions, task_threads
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
-from distfusion.worker.execute_task import without_views
+from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
 
 __all__ = [
     "SparkRuntime",
@@ -98,7 +104,7 @@ def import_pyspark():
     Raises:
         ImportError: pyspark is not installed; says what to install.
     """
-    try:
+    try:  # optional dependency
         import pyspark
         import pyspark.sql  # noqa: F401
     except ImportError as exc:
@@ -176,7 +182,8 @@ class SparkRuntime:
         executor_wait_s: float = 60.0,
     ) -> None:
         import_pyspark()
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession  # optional dependency
+
 
         self._owns_session = False
         if spark is None:
@@ -352,9 +359,6 @@ class _SparkQuery:
 
     def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
         """See :meth:`QueryRun.stream_head`: one Spark job per broadcast round and one for the head's inputs."""
-        from distfusion.worker.execute_task import stream_head_stage
-        from distfusion.worker.task_plan import TaskPlan
-
         self._use(graph)
         self._set_job_group()
         head = graph.head
@@ -577,9 +581,6 @@ class _SparkQuery:
         Raises:
             TaskError: the fragment failed (worker ``spark-driver://HOST``).
         """
-        from distfusion.worker.execute_task import run_task
-        from distfusion.worker.task_plan import TaskPlan
-
         plan = TaskPlan.for_task(
             self.query_id,
             stage,
@@ -632,7 +633,7 @@ def _merge_param():
     Defined in a function, so cloudpickle ships the class by value: executors
     need nothing of distfusion to merge.
     """
-    from pyspark.accumulators import AccumulatorParam
+    from pyspark.accumulators import AccumulatorParam  # optional dependency
 
     class MergeDicts(AccumulatorParam):
         def zero(self, value):
@@ -868,29 +869,30 @@ def _task_function(
     It is a closure, so cloudpickle ships it by value, and it refers to nothing
     of distfusion until it runs: an executor that cannot import distfusion or
     datafusion then fails with a message saying so, naming the stage and task,
-    instead of failing to unpickle the task.
+    instead of failing to unpickle the task. The report of that failure is
+    encoded here, on the driver (``report``, the error codec's dict), so the
+    executor needs only the standard library to fill in the task.
     """
+    report = error_to_dict(TaskError(stage_id, -1, "", ""))
 
     def run(task_index, records):
         try:
+            # On purpose inside the task: see the docstring.
             import distfusion.runtime.spark as spark_runtime
         except ImportError as exc:
-            import json as _json
+            import json as _json  # standard library only: distfusion is missing here
             import os as _os
             import socket as _socket
 
-            report = {
-                "stage": stage_id,
-                "task": task_index,
-                "worker": f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}",
-                "cause": (
-                    f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
-                    "in their Python environment (same venv via PYSPARK_PYTHON, "
-                    "spark.archives with a packed venv, or --py-files; see the README)"
-                ),
-                "traceback": "",
-            }
-            raise RuntimeError("DISTFUSION_TASK_ERROR " + _json.dumps(report)) from None
+            cause = (
+                f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
+                "in their Python environment (same venv via PYSPARK_PYTHON, "
+                "spark.archives with a packed venv, or --py-files; see the README)"
+            )
+            worker = f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}"
+            failed = {**report, "task_index": task_index, "worker": worker, "cause": cause}
+            failed["message"] = f"stage {stage_id} task {task_index} failed: {cause}"
+            raise RuntimeError(ERROR_MARKER + _json.dumps(failed)) from None
         return spark_runtime._run_task(
             query_id,
             stage_bytes,
@@ -932,9 +934,6 @@ def _run_task(
         RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
             followed by a JSON report (stage, task, worker, cause, traceback).
     """
-    from distfusion.worker.execute_task import run_task, task_error
-    from distfusion.worker.task_plan import TaskPlan
-
     stage: Stage = pickle.loads(stage_bytes)
     worker = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     plan = None
@@ -958,22 +957,13 @@ def _run_task(
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     except Exception as exc:
-        if plan is None:
-            err = TaskError(
-                stage.stage_id,
-                task_index,
-                worker,
-                f"{type(exc).__name__}: {exc}",
-                "".join(traceback.format_exception(exc)),
-            )
-        else:
-            err = task_error(plan, worker, exc)
+        err = task_error(stage.stage_id, task_index, worker, exc)
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
 
 
 def _maybe_inject_failure(stage_id: int, task_index: int) -> None:
     """Raise when :data:`FAIL_TASK_PROPERTY` names this task and attempt (tests only)."""
-    from pyspark import TaskContext
+    from pyspark import TaskContext  # optional dependency
 
     ctx = TaskContext.get()
     spec = ctx.getLocalProperty(FAIL_TASK_PROPERTY) if ctx is not None else None
@@ -988,20 +978,16 @@ def _maybe_inject_failure(stage_id: int, task_index: int) -> None:
 
 
 def _report(err: TaskError) -> str:
-    """``err`` as the JSON report of :data:`ERROR_MARKER`, with Spark's attempt count."""
-    from pyspark import TaskContext
+    """``err`` as the JSON report of :data:`ERROR_MARKER`, with Spark's attempt count.
+
+    The protocol's error codec (:func:`~distfusion.protocol.errors.error_to_dict`)
+    plus ``"attempts"``.
+    """
+    from pyspark import TaskContext  # optional dependency
 
     ctx = TaskContext.get()
-    return json.dumps(
-        {
-            "stage": err.stage_id,
-            "task": err.task_index,
-            "worker": err.worker,
-            "cause": err.cause,
-            "traceback": err.remote_traceback,
-            "attempts": ctx.attemptNumber() + 1 if ctx is not None else 1,
-        }
-    )
+    attempts = ctx.attemptNumber() + 1 if ctx is not None else 1
+    return json.dumps({**error_to_dict(err), "attempts": attempts})
 
 
 # ---------------------------------------------------------------------- driver side errors
@@ -1018,10 +1004,14 @@ def _translate_error(exc: Exception, master: str) -> Exception:
             r = json.JSONDecoder().raw_decode(raw.strip())[0]
         except ValueError:
             continue
-        cause = r["cause"]
+        err = error_from_dict(r) if isinstance(r, dict) else None
+        if not isinstance(err, TaskError):
+            continue
+        cause = err.cause
         if r.get("attempts", 1) > 1:
             cause += f" (Spark gave up after {r['attempts']} attempts)"
-        return TaskError(r["stage"], r["task"], r["worker"], cause, r["traceback"] or text)
+        tb = err.remote_traceback or text
+        return TaskError(err.stage_id, err.task_index, err.worker, cause, tb)
     missing = _MISSING_MODULE.search(text)
     if missing:
         msg = (

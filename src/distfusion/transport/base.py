@@ -22,8 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.stages import TaskKey
-from distfusion.worker.task_plan import TaskPlan
+from distfusion.protocol.task_plan import TaskKey, TaskPlan
 
 __all__ = ["WorkerTransport"]
 

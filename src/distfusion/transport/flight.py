@@ -1,7 +1,7 @@
 """WorkerTransport over Arrow Flight: workers are gRPC servers, reached by URL.
 
-The worker protocol on the wire (served by
-:class:`~distfusion.worker.flight_server.FlightWorker`)::
+The worker protocol on the wire (messages in :mod:`distfusion.protocol`,
+served by :class:`~distfusion.worker.flight_server.FlightWorker`)::
 
     coordinator / consumer task                 worker (Flight server)
       DoAction "set_plan"   body: TaskPlan JSON ──> queue the task
@@ -15,12 +15,13 @@ The worker protocol on the wire (served by
       DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
 
 The task plan is plain JSON (the Substrait fragment base64-encoded inside,
-see :meth:`~distfusion.worker.task_plan.TaskPlan.to_json`): nothing that
+see :meth:`~distfusion.protocol.task_plan.TaskPlan.to_json`): nothing that
 crosses the network is pickled.
 
 Errors keep their kind and fields across the wire: a worker encodes the error
-it raises as JSON in the Flight error's ``extra_info`` (:func:`encode_error`),
-the transport rebuilds the same distfusion error (:func:`decode_error`), e.g. a
+it raises with the protocol's error codec (:mod:`distfusion.protocol.errors`)
+as JSON in the Flight error's ``extra_info`` (:func:`encode_error`), the
+transport rebuilds the same distfusion error (:func:`decode_error`), e.g. a
 :class:`~distfusion.errors.TaskError` with its stage, task, worker, cause and
 remote traceback. A worker that cannot be reached gives a
 :class:`~distfusion.errors.WorkerUnavailableError` naming its URL.
@@ -41,7 +42,6 @@ import json
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -49,31 +49,29 @@ import pyarrow as pa
 from distfusion.errors import (
     AuthenticationError,
     QueryCancelled,
-    TaskError,
     TransportError,
     WorkerUnavailableError,
 )
-from distfusion.stages import TaskKey
-from distfusion.worker.task_plan import TaskPlan
+from distfusion.protocol.errors import KIND, error_from_dict, error_to_dict
+from distfusion.protocol.messages import (
+    ACTION_CANCEL_QUERY,
+    ACTION_KEEPALIVE,
+    ACTION_SET_PLAN,
+    ACTION_STATS,
+    ACTION_TASK_STATS,
+    TOKEN_ENV,
+    encode_task_request,
+    encode_ticket,
+)
+from distfusion.protocol.task_plan import TaskKey, TaskPlan, task_name
 
 __all__ = [
     "FlightWorkerTransport",
-    "TOKEN_ENV",
     "decode_error",
     "encode_error",
     "import_flight",
 ]
 
-TOKEN_ENV = "DISTFUSION_TOKEN"
-"""Environment variable holding the shared secret token of workers and coordinators."""
-
-ACTION_SET_PLAN = "set_plan"
-ACTION_CANCEL_QUERY = "cancel_query"
-ACTION_KEEPALIVE = "keepalive"
-ACTION_STATS = "stats"
-ACTION_TASK_STATS = "task_stats"
-
-_ERROR_MARK = "distfusion-error"
 _ABORTED_KEPT = 4096
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 
@@ -85,7 +83,7 @@ def import_flight():
         ImportError: pyarrow was built without Flight; says what to install.
     """
     try:
-        import pyarrow.flight as flight
+        import pyarrow.flight as flight  # optional: pyarrow builds without Flight exist
     except ImportError as exc:  # pragma: no cover - depends on the pyarrow build
         msg = (
             "the Flight runtime needs pyarrow with Arrow Flight support: "
@@ -99,9 +97,9 @@ def import_flight():
 def encode_error(exc: BaseException):
     """``exc`` as a ``pyarrow.flight`` error a server handler raises.
 
-    The kind, message and fields travel as JSON in the error's ``extra_info``
-    (``{"distfusion-error": kind, "message": ..., ...}``); :func:`decode_error`
-    rebuilds the error on the client.
+    The error travels as the dict of :func:`distfusion.protocol.errors.error_to_dict`,
+    JSON in the Flight error's ``extra_info``; :func:`decode_error` rebuilds
+    it on the client.
 
     Args:
         exc: the error a worker request raised.
@@ -112,24 +110,13 @@ def encode_error(exc: BaseException):
         otherwise.
     """
     flight = import_flight()
-    info: dict = {_ERROR_MARK: type(exc).__name__, "message": str(exc)}
-    if isinstance(exc, TaskError):
-        info.update(
-            stage_id=exc.stage_id,
-            task_index=exc.task_index,
-            worker=exc.worker,
-            cause=exc.cause,
-            remote_traceback=exc.remote_traceback,
-        )
-        cls = flight.FlightServerError
-    elif isinstance(exc, QueryCancelled):
+    if isinstance(exc, QueryCancelled):
         cls = flight.FlightCancelledError
     elif isinstance(exc, TimeoutError):
         cls = flight.FlightTimedOutError
     else:
-        info["remote_traceback"] = "".join(traceback.format_exception(exc))
         cls = flight.FlightServerError
-    return cls(str(exc), extra_info=json.dumps(info).encode())
+    return cls(str(exc), extra_info=json.dumps(error_to_dict(exc)).encode())
 
 
 def decode_error(url: str, what: str, exc: Exception) -> Exception:
@@ -142,30 +129,24 @@ def decode_error(url: str, what: str, exc: Exception) -> Exception:
         exc: the error the Flight client raised.
 
     Returns:
-        The error :func:`encode_error` encoded (same kind and fields), else
-        :class:`WorkerUnavailableError` when the worker cannot be reached,
-        :class:`AuthenticationError` when it rejected the token, ``TimeoutError``
-        on a deadline, :class:`TransportError` for anything else.
+        The error :func:`encode_error` encoded (same kind and fields; a worker
+        that could not reach another one is named as the worker of this call),
+        else :class:`WorkerUnavailableError` when the worker cannot be
+        reached, :class:`AuthenticationError` when it rejected the token,
+        ``TimeoutError`` on a deadline, :class:`TransportError` for anything else.
     """
     flight = import_flight()
     info = _error_info(exc)
     if info is not None:
-        kind = info[_ERROR_MARK]
+        kind = info[KIND]
         message = info.get("message", "")
-        if kind == "TaskError":
-            return TaskError(
-                info["stage_id"],
-                info["task_index"],
-                info["worker"],
-                info["cause"],
-                info.get("remote_traceback", ""),
-            )
-        if kind == "QueryCancelled":
-            return QueryCancelled(message)
         if kind == "TimeoutError":
             return _PollExpired(f"worker {url}, {what}: {message}")
         if kind == "WorkerUnavailableError":
             return WorkerUnavailableError(url, f"{what}: {message}")
+        decoded = error_from_dict(info)
+        if decoded is not None:
+            return decoded
         return TransportError(f"worker {url} failed {what}: {kind}: {message}")
     if isinstance(exc, flight.FlightUnavailableError):
         return WorkerUnavailableError(url, f"{what}: {_first_line(exc)}")
@@ -188,74 +169,11 @@ def _error_info(exc: Exception) -> dict | None:
         info = json.loads(raw)
     except (TypeError, ValueError):
         return None
-    return info if isinstance(info, dict) and _ERROR_MARK in info else None
+    return info if isinstance(info, dict) and KIND in info else None
 
 
 def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
-# ---------------------------------------------------------------------- tickets
-def encode_ticket(key: TaskKey, partition: int, timeout_s: float | None) -> bytes:
-    """The DoGet ticket naming output ``partition`` of task ``key`` (JSON bytes)."""
-    return json.dumps(
-        {
-            "query_id": key.query_id,
-            "stage_id": key.stage_id,
-            "task_index": key.task_index,
-            "partition": partition,
-            "timeout_s": timeout_s,
-        }
-    ).encode()
-
-
-def decode_ticket(data: bytes) -> tuple[TaskKey, int, float | None]:
-    """Inverse of :func:`encode_ticket`.
-
-    Raises:
-        ValueError: ``data`` is not a distfusion ticket.
-    """
-    try:
-        d = json.loads(data)
-        key = TaskKey(str(d["query_id"]), int(d["stage_id"]), int(d["task_index"]))
-        timeout_s = d.get("timeout_s")
-        return key, int(d["partition"]), None if timeout_s is None else float(timeout_s)
-    except (KeyError, TypeError, ValueError) as exc:
-        msg = f"not a distfusion ticket: {exc}"
-        raise ValueError(msg) from exc
-
-
-def encode_task_request(key: TaskKey, timeout_s: float | None) -> bytes:
-    """The body of a ``task_stats`` action naming task ``key`` (JSON bytes)."""
-    return json.dumps(
-        {
-            "query_id": key.query_id,
-            "stage_id": key.stage_id,
-            "task_index": key.task_index,
-            "timeout_s": timeout_s,
-        }
-    ).encode()
-
-
-def decode_task_request(data: bytes) -> tuple[TaskKey, float | None]:
-    """Inverse of :func:`encode_task_request`.
-
-    Raises:
-        ValueError: ``data`` is not a task request.
-    """
-    try:
-        d = json.loads(data)
-        key = TaskKey(str(d["query_id"]), int(d["stage_id"]), int(d["task_index"]))
-        timeout_s = d.get("timeout_s")
-        return key, None if timeout_s is None else float(timeout_s)
-    except (KeyError, TypeError, ValueError) as exc:
-        msg = f"not a distfusion task request: {exc}"
-        raise ValueError(msg) from exc
-
-
-def task_name(key: TaskKey) -> str:
-    """``"query 1a2b3c4d stage 1 task 0"``: how errors name a task."""
-    return f"query {key.query_id[:8]} stage {key.stage_id} task {key.task_index}"
 
 
 # ---------------------------------------------------------------------- transport

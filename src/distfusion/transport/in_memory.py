@@ -3,19 +3,44 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 import pyarrow as pa
 
 from distfusion.errors import WorkerUnavailableError
-from distfusion.stages import TaskKey
-from distfusion.worker.task_plan import TaskPlan
-from distfusion.worker.worker import Worker
+from distfusion.protocol.task_plan import TaskKey, TaskPlan
 
-__all__ = ["InMemoryTransport"]
+__all__ = ["InMemoryTransport", "LocalWorker"]
+
+
+class LocalWorker(Protocol):
+    """What the transport calls on a worker of this process.
+
+    :class:`~distfusion.worker.worker.Worker` implements it; the transport does
+    not import it (``transport/`` sits below ``worker/``, see docs/architecture.md).
+    """
+
+    url: str
+
+    def set_plan(self, plan: TaskPlan) -> None: ...  # noqa: D102
+
+    def execute_partition(  # noqa: D102
+        self, key: TaskKey, partition: int, timeout_s: float | None = None
+    ) -> Iterator[pa.RecordBatch]: ...
+
+    def task_stats(  # noqa: D102
+        self, key: TaskKey, timeout_s: float | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+
+    def cancel_query(self, query_id: str) -> None: ...  # noqa: D102
+
+    def stats(self) -> dict: ...  # noqa: D102
+
+    def close(self) -> None: ...  # noqa: D102
 
 
 class InMemoryTransport:
-    """Calls :class:`~distfusion.worker.worker.Worker` objects directly, by URL.
+    """Calls :class:`LocalWorker` objects directly, by URL.
 
     Batches are passed by reference (no serialisation), so the in-process
     runtime pays no network cost; everything else follows the protocol of
@@ -23,13 +48,13 @@ class InMemoryTransport:
     """
 
     def __init__(self) -> None:
-        self.workers: dict[str, Worker] = {}
+        self.workers: dict[str, LocalWorker] = {}
 
-    def add_worker(self, worker: Worker) -> None:
+    def add_worker(self, worker: LocalWorker) -> None:
         """Make ``worker`` reachable at ``worker.url``."""
         self.workers[worker.url] = worker
 
-    def _worker(self, url: str) -> Worker:
+    def _worker(self, url: str) -> LocalWorker:
         try:
             return self.workers[url]
         except KeyError:

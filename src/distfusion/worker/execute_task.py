@@ -13,12 +13,11 @@ and executed natively. A shuffle output gets a partition id per row,
 ``pmod(xxhash64(keys), n)`` (Spark's hash, computed by DataFusion's Spark
 functions), so equal keys land in the same partition whichever task produced
 them; integer keys are cast to ``int64`` first because the hash depends on the
-Arrow type.
+Arrow type (the rule the planner shares: :mod:`distfusion.protocol.hashing`).
 """
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -28,9 +27,11 @@ from datafusion.functions import spark as spark_functions
 from datafusion.substrait import Consumer, Serde
 
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.protocol.errors import task_error
+from distfusion.protocol.hashing import hash_type
+from distfusion.protocol.task_plan import TaskPlan
 from distfusion.sources import register_scan
 from distfusion.stages import SHUFFLE, StageInput
-from distfusion.worker.task_plan import TaskPlan
 
 __all__ = [
     "build_dataframe",
@@ -121,19 +122,6 @@ def stream_batches(df: DataFrame, cancelled: Callable[[], bool]) -> Iterator[pa.
         batch = rb.to_pyarrow()
         if batch.num_rows:
             yield batch
-
-
-def hash_type(dtype: pa.DataType) -> pa.DataType:
-    """The type a partition key of ``dtype`` is hashed as.
-
-    Every integer as int64, every string as utf8: two key columns hash equal
-    values alike only if their hash types are equal.
-    """
-    if pa.types.is_integer(dtype):
-        return pa.int64()
-    if pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
-        return pa.string()
-    return dtype
 
 
 def _hash_key(expr, dtype: pa.DataType):
@@ -245,7 +233,7 @@ def run_task(
     except (TaskError, QueryCancelled):
         raise
     except Exception as exc:
-        raise task_error(plan, worker, exc) from exc
+        raise task_error(plan.key.stage_id, plan.key.task_index, worker, exc) from exc
 
 
 def stream_head_stage(
@@ -266,11 +254,4 @@ def stream_head_stage(
     except DistfusionError:
         raise
     except Exception as exc:
-        raise task_error(plan, COORDINATOR, exc) from exc
-
-
-def task_error(plan: TaskPlan, worker: str, exc: BaseException) -> TaskError:
-    """``exc`` raised by ``plan``'s task, as a :class:`TaskError` naming it."""
-    cause = f"{type(exc).__name__}: {exc}"
-    tb = "".join(traceback.format_exception(exc))
-    return TaskError(plan.key.stage_id, plan.key.task_index, worker, cause, tb)
+        raise task_error(plan.key.stage_id, plan.key.task_index, COORDINATOR, exc) from exc

@@ -1,19 +1,21 @@
-"""Command-line options of a Flight worker (``distfusion worker``).
+"""The command line of a Flight worker (``distfusion worker``).
 
-Kept apart from the server so that building the parser does not import
-``pyarrow.flight``; it is imported when a worker actually starts.
+Also ``python -m distfusion.worker.flight_cli --port 0``.
+
+Kept apart from the server (:mod:`distfusion.worker.flight_server`) so that
+building the parser does not import ``pyarrow.flight``, an optional
+dependency; it is imported when a worker actually starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
-from distfusion.transport.flight import TOKEN_ENV
+from distfusion.protocol.messages import DEFAULT_QUERY_TTL_S, TOKEN_ENV
 
-__all__ = ["add_arguments", "run"]
-
-DEFAULT_QUERY_TTL_S = 120.0
+__all__ = ["add_arguments", "main", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         OSError: a certificate file cannot be read.
         pyarrow.ArrowException: the port cannot be bound.
     """
+    # optional dependency: the server imports pyarrow.flight
     from distfusion.worker.flight_server import FlightWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -91,3 +94,16 @@ def run(args: argparse.Namespace) -> int:
     finally:
         worker.close()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m distfusion.worker.flight_cli [options]`` (see ``distfusion worker -h``)."""
+    parser = argparse.ArgumentParser(
+        prog="distfusion worker", description="Run an Arrow Flight worker."
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,50 +29,43 @@ before any handler runs. With ``tls_cert_chain``/``tls_private_key`` it serves
     distfusion query ... --runtime flight --workers-url grpc+tls://127.0.0.1:50051 \\
         --tls-root-certs worker.crt
 
-Run as ``python -m distfusion.worker.flight_server --port 0``: prints
-``distfusion worker listening on grpc://127.0.0.1:PORT`` once it accepts calls.
+Started by ``distfusion worker`` or ``python -m distfusion.worker.flight_cli
+--port 0`` (:mod:`distfusion.worker.flight_cli`): prints ``distfusion worker
+listening on grpc://127.0.0.1:PORT`` once it accepts calls.
 """
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import json
 import logging
 import os
-import sys
 import threading
 import time
 
 import pyarrow as pa
 
 from distfusion.errors import QueryCancelled
-from distfusion.transport.flight import (
+from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
+    DEFAULT_QUERY_TTL_S,
     TOKEN_ENV,
-    FlightWorkerTransport,
     decode_task_request,
     decode_ticket,
-    encode_error,
-    import_flight,
 )
-from distfusion.worker import flight_cli
+from distfusion.protocol.task_plan import TaskPlan
+from distfusion.transport.flight import FlightWorkerTransport, encode_error, import_flight
 from distfusion.worker.execute_task import without_views
-from distfusion.worker.task_plan import TaskPlan
 from distfusion.worker.worker import Worker
 
-__all__ = ["FlightWorker", "main"]
+__all__ = ["FlightWorker"]
 
 flight = import_flight()
 log = logging.getLogger("distfusion.worker")
-
-DEFAULT_QUERY_TTL_S = flight_cli.DEFAULT_QUERY_TTL_S
-"""A query nobody asked about for this long (seconds) is dropped: its coordinator
-is gone. Coordinators send a keepalive every second while a query runs."""
 
 
 class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
@@ -304,19 +297,3 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     if [f.type for f in batch.schema] == [f.type for f in schema]:
         return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     return pa.Table.from_batches([batch]).cast(schema).to_batches()[0]
-
-
-# ---------------------------------------------------------------------- command line
-def main(argv: list[str] | None = None) -> int:
-    """``python -m distfusion.worker.flight_server [options]`` (see ``distfusion worker -h``)."""
-    from distfusion.worker.flight_cli import add_arguments, run
-
-    parser = argparse.ArgumentParser(
-        prog="distfusion worker", description="Run an Arrow Flight worker."
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from distfusion.errors import QueryCancelled, TaskError
-from distfusion.stages import TaskKey
-from distfusion.worker.execute_task import run_task, task_error
-from distfusion.worker.task_plan import TaskPlan
+from distfusion.protocol.errors import task_error
+from distfusion.protocol.task_plan import TaskKey, TaskPlan
+from distfusion.worker.execute_task import run_task
 
 __all__ = ["Worker"]
 
@@ -223,7 +223,7 @@ class Worker:
         except (TaskError, QueryCancelled) as exc:
             task.error = exc
         except Exception as exc:  # reading an input failed, or a bug: name the task
-            task.error = task_error(plan, self.url, exc)
+            task.error = task_error(plan.key.stage_id, plan.key.task_index, self.url, exc)
         finally:
             with self._lock:
                 task.done.set()

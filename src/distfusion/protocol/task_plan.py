@@ -1,4 +1,4 @@
-"""The task descriptor a worker receives: what one task of one stage must do.
+"""The task plan a worker receives: what one task of one stage must do.
 
 A :class:`TaskPlan` is plain data: the stage's Substrait fragment bytes, this
 task's work units, where its inputs live (the worker URL of every producer
@@ -17,12 +17,28 @@ from distfusion.stages import (
     OutputPartitioning,
     Stage,
     StageInput,
-    TaskKey,
     schema_from_json,
     schema_to_json,
 )
 
-__all__ = ["TaskPlan", "ScanShare"]
+__all__ = ["ScanShare", "TaskKey", "TaskPlan", "task_name"]
+
+
+@dataclass(frozen=True)
+class TaskKey:
+    """Identifies one task of one query: ``(query_id, stage_id, task_index)``."""
+
+    query_id: str
+    stage_id: int
+    task_index: int
+
+    def __str__(self) -> str:
+        return f"{self.query_id[:8]}/s{self.stage_id}/t{self.task_index}"
+
+
+def task_name(key: TaskKey) -> str:
+    """``"query 1a2b3c4d stage 1 task 0"``: how errors and logs name a task."""
+    return f"query {key.query_id[:8]} stage {key.stage_id} task {key.task_index}"
 
 
 @dataclass(frozen=True)
@@ -180,7 +196,11 @@ class TaskPlan:
                 scans=scans,
                 inputs=tuple(
                     StageInput(
-                        t, sid, b, schema_from_json(sc), n,
+                        t,
+                        sid,
+                        b,
+                        schema_from_json(sc),
+                        n,
                         None if g is None else tuple(tuple(x) for x in g),
                     )
                     for t, sid, b, sc, n, g in d["inputs"]

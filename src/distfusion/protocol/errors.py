@@ -1,0 +1,77 @@
+"""The error codec: a distfusion error to and from a JSON-ready dict.
+
+One encoding for every way a task's error reaches the coordinator: a Flight
+worker puts it in the Flight error's ``extra_info``
+(:func:`distfusion.transport.flight.encode_error`), a Spark task in the one
+line it raises (:mod:`distfusion.runtime.spark`). The dict::
+
+    {"distfusion-error": "TaskError",            the class name (the kind)
+     "message": "stage 1 task 0 failed ...",     str(error)
+     "stage_id": 1, "task_index": 0,             the class's error_fields
+     "worker": "grpc://...", "cause": "...",
+     "remote_traceback": "Traceback ..."}
+
+An error that is not a distfusion error (a bug in a handler, a ``TimeoutError``)
+travels as its kind, message and formatted traceback; :func:`error_from_dict`
+returns None for it and the receiver decides what it means there.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from distfusion import errors
+from distfusion.errors import DistfusionError, TaskError
+
+__all__ = ["KIND", "error_from_dict", "error_to_dict", "task_error"]
+
+KIND = "distfusion-error"
+"""The key holding the error's kind; marks a dict as an encoded error."""
+
+_KINDS: dict[str, type[DistfusionError]] = {
+    name: getattr(errors, name)
+    for name in errors.__all__
+    if issubclass(getattr(errors, name), DistfusionError)
+}
+
+
+def error_to_dict(exc: BaseException) -> dict:
+    """``exc`` as a dict of JSON values (see the module docstring).
+
+    A distfusion error carries its ``error_fields``; any other error its
+    formatted traceback as ``remote_traceback``.
+    """
+    d: dict = {KIND: type(exc).__name__, "message": str(exc)}
+    fields = getattr(exc, "error_fields", ()) if isinstance(exc, DistfusionError) else ()
+    d.update((f, getattr(exc, f)) for f in fields)
+    if not isinstance(exc, DistfusionError):
+        d["remote_traceback"] = "".join(traceback.format_exception(exc))
+    return d
+
+
+def error_from_dict(d: dict) -> DistfusionError | None:
+    """The distfusion error :func:`error_to_dict` encoded as ``d``: same kind and fields.
+
+    Returns:
+        The error, or None when ``d`` is not an encoded distfusion error (no
+        :data:`KIND`, a foreign kind such as ``TimeoutError``, or fields missing).
+    """
+    cls = _KINDS.get(d.get(KIND, ""))
+    if cls is None:
+        return None
+    try:
+        if cls.error_fields:
+            return cls(*(d[f] for f in cls.error_fields))
+        return cls(d.get("message", ""))
+    except (KeyError, TypeError):
+        return None
+
+
+def task_error(stage_id: int, task_index: int, worker: str, exc: BaseException) -> TaskError:
+    """``exc``, raised by task ``task_index`` of stage ``stage_id`` on ``worker``, as a TaskError.
+
+    The cause is ``"Kind: message"``; the traceback is kept as ``remote_traceback``.
+    """
+    cause = f"{type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(exc))
+    return TaskError(stage_id, task_index, worker, cause, tb)

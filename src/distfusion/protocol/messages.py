@@ -1,0 +1,107 @@
+"""The worker protocol's messages besides the task plan: action names, tickets, requests.
+
+What a worker transport sends over the network (the Arrow Flight transport
+today, :mod:`distfusion.transport.flight`) and a worker server reads
+(:mod:`distfusion.worker.flight_server`); every body is JSON, nothing is
+pickled. See docs/architecture.md for where each message is used::
+
+    call          body                               answer
+    set_plan      TaskPlan JSON (task_plan.py)       nothing
+    DoGet         ticket (encode_ticket)             the partition's Arrow stream
+    task_stats    task request (encode_task_request) {"partition_rows", "partition_bytes"}
+    cancel_query  the query id (UTF-8)               nothing
+    keepalive     JSON list of query ids             nothing
+    stats         nothing                            {"live_tasks", "bytes_held", ...}
+"""
+
+from __future__ import annotations
+
+import json
+
+from distfusion.protocol.task_plan import TaskKey
+
+__all__ = [
+    "ACTION_CANCEL_QUERY",
+    "ACTION_KEEPALIVE",
+    "ACTION_SET_PLAN",
+    "ACTION_STATS",
+    "ACTION_TASK_STATS",
+    "DEFAULT_QUERY_TTL_S",
+    "TOKEN_ENV",
+    "decode_task_request",
+    "decode_ticket",
+    "encode_task_request",
+    "encode_ticket",
+]
+
+TOKEN_ENV = "DISTFUSION_TOKEN"
+"""Environment variable holding the shared secret token of workers and coordinators.
+
+Calls carry it as the header ``authorization: Bearer <token>``."""
+
+DEFAULT_QUERY_TTL_S = 120.0
+"""A query nobody asked about for this long (seconds) is dropped by a worker: its
+coordinator is gone. Coordinators send a keepalive every second while a query runs."""
+
+ACTION_SET_PLAN = "set_plan"
+ACTION_CANCEL_QUERY = "cancel_query"
+ACTION_KEEPALIVE = "keepalive"
+ACTION_STATS = "stats"
+ACTION_TASK_STATS = "task_stats"
+
+
+def _task_fields(key: TaskKey, timeout_s: float | None) -> dict:
+    return {
+        "query_id": key.query_id,
+        "stage_id": key.stage_id,
+        "task_index": key.task_index,
+        "timeout_s": timeout_s,
+    }
+
+
+def _read_task_fields(d: dict) -> tuple[TaskKey, float | None]:
+    key = TaskKey(str(d["query_id"]), int(d["stage_id"]), int(d["task_index"]))
+    timeout_s = d.get("timeout_s")
+    return key, None if timeout_s is None else float(timeout_s)
+
+
+def encode_ticket(key: TaskKey, partition: int, timeout_s: float | None) -> bytes:
+    """The ticket naming output ``partition`` of task ``key`` (JSON bytes).
+
+    ``timeout_s``: how long the worker waits for the task to finish before it
+    answers "not yet" (a timed-out error), seconds; None waits as long as it takes.
+    """
+    return json.dumps({**_task_fields(key, timeout_s), "partition": partition}).encode()
+
+
+def decode_ticket(data: bytes) -> tuple[TaskKey, int, float | None]:
+    """Inverse of :func:`encode_ticket`: ``(key, partition, timeout_s)``.
+
+    Raises:
+        ValueError: ``data`` is not a distfusion ticket.
+    """
+    try:
+        d = json.loads(data)
+        key, timeout_s = _read_task_fields(d)
+        return key, int(d["partition"]), timeout_s
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"not a distfusion ticket: {exc}"
+        raise ValueError(msg) from exc
+
+
+def encode_task_request(key: TaskKey, timeout_s: float | None) -> bytes:
+    """The body of a ``task_stats`` action naming task ``key`` (JSON bytes)."""
+    return json.dumps(_task_fields(key, timeout_s)).encode()
+
+
+def decode_task_request(data: bytes) -> tuple[TaskKey, float | None]:
+    """Inverse of :func:`encode_task_request`: ``(key, timeout_s)``.
+
+    Raises:
+        ValueError: ``data`` is not a task request.
+    """
+    try:
+        return _read_task_fields(json.loads(data))
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"not a distfusion task request: {exc}"
+        raise ValueError(msg) from exc
