@@ -9,6 +9,8 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import tpch
+from distfusion.runtime.registry import runtime_from_name
+from tests.flight_cluster import start_workers, stop_workers
 
 REPO = Path(__file__).resolve().parent.parent
 TPCH_SCALE = float(os.environ.get("DISTFUSION_TEST_SCALE", "0.1"))
@@ -16,8 +18,9 @@ TPCH_SCALE = float(os.environ.get("DISTFUSION_TEST_SCALE", "0.1"))
 
 @pytest.fixture(scope="session")
 def tpch_dir() -> Path:
-    """TPC-H at scale factor 0.1 (4 Parquet files per table), generated once and cached
-    under ``data/`` (set ``DISTFUSION_TEST_DATA`` to use another directory).
+    """TPC-H at scale factor 0.1 (4 Parquet files per table), generated once.
+
+    Cached under ``data/`` (set ``DISTFUSION_TEST_DATA`` to use another directory).
     """
     path = Path(os.environ.get("DISTFUSION_TEST_DATA", REPO / "data" / f"tpch-sf{TPCH_SCALE:g}"))
     marker = path / ".complete"
@@ -35,22 +38,15 @@ def oracle(tpch_dir) -> SessionContext:
     return ctx
 
 
-def _local(request, workers: int):
-    from distfusion import LocalRuntime
-
-    return LocalRuntime(workers=workers)
-
-
 FLIGHT_WORKERS = 3
 
 
 @pytest.fixture(scope="session")
 def flight_workers():
-    """URLs of three Flight worker processes on 127.0.0.1 (free ports), started once
-    per session and stopped at its end, even after a failure.
-    """
-    from tests.flight_cluster import start_workers, stop_workers
+    """URLs of three Flight worker processes on 127.0.0.1 (free ports).
 
+    Started once per session and stopped at its end, even after a failure.
+    """
     procs = start_workers(FLIGHT_WORKERS)
     try:
         yield [p.url for p in procs]
@@ -58,34 +54,28 @@ def flight_workers():
         stop_workers(procs)
 
 
-def _flight(request, workers: int):
-    from distfusion.runtime.flight import FlightRuntime
-
-    return FlightRuntime(request.getfixturevalue("flight_workers")[:workers])
-
-
 @pytest.fixture(scope="session")
 def spark_session():
-    """The one SparkSession of the test session: embedded ``local[2]``, where Spark
-    retries failed task attempts (see :class:`~distfusion.runtime.spark.SparkRuntime`).
-    """
-    from distfusion.runtime.spark import SparkRuntime
+    """The one SparkSession of the test session: embedded ``local[2]``.
 
-    runtime = SparkRuntime(master="local[2]")
+    Spark retries failed task attempts there (see
+    :class:`~distfusion.runtime.spark.SparkRuntime`).
+    """
+    runtime = runtime_from_name("spark", 2)
     yield runtime.spark
     runtime.close()
 
 
-def _spark(request, workers: int):
+# Runtime name -> options(request, workers) for runtime_from_name: what a runtime
+# shares across the test session (worker processes, the SparkSession). Every
+# runtime of the registry is tested; one without an entry is created from its name.
+SESSION_OPTIONS = {
+    "flight": lambda request, workers: {
+        "urls": request.getfixturevalue("flight_workers")[:workers]
+    },
     # Spark owns the task slots (2, from local[2]); ``workers`` only sizes the plan.
-    from distfusion.runtime.spark import SparkRuntime
-
-    return SparkRuntime(spark=request.getfixturevalue("spark_session"))
-
-
-# Runtime name -> factory(request, workers). Each runtime module's tests extend this
-# (spark, flight); the correctness suite runs over every entry.
-RUNTIME_FACTORIES = {"local": _local, "flight": _flight, "spark": _spark}
+    "spark": lambda request, workers: {"spark": request.getfixturevalue("spark_session")},
+}
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +86,8 @@ def runtime_for(request):
     def get(name: str, workers: int):
         key = (name, workers)
         if key not in cache:
-            cache[key] = RUNTIME_FACTORIES[name](request, workers)
+            options = SESSION_OPTIONS.get(name, lambda request, workers: {})(request, workers)
+            cache[key] = runtime_from_name(name, workers, **options)
         return cache[key]
 
     yield get

@@ -1,28 +1,26 @@
 """Flight worker processes for tests.
 
-Real ``python -m distfusion.worker.flight_cli`` processes on 127.0.0.1, each
-on a free port it picks itself (``--port 0``) and announces on its first stdout line.
+Real ``python -m distfusion.worker.flight_cli`` processes on 127.0.0.1, started
+by :func:`distfusion.runtime.flight.start_local_workers` (each on a free port
+it announces), with this checkout's ``src`` on their path and their stderr in
+a log file.
 """
 
 from __future__ import annotations
 
 import os
-import select
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+from distfusion.runtime.flight import start_local_workers, stop_local_workers
+
 REPO = Path(__file__).resolve().parent.parent
-READY = "distfusion worker listening on "
 
 
 class WorkerProcess:
     """One worker process; :attr:`url` is where it listens."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: str) -> None:
+    def __init__(self, proc, url: str, log_path: str) -> None:
         self.proc = proc
         self.url = url
         self.log_path = log_path
@@ -34,19 +32,8 @@ class WorkerProcess:
         self.proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s`` seconds.
-
-        A task stuck inside DataFusion keeps its thread until its next batch.
-        """
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s`` seconds."""
+        stop_local_workers([self.proc], timeout_s)
 
     def log(self) -> str:
         """What the worker wrote to stderr."""
@@ -56,54 +43,41 @@ class WorkerProcess:
         return f"WorkerProcess({self.url}, pid={self.proc.pid})"
 
 
-def start_worker(*args: str, env: dict | None = None, timeout_s: float = 60.0) -> WorkerProcess:
-    """Start one worker process with extra command-line ``args``; wait until it listens.
+def start_workers(
+    n: int, *args: str, env: dict | None = None, timeout_s: float = 60.0
+) -> list[WorkerProcess]:
+    """Start ``n`` workers with extra command-line ``args`` (all stopped if one fails to start).
 
     Raises:
-        RuntimeError: it exited or did not announce its URL within ``timeout_s`` seconds.
+        RuntimeError: a worker exited or did not announce its URL; the message
+            holds the log of each worker.
     """
-    log = tempfile.NamedTemporaryFile(prefix="distfusion-worker-", suffix=".log", delete=False)
-    full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distfusion.worker.flight_cli", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        env=full_env,
-        text=True,
-        cwd=REPO,
-    )
-    log.close()
-    deadline = time.monotonic() + timeout_s
-    line = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            break
-    if not line.startswith(READY):
-        worker = WorkerProcess(proc, "", log.name)
-        worker.kill()
-        msg = f"worker did not start (exit code {proc.returncode}): {line!r}\n{worker.log()}"
-        raise RuntimeError(msg)
-    return WorkerProcess(proc, line[len(READY) :].strip(), log.name)
-
-
-def start_workers(n: int, *args: str, env: dict | None = None) -> list[WorkerProcess]:
-    """Start ``n`` workers (all stopped again if one fails to start)."""
-    workers: list[WorkerProcess] = []
+    logs = []
+    for _ in range(n):
+        with tempfile.NamedTemporaryFile(
+            prefix="distfusion-worker-", suffix=".log", delete=False
+        ) as log:
+            logs.append(log.name)
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
     try:
-        for _ in range(n):
-            workers.append(start_worker(*args, env=env))
-    except BaseException:
-        stop_workers(workers)
-        raise
-    return workers
+        started = start_local_workers(
+            n,
+            list(args),
+            env={"PYTHONPATH": path, **(env or {})},
+            timeout_s=timeout_s,
+            log_paths=logs,
+        )
+    except RuntimeError as exc:
+        text = "\n".join(Path(p).read_text(errors="replace") for p in logs)
+        raise RuntimeError(f"{exc}\n{text}") from None
+    return [WorkerProcess(proc, url, log) for (proc, url), log in zip(started, logs, strict=True)]
+
+
+def start_worker(*args: str, env: dict | None = None, timeout_s: float = 60.0) -> WorkerProcess:
+    """Start one worker (see :func:`start_workers`)."""
+    return start_workers(1, *args, env=env, timeout_s=timeout_s)[0]
 
 
 def stop_workers(workers: list[WorkerProcess]) -> None:
-    """Stop every worker (see :meth:`WorkerProcess.stop`)."""
-    for w in workers:
-        if w.proc.poll() is None:
-            w.proc.send_signal(signal.SIGTERM)
-    for w in workers:
-        w.stop()
+    """Stop every worker (see :func:`~distfusion.runtime.flight.stop_local_workers`)."""
+    stop_local_workers([w.proc for w in workers])

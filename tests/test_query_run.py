@@ -30,11 +30,12 @@ from distfusion import (
     QueryCancelled,
     TaskError,
 )
+from distfusion.protocol import TaskKey
 from distfusion.runtime.base import QueryRun, StageStats
 from distfusion.runtime.flight import FlightRuntime
-from distfusion.protocol import TaskKey
 from distfusion.stages import BROADCAST, SHUFFLE, StageGraph
 from tests.compare import assert_same_result, oracle_result
+from tests.flight_cluster import start_workers, stop_workers
 
 ROWS = 2000
 KEYS = 13
@@ -263,8 +264,6 @@ def test_execute_runs_the_graph_at_once_and_leaves_workers_idle(cluster, oracle)
 
 
 def test_flight_run_survives_losing_a_worker_between_calls(oracle):
-    from tests.flight_cluster import start_workers, stop_workers
-
     workers = start_workers(2)
     runtime = FlightRuntime([w.url for w in workers], max_retries=1)
     try:

@@ -27,17 +27,27 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from importlib.metadata import PackageNotFoundError, version
 
+from datafusion import SessionContext
 from rich.console import Console
 from rich.table import Table
 
 from distfusion import tpch
+from distfusion.context import (
+    DistributedConfig,
+    DistributedContext,
+    plan_statements,
+    split_statements,
+)
+from distfusion.runtime.registry import runtime_from_name, runtime_options
 
 __all__ = [
     "PEERS",
@@ -94,10 +104,6 @@ def parse_peers(spec: str | None, runtime_name: str) -> list[str]:
 
 
 def _datafusion_runner(data_dir: str) -> Runner:
-    from datafusion import SessionContext
-
-    from distfusion.context import plan_statements
-
     ctx = SessionContext()
     tpch.register_tpch(ctx, data_dir)
     return lambda sql: plan_statements(ctx, sql).to_arrow_table().num_rows
@@ -110,10 +116,6 @@ def _spark_sql_runner(spark, data_dir: str) -> Runner:
     distfusion's is. Q15's ``create view`` becomes a temporary view (Spark does
     not let a permanent view read temporary ones).
     """
-    import re
-
-    from distfusion.context import split_statements
-
     for table in tpch.TABLES:
         spark.read.parquet(tpch.table_path(data_dir, table)).createOrReplaceTempView(table)
 
@@ -165,8 +167,6 @@ def static_config():
         adaptive execution), the default config and False: static then runs the
         very plans distfusion runs (a measure of noise, nothing more).
     """
-    from distfusion.context import DistributedConfig
-
     fields = {f.name for f in dataclasses.fields(DistributedConfig)}
     if "adaptive" in fields:
         return DistributedConfig(adaptive=False), True
@@ -181,9 +181,6 @@ def _peer_runners(
     ``static`` shares distfusion's runtime (so it is not closed here: the main
     context owns it); ``local`` gets its own LocalRuntime with ``args.workers``.
     """
-    from distfusion.cli import make_runtime
-    from distfusion.context import DistributedContext
-
     runners: dict[str, Runner] = {}
     for peer in peers:
         if peer == "datafusion":
@@ -192,7 +189,7 @@ def _peer_runners(
             runners[peer] = _spark_sql_runner(runtime.spark, args.data)
         elif peer == "local":
             local = stack.enter_context(
-                DistributedContext(runtime=make_runtime("local", args.workers))
+                DistributedContext(runtime=runtime_from_name("local", args.workers))
             )
             tpch.register_tpch(local, args.data)
             runners[peer] = DistfusionRunner(local)
@@ -446,8 +443,6 @@ def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
 
 
 def _environment() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = {}
     for package in ("datafusion", "pyarrow", "pyspark"):
         try:
@@ -569,15 +564,12 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
         ValueError: bad ``--peers``, or a ``--baseline`` file that is no bench result.
         FileNotFoundError: no ``--baseline`` file.
     """
-    from distfusion.cli import make_runtime
-    from distfusion.context import DistributedContext
-
     console = console or _console()
     peers = parse_peers(getattr(args, "peers", None), args.runtime)
     baseline_path = getattr(args, "baseline", None)
     baseline = load_baseline(baseline_path) if baseline_path else None  # fail before running
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    runtime = make_runtime(args.runtime, args.workers, args)
+    runtime = runtime_from_name(args.runtime, args.workers, **runtime_options(args))
     with ExitStack() as stack:
         ctx = stack.enter_context(DistributedContext(runtime=runtime))
         tpch.register_tpch(ctx, args.data)

@@ -22,43 +22,38 @@ import os
 import sys
 import time
 
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+from rich.console import Console
+
 from distfusion import tpch
+from distfusion.bench import run_tpch_bench
+from distfusion.context import DistributedConfig, DistributedContext
+from distfusion.display import print_table
 from distfusion.errors import DistfusionError
+from distfusion.runtime.base import Runtime
+from distfusion.runtime.registry import RUNTIMES, runtime_from_name, runtime_options
+from distfusion.worker import flight_cli
 
 __all__ = ["main", "make_runtime"]
 
-RUNTIMES = ("spark", "local", "flight")
 
-
-def make_runtime(name: str, workers: int | None, args: argparse.Namespace | None = None):
-    """The runtime ``name`` with ``workers`` workers (None: the runtime's default).
+def make_runtime(args: argparse.Namespace) -> Runtime:
+    """The runtime ``--runtime`` names, with ``--workers`` and that runtime's flags.
 
     Raises:
-        ValueError: unknown runtime name.
+        ValueError: unknown runtime name, or bad flags (see
+            :func:`~distfusion.runtime.registry.runtime_options`).
     """
-    if name == "spark":
-        from distfusion.runtime.spark import SparkRuntime
-
-        master = getattr(args, "master", None) or (f"local[{workers}]" if workers else "local[*]")
-        # Spark's console progress bar for interactive queries, not for benchmarks.
-        return SparkRuntime(master=master, progress=getattr(args, "command", None) == "query")
-    if name == "local":
-        from distfusion.runtime.local import LocalRuntime
-
-        return LocalRuntime(workers=workers)
-    if name == "flight":
-        from distfusion.runtime.flight import runtime_from_args
-
-        return runtime_from_args(workers, args)
-    msg = f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}"
-    raise ValueError(msg)
+    return runtime_from_name(args.runtime, args.workers, **runtime_options(args))
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--runtime",
         default="spark",
-        choices=RUNTIMES,
+        choices=list(RUNTIMES),
         help="what runs the tasks (default: %(default)s)",
     )
     p.add_argument(
@@ -101,9 +96,6 @@ def _register_tables(ctx, args) -> None:
 
 def cmd_query(args) -> int:
     """Run one SQL text (several statements allowed) and print or write the result."""
-    from distfusion.context import DistributedConfig, DistributedContext
-    from distfusion.display import print_table
-
     sql = args.sql
     if args.file:
         with open(args.file) as f:
@@ -113,7 +105,7 @@ def cmd_query(args) -> int:
         return 2
     config = DistributedConfig(tasks_per_stage=args.tasks_per_stage)
     with DistributedContext(
-        runtime=lambda: make_runtime(args.runtime, args.workers, args), config=config
+        runtime=lambda: make_runtime(args), config=config
     ) as ctx:
         _register_tables(ctx, args)
         df = ctx.sql(sql)
@@ -138,9 +130,6 @@ def cmd_query(args) -> int:
 
 def _run_with_progress(df):
     """``df.to_arrow_table()`` with a live status line on stderr (stages, tasks, rows, seconds)."""
-    import pyarrow as pa
-    from rich.console import Console
-
     start = time.perf_counter()
     with Console(stderr=True).status("planning") as status:
         summary = df.stage_graph().summary()
@@ -155,8 +144,6 @@ def _run_with_progress(df):
 
 
 def _write(table, path: str) -> None:
-    import pyarrow as pa
-
     # Writers of pyarrow 26 lack string_view support; views become plain strings.
     table = table.cast(
         pa.schema(
@@ -167,12 +154,8 @@ def _write(table, path: str) -> None:
         )
     )
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         pq.write_table(table, path)
     elif path.endswith(".csv"):
-        import pyarrow.csv as pcsv
-
         pcsv.write_csv(table, path)
     else:
         msg = f"--output must end in .parquet or .csv, got {path!r}"
@@ -191,8 +174,6 @@ def cmd_datagen(args) -> int:
 
 def cmd_bench(args) -> int:
     """Benchmark the 22 TPC-H queries against single-node DataFusion (and peers)."""
-    from distfusion.bench import run_tpch_bench
-
     run_tpch_bench(args, _parse_queries(args.queries))
     return 0
 
@@ -217,9 +198,7 @@ def _parse_queries(spec: str) -> list[int]:
 
 def cmd_worker(args) -> int:
     """Serve as an Arrow Flight worker until SIGINT/SIGTERM."""
-    from distfusion.worker.flight_cli import run
-
-    return run(args)
+    return flight_cli.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,9 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_datagen)
 
     w = sub.add_parser("worker", help="run an Arrow Flight worker (the flight runtime's workers)")
-    from distfusion.worker.flight_cli import add_arguments as add_worker_arguments
-
-    add_worker_arguments(w)
+    flight_cli.add_arguments(w)
     w.set_defaults(func=cmd_worker)
 
     b = sub.add_parser("bench", help="benchmark against single-node DataFusion and other peers")

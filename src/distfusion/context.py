@@ -30,6 +30,7 @@ from datafusion import DataFrame, SessionContext
 from datafusion.substrait import Producer
 from substrait.proto import Plan
 
+from distfusion.display import print_table
 from distfusion.errors import PlanningError
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.planner.inject_network_boundaries import (
@@ -40,6 +41,7 @@ from distfusion.planner.inject_network_boundaries import (
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime
+from distfusion.runtime.registry import runtime_from_name
 from distfusion.sources import (
     TableSource,
     csv_source,
@@ -141,9 +143,7 @@ def split_statements(sql: str) -> list[str]:
 
 
 def _default_runtime() -> Runtime:
-    from distfusion.runtime.spark import SparkRuntime
-
-    return SparkRuntime()  # ImportError naming what to install without pyspark
+    return runtime_from_name("spark")  # ImportError naming what to install without pyspark
 
 
 def _check_path(name: str, path: str, extension: str) -> None:
@@ -491,8 +491,6 @@ class DistributedDataFrame:
 
     def show(self, num: int = 20) -> None:
         """Print the first ``num`` rows as a table."""
-        from distfusion.display import print_table
-
         print_table(self.to_arrow_table(), limit=num)
 
     def __repr__(self) -> str:

@@ -131,7 +131,19 @@ Routing = Callable[[StageGraph, list[str]], dict[tuple[int, int], str]]
 
 @runtime_checkable
 class Runtime(Protocol):
-    """Runs a :class:`StageGraph` and streams the head stage's batches."""
+    """Runs a :class:`StageGraph` and streams the head stage's batches.
+
+    Implementations: :class:`~distfusion.runtime.local.LocalRuntime`,
+    :class:`~distfusion.runtime.flight.FlightRuntime`,
+    :class:`~distfusion.runtime.spark.SparkRuntime`; each has a line in
+    :data:`distfusion.runtime.registry.RUNTIMES`, and the contract suite
+    (``tests/contract/``) runs on every entry. See docs/architecture.md.
+
+    Attributes:
+        name: the registry name (``"local"``, ``"flight"``, ``"spark"``).
+    """
+
+    name: str
 
     def num_workers(self) -> int:
         """Workers available now; caps the tasks per stage during planning.
@@ -154,6 +166,19 @@ class Runtime(Protocol):
 
     def start_query(self, query_id: str) -> QueryRun:
         """Start running query ``query_id`` stage by stage (see :class:`QueryRun`)."""
+        ...
+
+    def stats(self) -> dict[str, dict]:
+        """What every worker holds now, by worker URL (the Spark master's URL on Spark).
+
+        Returns:
+            URL -> a dict with at least ``"live_tasks"`` (tasks queued or
+            running) and ``"bytes_held"`` (bytes of stage outputs kept); both
+            are zero between queries.
+
+        Raises:
+            WorkerUnavailableError: a worker cannot be reached.
+        """
         ...
 
     def close(self) -> None:

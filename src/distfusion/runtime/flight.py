@@ -47,7 +47,7 @@ from distfusion.runtime.base import QueryRun, Routing, StageStats, WorkerQueryRu
 from distfusion.stages import StageGraph
 from distfusion.transport.flight import FlightWorkerTransport
 
-__all__ = ["FlightRuntime", "start_local_workers"]
+__all__ = ["FlightRuntime", "start_local_workers", "stop_local_workers"]
 
 _READY = "distfusion worker listening on "
 
@@ -268,7 +268,7 @@ class FlightRuntime:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         self.transport.close()
-        _stop_processes(getattr(self, "_processes", []))
+        stop_local_workers(getattr(self, "_processes", []))
         self._processes = []
 
     def __repr__(self) -> str:
@@ -374,15 +374,22 @@ class _RetryingQueryRun:
 
 
 def start_local_workers(
-    n: int, args: list[str] | None = None, env: dict | None = None, timeout_s: float = 60.0
+    n: int,
+    args: list[str] | None = None,
+    env: dict | None = None,
+    timeout_s: float = 60.0,
+    log_paths: list[str] | None = None,
 ) -> list[tuple[subprocess.Popen, str]]:
     """Start ``n`` ``distfusion worker --port 0`` processes on 127.0.0.1.
+
+    Used by :meth:`FlightRuntime.with_local_workers` and the tests' worker processes.
 
     Args:
         n: processes to start.
         args: extra worker options (``["--token", "..."]``).
         env: extra environment variables of the processes.
         timeout_s: how long one worker may take to announce its URL, seconds.
+        log_paths: one file per worker its stderr is written to (default: discarded).
 
     Returns:
         ``(process, url)`` per worker; stop them with SIGTERM (or
@@ -393,7 +400,8 @@ def start_local_workers(
     """
     started: list[tuple[subprocess.Popen, str]] = []
     try:
-        for _ in range(n):
+        for i in range(n):
+            stderr = open(log_paths[i], "ab") if log_paths else subprocess.DEVNULL  # noqa: SIM115
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -404,10 +412,12 @@ def start_local_workers(
                     *(args or []),
                 ],
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=stderr,
                 env={**os.environ, **(env or {})},
                 text=True,
             )
+            if log_paths:
+                stderr.close()  # the child has its own descriptor
             started.append((proc, ""))
             deadline = time.monotonic() + timeout_s
             line = ""
@@ -419,12 +429,13 @@ def start_local_workers(
                 raise RuntimeError(msg)
             started[-1] = (proc, line[len(_READY) :].strip())
     except BaseException:
-        _stop_processes([p for p, _ in started])
+        stop_local_workers([p for p, _ in started])
         raise
     return started
 
 
-def _stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
+def stop_local_workers(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> None:
+    """Stop worker processes: SIGTERM to all, then SIGKILL those alive after ``timeout_s``."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -436,29 +447,3 @@ def _stop_processes(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> No
             p.wait()
         if p.stdout:
             p.stdout.close()
-
-
-def runtime_from_args(workers: int | None, args) -> FlightRuntime:
-    """The runtime of ``distfusion query/bench --runtime flight``.
-
-    With ``--workers-url u1,u2``: those workers (a static resolver). Without:
-    ``workers`` (default 3) new local worker processes, stopped on close.
-
-    Raises:
-        ValueError: ``--workers-url`` lists no URL.
-        RuntimeError: a local worker did not start.
-    """
-    urls_arg = getattr(args, "workers_url", None)
-    token = getattr(args, "token", None)
-    roots_path = getattr(args, "tls_root_certs", None)
-    roots = None
-    if roots_path:
-        with open(roots_path, "rb") as f:
-            roots = f.read()
-    if urls_arg:
-        urls = [u.strip() for u in urls_arg.split(",") if u.strip()]
-        if not urls:
-            msg = f"--workers-url lists no URL: {urls_arg!r}"
-            raise ValueError(msg)
-        return FlightRuntime(urls, token=token, tls_root_certs=roots)
-    return FlightRuntime.with_local_workers(workers or 3, token=token, tls_root_certs=roots)
