@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
+
+from distfusion.errors import PlanningError
 
 __all__ = ["WorkerResolver", "StaticWorkerResolver", "DynamicWorkerResolver", "SparkWorkerResolver"]
 
@@ -193,10 +196,6 @@ class SparkWorkerResolver:
         Raises:
             PlanningError: fewer than ``count`` executors after ``timeout_s`` seconds.
         """
-        import time
-
-        from distfusion.errors import PlanningError
-
         deadline = time.monotonic() + timeout_s
         while len(self.executors()) < count:
             if time.monotonic() > deadline:

@@ -30,6 +30,7 @@ DataFusion (e.g. ``count(*)`` is non-nullable in both).
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import tempfile
@@ -180,7 +181,7 @@ def register_spark_table(
             partitioned by directory, is neither Parquet nor CSV, or has files
             that are not local.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
 
     as_name = as_name or name.lower()
     try:
@@ -242,8 +243,6 @@ def _common_path(files: list[str], fmt: str) -> str:
     subset of a directory, the files are linked into a fresh temporary
     directory (same machine; every executor sees the same paths).
     """
-    import glob
-
     if len(files) == 1:
         return files[0]
     directory = os.path.commonpath(files)

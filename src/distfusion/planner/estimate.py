@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from distfusion.planner.substrait import filtered_read
+
 __all__ = [
     "Estimate",
     "TaskEstimator",
@@ -76,8 +78,6 @@ def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
     that fraction; 0: never). Spark's runtime filter asks the same of its
     creation side (``isSelectiveFilterOverScan``, ``creationSideThreshold``).
     """
-    from distfusion.planner.substrait import filtered_read
-
     found = filtered_read(rel, registry)
     if found is None or not found[1] or limit_bytes <= 0:
         return False

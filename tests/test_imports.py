@@ -1,0 +1,99 @@
+"""The import structure: every module imports on its own, the layers hold, no cycles.
+
+The layers and the cycle check are import-linter contracts in pyproject.toml
+(drawn in docs/architecture.md); function-level imports are kept for optional
+dependencies only.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+
+# (module, imported module) pairs allowed inside a function: optional dependencies,
+# and the Spark task that imports distfusion on the executor on purpose.
+LAZY_IMPORTS = {
+    ("distfusion.runtime.spark", "pyspark"),
+    ("distfusion.runtime.spark", "pyspark.sql"),
+    ("distfusion.runtime.spark", "pyspark.accumulators"),
+    ("distfusion.runtime.spark", "distfusion.runtime.spark"),
+    ("distfusion.runtime.spark", "json"),
+    ("distfusion.runtime.spark", "os"),
+    ("distfusion.runtime.spark", "socket"),
+    ("distfusion.spark", "pyspark.sql.pandas.types"),
+    ("distfusion.transport.flight", "pyarrow.flight"),
+    ("distfusion.worker.flight_cli", "distfusion.worker.flight_server"),
+}
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in sorted((SRC / "distfusion").rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+# Imports each module with no distfusion module loaded yet (third-party packages stay
+# loaded: they cost a second per interpreter), so every module is an entry point once.
+_IMPORT_EACH = """
+import importlib, sys, traceback
+failed = []
+for name in sys.argv[1:]:
+    for loaded in [m for m in sys.modules if m == "distfusion" or m.startswith("distfusion.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed.append(name + ": " + traceback.format_exc(limit=-3))
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, *_modules()], env=ENV, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_import_contracts_hold():
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run(
+        [str(lint_imports), "--no-cache"], cwd=REPO, env=ENV, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def _function_imports(module: str) -> set[tuple[str, str]]:
+    path = SRC / Path(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    found = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                found |= {(module, alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                found.add((module, node.module or ""))
+    return found
+
+
+@pytest.mark.parametrize("module", _modules())
+def test_function_level_imports_only_for_optional_dependencies(module):
+    assert _function_imports(module) <= LAZY_IMPORTS
