@@ -223,8 +223,11 @@ class FlightWorker:
 
     # ------------------------------------------------------------- handlers
     def _touch(self, query_id: str) -> None:
+        # A late call about a cancelled query (a consumer task's last poll)
+        # must not bring its state back until the time-to-live.
         with self._lock:
-            self._seen[query_id] = time.monotonic()
+            if not self.worker.is_cancelled(query_id):
+                self._seen[query_id] = time.monotonic()
 
     def _action(self, name: str, body: bytes) -> list[bytes]:
         if name == ACTION_SET_PLAN:

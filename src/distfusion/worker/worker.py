@@ -190,7 +190,8 @@ class Worker:
                     raise TimeoutError(msg)
                 self._lock.wait(0.5 if remaining is None else min(0.5, remaining))
 
-    def _is_cancelled(self, query_id: str) -> bool:
+    def is_cancelled(self, query_id: str) -> bool:
+        """Whether ``query_id`` was cancelled here (the last 4096 cancelled queries)."""
         return query_id in self._cancelled
 
     def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
@@ -207,12 +208,12 @@ class Worker:
         plan = task.plan
         qid = plan.key.query_id
         try:
-            if self._is_cancelled(qid):
+            if self.is_cancelled(qid):
                 raise QueryCancelled(f"query {qid} was cancelled")
             partitions = run_task(
                 plan,
                 lambda i: self._read_input(plan, i),
-                cancelled=lambda: self._is_cancelled(qid),
+                cancelled=lambda: self.is_cancelled(qid),
                 worker=self.url,
             )
             rows = tuple(sum(b.num_rows for b in p) for p in partitions)
@@ -227,6 +228,6 @@ class Worker:
         finally:
             with self._lock:
                 task.done.set()
-                if self._is_cancelled(qid):
+                if self.is_cancelled(qid):
                     self._tasks.pop(plan.key, None)
                 self._lock.notify_all()
