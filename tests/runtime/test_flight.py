@@ -1,4 +1,7 @@
-"""The Flight runtime beyond correctness: cancellation, cleanup, security, faults, resolvers.
+"""The Flight runtime beyond the contract: coordinators, security, faults, resolvers.
+
+What every runtime promises is in tests/contract/; here: a coordinator that is
+interrupted or disappears, tokens and TLS, killed workers, resolvers.
 
 Every test uses real worker processes on 127.0.0.1 (tests/flight_cluster.py).
 Tests that damage workers (kill, interrupt, time-to-live) start their own; the
@@ -105,30 +108,6 @@ def probe():
     transport.close()
 
 
-# ------------------------------------------------------------------ cancellation and cleanup
-def test_limit_over_large_scan_returns_promptly(flight_workers, tpch_dir, oracle, probe):
-    runtime = FlightRuntime(flight_workers)
-    ctx = _context(runtime, tpch_dir, tasks=3)
-    start = time.monotonic()
-    got = ctx.sql("SELECT l_orderkey, l_comment FROM lineitem LIMIT 10").to_arrow_table()
-    elapsed = time.monotonic() - start
-    runtime.close()
-    assert got.num_rows == 10
-    assert elapsed < 2.0, f"LIMIT 10 took {elapsed:.2f} s"
-    assert _idle(probe, flight_workers)
-
-
-def test_closing_the_stream_early_frees_every_worker(flight_workers, tpch_dir, probe):
-    runtime = FlightRuntime(flight_workers)
-    ctx = _context(runtime, tpch_dir, tasks=3)
-    stream = ctx.sql("SELECT * FROM lineitem").execute_stream()
-    first = next(stream)
-    assert first.num_rows > 0
-    stream.close()
-    assert _wait_until(lambda: _idle(probe, flight_workers), timeout_s=1.0) < 1.0
-    runtime.close()
-
-
 def _coordinator_running_heavy_query(tpch_dir, urls, probe, capture: bool) -> subprocess.Popen:
     """A coordinator process running HEAVY on ``urls``, returned once the workers are busy."""
     out = subprocess.PIPE if capture else subprocess.DEVNULL
@@ -179,21 +158,6 @@ def test_state_expires_when_the_coordinator_disappears(own_workers, tpch_dir, pr
     finally:
         coordinator.kill()
         coordinator.wait()
-
-
-# ------------------------------------------------------------------ errors across the wire
-def test_task_error_keeps_its_fields_across_the_wire(flight_workers, tpch_dir, probe):
-    runtime = FlightRuntime(flight_workers)
-    ctx = _context(runtime, tpch_dir, tasks=3)
-    with pytest.raises(TaskError) as info:
-        ctx.sql("SELECT l_orderkey / (l_linenumber - l_linenumber) FROM lineitem").to_arrow_table()
-    runtime.close()
-    err = info.value
-    assert err.worker in flight_workers
-    assert err.stage_id >= 1 and 0 <= err.task_index < 3
-    assert "Divide by zero" in err.cause
-    assert "Traceback" in err.remote_traceback
-    assert _idle(probe, flight_workers)
 
 
 # ------------------------------------------------------------------ security
