@@ -2,7 +2,8 @@
 
 A query is planned once on a coordinator, cut into stages at network
 boundaries (shuffle, coalesce, broadcast) and run as tasks on workers, each
-executing its Substrait fragment natively with DataFusion.
+executing its Substrait fragment natively with DataFusion. The map of the
+code is docs/architecture.md.
 """
 
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame

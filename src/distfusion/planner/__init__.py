@@ -2,7 +2,10 @@
 
 One module per pass or rule: ``inject_network_boundaries`` (the walk that cuts
 stages), ``decompose_aggregate`` (partial/final aggregates), ``estimate`` (sizes
-and task counts), ``substrait`` (helpers over the protobuf tree).
+and task counts), ``substrait`` (helpers over the protobuf tree), and the
+rewrites named after what they do (``push_semi_joins``, ...). It imports the
+data model and :mod:`distfusion.protocol` (the shuffle hashing rule), never the
+workers or the runtimes; see docs/architecture.md.
 """
 
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator

@@ -5,7 +5,7 @@ stage: a relation tree, its task count, its inputs). Operators that distribute
 pipeline into it; operators that need rows from other tasks *seal* it into a
 :class:`~distfusion.stages.Stage` and start a new fragment reading the sealed
 stage's output through a ``ReadRel`` of table ``__stage_N``. The rules are
-DESIGN.md's, like Spark's exchange planning:
+docs/architecture.md's, like Spark's exchange planning:
 
 ==================  ==========================================================
 relation            boundary

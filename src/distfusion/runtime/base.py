@@ -1,5 +1,8 @@
 """What every runtime provides, and the coordinator loop shared by worker runtimes.
 
+See docs/architecture.md for where runtimes sit and how adaptive execution uses
+:class:`QueryRun`.
+
 ```
 coordinator (WorkerQueryRun)                  workers (via a WorkerTransport)
   assign each new task a worker URL (routing;
