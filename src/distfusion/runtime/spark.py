@@ -184,7 +184,6 @@ class SparkRuntime:
         import_pyspark()
         from pyspark.sql import SparkSession  # optional dependency
 
-
         self._owns_session = False
         if spark is None:
             active = SparkSession.getActiveSession()
@@ -936,7 +935,6 @@ def _run_task(
     """
     stage: Stage = pickle.loads(stage_bytes)
     worker = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
-    plan = None
     try:
         plan = TaskPlan.for_task(query_id, stage, task_index, (), target_partitions)
         _maybe_inject_failure(stage.stage_id, task_index)
