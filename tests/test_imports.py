@@ -25,6 +25,8 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "pyspark"),
     ("distfusion.runtime.spark", "pyspark.sql"),
     ("distfusion.runtime.spark", "pyspark.accumulators"),
+    ("distfusion.runtime.spark", "pyspark.rdd"),
+    ("distfusion.runtime.spark", "pyspark.serializers"),
     ("distfusion.runtime.spark", "distfusion.runtime.spark"),
     ("distfusion.runtime.spark", "json"),
     ("distfusion.runtime.spark", "os"),

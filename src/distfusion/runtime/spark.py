@@ -468,8 +468,8 @@ class _SparkQuery:
         has not run gives the values of its keyed records (``PairwiseRDD`` ->
         ``valueOfPair``, in the JVM: no Python pass over the bytes).
         """
-        from pyspark.rdd import RDD
-        from pyspark.serializers import NoOpSerializer
+        from pyspark.rdd import RDD  # optional dependency
+        from pyspark.serializers import NoOpSerializer  # optional dependency
 
         if stage_id in self.ran and stage_id in self.shuffled:
             return self.shuffled[stage_id]
@@ -614,8 +614,8 @@ def _partition_raw(keyed, n: int, identity):
         An RDD of the blobs (bytes, ``NoOpSerializer``); partition *p* holds
         key *p*'s blobs, each producer task's in the order it yielded them.
     """
-    from pyspark.rdd import RDD, Partitioner
-    from pyspark.serializers import NoOpSerializer
+    from pyspark.rdd import RDD, Partitioner  # optional dependency
+    from pyspark.serializers import NoOpSerializer  # optional dependency
 
     sc = keyed.context
     jvm = sc._jvm
