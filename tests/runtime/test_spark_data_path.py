@@ -1,9 +1,7 @@
 """Stage outputs leave a Spark task as bounded chunks and arrive whole and in order.
 
 A task's output partition becomes several records of at most ``chunk_bytes``
-(:func:`~distfusion.runtime.spark._output_records`), on Spark raw blobs with a
-``(stage, task, partition)`` header (``_output_blobs``, shuffled unpickled by
-``_partition_raw``); consumers order payloads
+(:func:`~distfusion.runtime.spark._output_records`); consumers order payloads
 by producer task with a stable sort, so the rows of one producer come back in
 the order it made them. Runs on the test session's ``local[2]`` SparkSession;
 the measurements behind the defaults are in docs/spark-data-path.md.
@@ -12,7 +10,6 @@ the measurements behind the defaults are in docs/spark-data-path.md.
 from __future__ import annotations
 
 import pickle
-import struct
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -24,10 +21,7 @@ from distfusion.runtime.spark import (
     _decode,
     _encode,
     _group_inputs,
-    _output_blobs,
     _output_records,
-    _partition_raw,
-    _unpack,
 )
 from tests.compare import assert_same_result, is_ordered, oracle_result
 
@@ -86,7 +80,7 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
         # Defined here, so cloudpickle ships it by value: executors import no tests package.
         import pyarrow as pa
 
-        from distfusion.runtime.spark import _KEY, _output_blobs
+        from distfusion.runtime.spark import _output_records
 
         def table(offset, rows):
             first = (task + offset) * 10**6
@@ -98,9 +92,8 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
             [],
             table(100, 20_000).combine_chunks().to_batches(),
         ]
-        for p, blob in _output_blobs(0, task, parts, None, chunk_bytes):
-            yield _KEY.pack(p)  # raw key, value, key, value... as _run_task yields them
-            yield blob
+        for p, (t, ipc) in _output_records(task, parts, None, chunk_bytes):
+            yield p, (0, t, ipc)  # tagged with the producer stage, as _SparkQuery does
 
     def consume(index, records):
         from types import SimpleNamespace
@@ -114,9 +107,13 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
         yield index, len(values), ids
 
     identity = lambda p: p  # noqa: E731
-    keyed = sc.parallelize(range(4), 4).mapPartitionsWithIndex(produce)
-    keyed._bypass_serializer = True
-    out = _partition_raw(keyed, 3, identity).mapPartitionsWithIndex(consume).collect()
+    out = (
+        sc.parallelize(range(4), 4)
+        .mapPartitionsWithIndex(produce)
+        .partitionBy(3, identity)
+        .mapPartitionsWithIndex(consume)
+        .collect()
+    )
     got = {p: (n, ids) for p, n, ids in out}
     assert got[1] == (0, [])
     for p, rows, offset in [(0, 40_000, 0), (2, 20_000, 100)]:
@@ -128,19 +125,8 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
 
 def test_group_inputs_keeps_chunk_order_within_a_task():
     stage = SimpleNamespace(inputs=[SimpleNamespace(stage_id=5, boundary="shuffle")])
-    header = struct.Struct("<iii")
-    blobs = [header.pack(5, t, 0) + ipc for t, ipc in [(1, b"b0"), (0, b"a0"), (1, b"b1"), (0, b"a1")]]
-    got = [[(t, ipc.to_pybytes()) for t, ipc in values] for values in _group_inputs(stage, blobs)]
-    assert got == [[(0, b"a0"), (0, b"a1"), (1, b"b0"), (1, b"b1")]]
-
-
-def test_blobs_carry_their_header_and_decode_unchanged():
-    blobs = list(_output_blobs(4, 7, _parts(7), "lz4", 128 * 1024))
-    assert {p for p, _ in blobs} == {0, 2}
-    assert all(_unpack(b)[:3] == (4, 7, p) for p, b in blobs)
-    payloads = [(7, _unpack(bytes(b))[3]) for p, b in blobs if p == 2]  # bytes, as Spark hands them
-    got = pa.Table.from_batches(_decode(payloads))
-    assert got.column("id").to_pylist() == list(range(107 * 10**6, 107 * 10**6 + 20_000))
+    records = [(0, (5, 1, b"b0")), (0, (5, 0, b"a0")), (0, (5, 1, b"b1")), (0, (5, 0, b"a1"))]
+    assert _group_inputs(stage, records) == [[(0, b"a0"), (0, b"a1"), (1, b"b0"), (1, b"b1")]]
 
 
 def test_query_with_outputs_larger_than_a_chunk_equals_datafusion(runtime_for, tpch_dir, oracle):

@@ -1,35 +1,29 @@
 """The Spark runtime: a stage graph runs as RDD transformations on a SparkSession.
 
 Every non-head stage becomes one RDD whose partition *i* is task *i* of the
-stage. A task's output leaves it as raw bytes, never pickled: for every chunk
-of every non-empty output partition *p*, a key (*p* as PySpark's ``pack_long``
-packs it) and a value, one *blob* = a 12-byte header ``(producer stage,
-producer task, p)`` followed by an Arrow IPC stream (:func:`_output_blobs`).
-The Python worker hands them to the JVM framed as they are (PySpark's
-``NoOpSerializer``, ``_bypass_serializer``), and the JVM shuffles them as
-PySpark's own ``partitionBy`` does (:func:`_partition_raw`):
+stage. A task's output leaves it as records ``(consumer partition, (producer
+task, Arrow IPC bytes))``, one record per non-empty output partition:
 
 ```
  Stage 1 (leaf, 4 tasks)      sc.parallelize(range(4), 4)
-                                .mapPartitionsWithIndex(run task i)      -> key, blob, key, blob...
- Stage 2 (2 tasks)            union(PairwiseRDD(stage 1).partitionBy(     <- Spark shuffle
-                                        PythonPartitioner(2, identity)),
-                                    PairwiseRDD(stage 3).partitionBy(...))
-                                .mapPartitionsWithIndex(run task i)      <- blobs (valueOfPair)
- broadcast input              blobs .collect() -> sc.broadcast([(task, ipc)])
+                                .mapPartitionsWithIndex(run task i)      -> records (p, ipc)
+ Stage 2 (2 tasks)            union(stage 1 records tagged with input 0
+                                        .partitionBy(2, identity),        <- Spark shuffle
+                                    stage 3 records tagged with input 1
+                                        .partitionBy(2, identity))
+                                .mapPartitionsWithIndex(run task i)
+ broadcast input              stage records .collect() -> sc.broadcast(...)
                                 (a one-task stage runs on the driver instead)
- Stage 4 (head, 1 task)       union(blobs of inputs).collect() on the driver, fragment
-                                run here, batches streamed to the caller
+ Stage 4 (head, 1 task)       union(inputs).collect() on the driver, fragment run
+                                here, batches streamed to the caller
 ```
 
-The identity partitioner sends the blob for partition *p* to consumer task
+The identity partitioner sends the record for partition *p* to consumer task
 *p*, so consumer task *i* receives exactly partition *i* of every producer
 task, as the stage graph requires. PySpark has no ``zipPartitions``: a stage
 with several shuffled inputs unions its inputs after each is partitioned by
-the same partitioner (Spark's ``PartitionerAwareUnionRDD``); each blob's
-header names its producer stage. Raw bytes instead of pickled records took
-0.56-0.64x the time of the shuffle path (docs/spark-data-path.md). Spark does
-the scheduling, the retries of
+the same partitioner (Spark's ``PartitionerAwareUnionRDD``), each record tagged
+with its input's index. Spark does the scheduling, the retries of
 failed task attempts and the shuffle storage; distfusion executes each task's
 fragment natively with DataFusion inside the Spark task
 (:func:`distfusion.worker.execute_task.run_task`).
@@ -52,7 +46,6 @@ import os
 import pickle
 import re
 import socket
-import struct
 import sys
 import time
 from collections.abc import Iterator
@@ -86,13 +79,6 @@ ATTEMPTS attempts (``always`` for every attempt). Set it on the driver with
 ``spark.sparkContext.setLocalProperty(FAIL_TASK_PROPERTY, "1:0:1")``; Spark
 sends local properties with every task of the jobs started from that thread.
 """
-
-_HEADER = struct.Struct("<iii")
-"""Header of every output blob: producer stage id, producer task index, consumer partition."""
-
-_KEY = struct.Struct("!q")
-"""A blob's shuffle key, the consumer partition, as PySpark's ``pack_long`` packs it
-(``PairwiseRDD`` reads it as a ``Long``; ``PythonPartitioner`` sends key *p* to partition *p*)."""
 
 _LOCAL_MASTER = re.compile(r"^local\[(\d+|\*)\]$")
 _MISSING_MODULE = re.compile(r"No module named '(distfusion|datafusion|pyarrow)[^']*'")
@@ -325,10 +311,10 @@ class _SparkQuery:
         # functions are one object. A lambda: executors unpickle it without distfusion.
         self.identity = lambda p: p
         self.ran: set[int] = set()  # stage ids that ran; valid in every later graph
-        self.shuffled: dict[int, object] = {}  # stage id -> output blobs, partitioned by consumer
+        self.shuffled: dict[int, object] = {}  # stage id -> output partitionBy'd: (p, (sid, task, ipc))
         self.values: dict[int, list[tuple[int, int, bytes]]] = {}  # stage id -> output on the driver
         self.broadcasts: dict[int, object] = {}  # stage id -> Broadcast of [(task, ipc)], all partitions
-        self.rdds: dict[int, object] = {}  # stage id -> output key, blob, ...; this graph
+        self.rdds: dict[int, object] = {}  # stage id -> output records (p, (task, ipc)); this graph
         self.on_driver: set[int] = set()  # stages run here rather than on Spark
         self.persisted: list = []
         self.uses: dict[int, int] = {}
@@ -418,12 +404,14 @@ class _SparkQuery:
         wanted = [sid for sid in dict.fromkeys(stage_ids) if sid not in self.values]
         if not wanted:
             return
-        parts = [self._blobs(sid) for sid in wanted]
+        parts = [
+            self._records(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
+            for sid in wanted
+        ]
         union = parts[0] if len(parts) == 1 else self.sc.union(parts)
         for sid in wanted:
             self.values[sid] = []
-        for blob in self._spark_call(union.collect):  # raw bytes both ways, no pickle
-            sid, task, p, ipc = _unpack(blob)
+        for sid, p, task, ipc in self._spark_call(union.collect):
             self.values[sid].append((p, task, ipc))
         for sid in wanted:
             self._hold(sum(len(v[2]) for v in self.values[sid]))
@@ -445,50 +433,35 @@ class _SparkQuery:
         except Exception as exc:
             raise _translate_error(exc, self.sc.master) from exc
 
-    def _keyed(self, stage_id: int):
-        """``stage_id``'s output as a raw keyed RDD: ``key, blob, key, blob, ...`` (bytes).
+    def _records(self, stage_id: int):
+        """The RDD of ``stage_id``'s output records ``(p, (task, ipc))``, never computed twice.
 
-        A stage that ran on the driver is parallelized from ``self.values``
-        (pickled: one small driver-side output, not worth a raw path).
+        A stage whose output is on the driver is parallelized from there; one
+        whose shuffle ran is read back from its shuffle files.
         """
-        if stage_id not in self.values:
-            return self._stage_rdd(stage_id)
-        records = [
-            (_KEY.pack(p), _HEADER.pack(stage_id, t, p) + memoryview(ipc))
-            for p, t, ipc in self.values[stage_id]
-        ]
-        keyed = self.sc.parallelize(records, 1).flatMap(lambda r: r)
-        keyed._bypass_serializer = True
-        return keyed
-
-    def _blobs(self, stage_id: int):
-        """An RDD of ``stage_id``'s output blobs (bytes, NoOpSerializer), never computed twice.
-
-        A stage whose shuffle ran is read back from its shuffle files; one that
-        has not run gives the values of its keyed records (``PairwiseRDD`` ->
-        ``valueOfPair``, in the JVM: no Python pass over the bytes).
-        """
-        from pyspark.rdd import RDD  # optional dependency
-        from pyspark.serializers import NoOpSerializer  # optional dependency
-
+        if stage_id in self.values:
+            records = [(p, (t, ipc)) for p, t, ipc in self.values[stage_id]]
+            return self.sc.parallelize(records, 1)
         if stage_id in self.ran and stage_id in self.shuffled:
-            return self.shuffled[stage_id]
-        jvm = self.sc._jvm
-        pairs = jvm.PairwiseRDD(self._keyed(stage_id)._jrdd.rdd()).asJavaPairRDD()
-        return RDD(jvm.PythonRDD.valueOfPair(pairs), self.sc, NoOpSerializer())
+            return self.shuffled[stage_id].map(lambda r: (r[0], r[1][1:]))
+        return self._stage_rdd(stage_id)
 
     def _shuffled(self, stage_id: int):
-        """``stage_id``'s blobs partitioned by consumer partition (:func:`_partition_raw`)."""
+        """``stage_id``'s records partitioned by consumer partition, tagged with the stage id."""
         if stage_id not in self.shuffled:
             n = self.graph.stage(stage_id).output.num_partitions
-            self.shuffled[stage_id] = _partition_raw(self._keyed(stage_id), n, self.identity)
+            self.shuffled[stage_id] = (
+                self._records(stage_id)
+                .map(lambda r, sid=stage_id: (r[0], (sid,) + r[1]))
+                .partitionBy(n, self.identity)
+            )
         return self.shuffled[stage_id]
 
     @staticmethod
     def _shuffle_dependency(shuffled):
-        """The JVM ``ShuffleDependency`` of a :func:`_partition_raw` result, for ``submitMapStage``.
+        """The JVM ``ShuffleDependency`` of a PySpark ``partitionBy`` result (for ``submitMapStage``).
 
-        It is, as PySpark's ``partitionBy``, ``valueOfPair(ShuffledRDD)``: a
+        PySpark's ``partitionBy`` returns ``valueOfPair(ShuffledRDD)``: a
         one-to-one child of the ``ShuffledRDD``, whose one dependency is the shuffle.
         """
         return shuffled._jrdd.rdd().dependencies().head().rdd().dependencies().head()
@@ -532,7 +505,6 @@ class _SparkQuery:
             self.acc,
         )
         rdd = base.mapPartitionsWithIndex(fn)
-        rdd._bypass_serializer = True  # yields bytes: framed as they are, never pickled
         rdd.setName(f"distfusion {self.query_id[:8]} stage {stage_id}")
         if self.uses.get(stage_id, 0) > 1:
             rdd.persist()
@@ -596,34 +568,6 @@ class _SparkQuery:
         ]
         self.on_driver.add(stage.stage_id)
         self._hold(sum(len(v[2]) for v in self.values[stage.stage_id]))
-
-
-def _partition_raw(keyed, n: int, identity):
-    """PySpark's ``partitionBy`` without pickle: ``keyed`` (key, blob, ...) shuffled to ``n`` parts.
-
-    Args:
-        keyed: a PySpark RDD yielding bytes, alternately a key (:data:`_KEY`,
-            the consumer partition) and a value (a blob), with its
-            ``_bypass_serializer`` set before its JVM RDD was made.
-        n: consumer partitions.
-        identity: the query's partition function; only its ``id`` reaches the
-            JVM (``PythonPartitioner(n, id)``): results of one query compare
-            equal, so their union is a ``PartitionerAwareUnionRDD``.
-
-    Returns:
-        An RDD of the blobs (bytes, ``NoOpSerializer``); partition *p* holds
-        key *p*'s blobs, each producer task's in the order it yielded them.
-    """
-    from pyspark.rdd import RDD, Partitioner  # optional dependency
-    from pyspark.serializers import NoOpSerializer  # optional dependency
-
-    sc = keyed.context
-    jvm = sc._jvm
-    pairs = jvm.PairwiseRDD(keyed._jrdd.rdd()).asJavaPairRDD()
-    partitioner = jvm.PythonPartitioner(n, id(identity))
-    rdd = RDD(jvm.PythonRDD.valueOfPair(pairs.partitionBy(partitioner)), sc, NoOpSerializer())
-    rdd.partitioner = Partitioner(n, identity)
-    return rdd
 
 
 def _merge_param():
@@ -699,15 +643,13 @@ def _dummy_workers(stage: Stage, graph: StageGraph) -> tuple[tuple[str, ...], ..
     )
 
 
-def _group_inputs(stage: Stage, blobs) -> list[list[tuple[int, bytes]]]:
-    """Blobs (:func:`_output_blobs`) -> per input of ``stage``, ``(task, ipc)`` by task.
+def _group_inputs(stage: Stage, records) -> list[list[tuple[int, bytes]]]:
+    """Records ``(p, (producer stage, task, ipc))`` -> per input of ``stage``, ``(task, ipc)`` by task.
 
-    Stable sort: one task's chunks keep their order. Broadcast inputs get
-    nothing here (they come from their ``Broadcast``).
+    Broadcast inputs get nothing here (they come from their ``Broadcast``).
     """
     by_stage: dict[int, list[tuple[int, bytes]]] = {}
-    for blob in blobs:
-        sid, task, _, payload = _unpack(blob)
+    for _, (sid, task, payload) in records:
         by_stage.setdefault(sid, []).append((task, payload))
     for values in by_stage.values():
         values.sort(key=lambda v: v[0])
@@ -728,16 +670,13 @@ def _encode(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer
     return _ipc_stream([without_views(b) for b in batches], compression)
 
 
-def _ipc_stream(
-    batches: list[pa.RecordBatch], compression: str | None, prefix: bytes = b""
-) -> pa.Buffer:
-    """``batches`` (no view columns) written as one Arrow IPC stream, after ``prefix``.
+def _ipc_stream(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
+    """``batches`` (no view columns) written as one Arrow IPC stream.
 
     Uncompressed, the stream is measured first (``MockOutputStream`` writes
     nothing) and written once into a buffer of its exact size: a growing
     ``BufferOutputStream`` reallocates and copies as it doubles, and keeps up
-    to twice the memory. Compressed, that would compress twice. ``prefix``
-    (a blob's header) is written first into the same buffer: no copy to join them.
+    to twice the memory. Compressed, that would compress twice.
     """
     schema = batches[0].schema
     options = pa.ipc.IpcWriteOptions(compression=compression)
@@ -746,11 +685,10 @@ def _ipc_stream(
         with pa.ipc.new_stream(mock, schema, options=options) as writer:
             for b in batches:
                 writer.write_batch(b)
-        buf = pa.allocate_buffer(len(prefix) + mock.size())
+        buf = pa.allocate_buffer(mock.size())
         sink = pa.FixedSizeBufferWriter(buf)
     else:
         sink = pa.BufferOutputStream()
-    sink.write(prefix)
     with pa.ipc.new_stream(sink, schema, options=options) as writer:
         for b in batches:
             writer.write_batch(b)
@@ -804,32 +742,6 @@ def _output_records(
     for p, batches in enumerate(parts):
         for chunk in _chunks(batches, chunk_bytes):
             yield p, (task_index, _ipc_stream(chunk, compression))
-
-
-def _output_blobs(
-    stage_id: int,
-    task_index: int,
-    parts: list[list[pa.RecordBatch]],
-    compression: str | None,
-    chunk_bytes: int = CHUNK_BYTES,
-) -> Iterator[tuple[int, pa.Buffer]]:
-    """A task's output as ``(consumer partition p, blob)``, chunked as :func:`_output_records`.
-
-    A blob is :data:`_HEADER` ``(stage_id, task_index, p)`` (12 bytes) followed
-    by a complete Arrow IPC stream of at most ``chunk_bytes`` of Arrow buffers,
-    in one buffer (:func:`_unpack` splits it without a copy). Encoded lazily:
-    one chunk's stream exists at a time.
-    """
-    for p, batches in enumerate(parts):
-        for chunk in _chunks(batches, chunk_bytes):
-            yield p, _ipc_stream(chunk, compression, _HEADER.pack(stage_id, task_index, p))
-
-
-def _unpack(blob) -> tuple[int, int, int, pa.Buffer]:
-    """A blob (bytes or buffer) -> ``(stage, task, partition, ipc)``; ``ipc`` is a view, no copy."""
-    buf = pa.py_buffer(blob)
-    sid, task, p = _HEADER.unpack_from(buf)
-    return sid, task, p, buf.slice(_HEADER.size)
 
 
 def _chunks(batches: list[pa.RecordBatch], chunk_bytes: int) -> Iterator[list[pa.RecordBatch]]:
@@ -920,14 +832,9 @@ def _run_task(
 ):
     """Run task ``task_index`` of the pickled stage inside a Spark task.
 
-    ``records`` is the task's input: blobs (bytes) when ``shuffled``, else
-    the leaf's task index (ignored).
-
-    Yields:
-        Raw bytes for the JVM, lazily (one chunk encoded at a time): for every
-        output blob (:func:`_output_blobs`) its key (:data:`_KEY`, the consumer
-        partition), then the blob. Adds each output partition's rows and Arrow
-        bytes to the ``stats`` accumulator before the first.
+    Yields records ``(consumer partition, (task_index, ipc bytes))``
+    (:func:`_output_records`); adds each output partition's rows and Arrow
+    bytes to the ``stats`` accumulator.
 
     Raises:
         RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
@@ -945,18 +852,16 @@ def _run_task(
         inputs = _group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
-        del records
         parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
+        out = list(_output_records(task_index, parts, compression))
         if stats is not None:
             stats.add(_partition_stats(stage.stage_id, task_index, parts))
-        for p, blob in _output_blobs(stage.stage_id, task_index, parts, compression):
-            yield _KEY.pack(p)
-            yield blob
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     except Exception as exc:
         err = task_error(stage.stage_id, task_index, worker, exc)
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
+    return iter(out)
 
 
 def _maybe_inject_failure(stage_id: int, task_index: int) -> None:
