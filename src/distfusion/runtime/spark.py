@@ -145,15 +145,18 @@ class SparkRuntime:
     """
 
     name = "spark"
-    bytes_per_task = 64 * 1024 * 1024
+    bytes_per_task = 256 * 1024 * 1024
     """Default input bytes per task (``DistributedConfig.bytes_per_task``).
 
     A Spark task with a Python worker costs ~0.1 s to schedule, start and
-    return, about what DataFusion needs for 50 MB of TPC-H rows here; at 16
-    MiB per task TPC-H SF1 ran 2.6x single-node DataFusion, at 64 MiB 2.3x
-    (same run, ``local[2]``). Spark SQL reads files in 128 MiB splits
-    (``spark.sql.files.maxPartitionBytes``) and aims post-shuffle partitions
-    at 64 MiB (``spark.sql.adaptive.advisoryPartitionSizeInBytes``).
+    return, and every task of a broadcast join loads the broadcast and builds
+    its hash table again. Since task counts follow the data size (no longer
+    capped at the slot count), TPC-H SF10 Q3 on ``local[2]`` took 20.9-29.1 s
+    at 64 MiB per task (32 lineitem tasks, each building the 1.5 M-row
+    broadcast side) and 7.4-8.1 s at 256 MiB (10 tasks), two runs each. Earlier,
+    at SF1 with the slot cap: 16 MiB per task ran 2.6x single-node DataFusion,
+    64 MiB 2.3x. Spark SQL reads files in 128 MiB splits
+    (``spark.sql.files.maxPartitionBytes``).
     """
 
     def __init__(
