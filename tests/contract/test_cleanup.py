@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from distfusion import QueryCancelled, TransportError, tpch
-from tests.contract.conftest import gap, idle, wait_idle
+from distfusion import QueryCancelled, tpch
+from tests.contract.conftest import idle, wait_idle
 from tests.contract.data import FILES, ROWS_PER_FILE, context, parquet_context
 
 
@@ -64,12 +64,6 @@ def test_limit_over_a_large_scan_leaves_nothing_running(runtime, tpch_dir):
 HEAVY = "SELECT count(*) AS n FROM lineitem a JOIN lineitem b ON a.l_suppkey = b.l_suppkey"
 
 
-@gap(
-    "spark",
-    raises=TransportError,
-    reason="a Spark job cancelled by its job group fails as 'Spark job failed', "
-    "not as QueryCancelled (runtime/spark.py _translate_error)",
-)
 def test_closing_a_running_query_cancels_its_tasks(runtime, tpch_dir):
     ctx = context(runtime)
     tpch.register_tpch(ctx, tpch_dir)

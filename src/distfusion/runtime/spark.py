@@ -52,7 +52,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from distfusion.errors import PlanningError, TaskError, TransportError
+from distfusion.errors import PlanningError, QueryCancelled, TaskError, TransportError
 from distfusion.protocol.errors import error_from_dict, error_to_dict, task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.resolver import SparkWorkerResolver
@@ -426,15 +426,34 @@ class _SparkQuery:
         return sorted(values, key=lambda v: v[0])
 
     def _hold(self, nbytes: int) -> None:
+        self._check_open()
         held = self.runtime._held
         held[self.query_id] = held.get(self.query_id, 0) + nbytes
 
+    def _check_open(self) -> None:
+        """Raise when :meth:`close` ran (from another thread) while this run worked.
+
+        Raises:
+            QueryCancelled: the run was closed; nothing more is held or broadcast.
+        """
+        if self.closed:
+            msg = f"query {self.query_id} was cancelled"
+            raise QueryCancelled(msg)
+
     def _spark_call(self, action):
-        """Run a Spark action; failures become distfusion errors."""
+        """Run a Spark action; failures become distfusion errors.
+
+        Raises:
+            QueryCancelled: the run was closed before or while the action ran.
+        """
+        self._check_open()
         try:
-            return action()
+            result = action()
         except Exception as exc:
+            self._check_open()
             raise _translate_error(exc, self.sc.master) from exc
+        self._check_open()
+        return result
 
     def _records(self, stage_id: int):
         """The RDD of ``stage_id``'s output records ``(p, (task, ipc))``, never computed twice.
@@ -543,6 +562,7 @@ class _SparkQuery:
                 self._run_on_driver(graph.stage(sid))
             for sid in round_:
                 values = [(t, ipc) for _, t, ipc in self.values[sid]]
+                self._check_open()
                 self.broadcasts[sid] = self.sc.broadcast(values)
 
     def _run_on_driver(self, stage: Stage) -> None:
