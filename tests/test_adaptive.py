@@ -49,6 +49,17 @@ def _contexts(runtime, **config) -> tuple[DistributedContext, SessionContext]:
     return ctx, oracle
 
 
+def _join_contexts(runtime, broadcast_bytes: int, **config):
+    """:func:`_contexts` broadcasting join sides up to ``broadcast_bytes``, no runtime filters."""
+    return _contexts(
+        runtime,
+        broadcast_threshold_bytes=broadcast_bytes,
+        max_broadcast_bytes=broadcast_bytes,
+        runtime_filter_bytes=0,
+        **config,
+    )
+
+
 def _readers(graph, boundary: str) -> list[tuple[int, int]]:
     """``(consumer, producer)`` pairs of ``graph`` reading across ``boundary``."""
     return [(s.stage_id, i.stage_id) for s in graph.stages for i in s.inputs if i.boundary == boundary]
@@ -68,12 +79,7 @@ def test_shuffle_join_whose_small_side_is_measured_becomes_a_broadcast(
 ):
     # dim's side is estimated at ~480 KB (a tenth of dim) and fact's at ~3 MB: over
     # the 64 KiB broadcast threshold, both are shuffled. Measured, dim's side is 10 rows.
-    ctx, oracle = _contexts(
-        runtime_for(runtime_name, workers),
-        broadcast_threshold_bytes=64 * KiB,
-        max_broadcast_bytes=64 * KiB,
-        runtime_filter_bytes=0,
-    )
+    ctx, oracle = _join_contexts(runtime_for(runtime_name, workers), 64 * KiB)
     df = ctx.sql(SELECTIVE)
     shuffle_join = [s for s in df.stage_graph().stages if _shuffled_inputs(s) == 2]
     assert len(shuffle_join) == 1
@@ -100,12 +106,7 @@ def test_shuffle_join_whose_small_side_is_measured_becomes_a_broadcast(
 def test_broadcast_side_measured_large_is_shuffled_instead(runtime_name, workers, runtime_for):
     # "y = 1 AND z = 1" is guessed to keep 5% of dim (~240 KB: under the 1 MiB
     # threshold, broadcast statically) and keeps all of it (~4.8 MB).
-    ctx, oracle = _contexts(
-        runtime_for(runtime_name, workers),
-        broadcast_threshold_bytes=1024 * KiB,
-        max_broadcast_bytes=1024 * KiB,
-        runtime_filter_bytes=0,
-    )
+    ctx, oracle = _join_contexts(runtime_for(runtime_name, workers), 1024 * KiB)
     df = ctx.sql(UNSELECTIVE)
     static = df.stage_graph()
     (static_dim,) = _scans(static, "dim")
@@ -166,12 +167,7 @@ def test_adaptive_off_runs_the_static_plan(runtime_for):
 
 
 def test_next_wave_runs_the_smaller_join_side_first(runtime_for):
-    ctx, _ = _contexts(
-        runtime_for("local", 2),
-        broadcast_threshold_bytes=64 * KiB,
-        max_broadcast_bytes=64 * KiB,
-        runtime_filter_bytes=0,
-    )
+    ctx, _ = _join_contexts(runtime_for("local", 2), 64 * KiB)
     graph = ctx.sql(SELECTIVE).stage_graph()
     (dim_stage,) = _scans(graph, "dim")
     (fact_stage,) = _scans(graph, "fact")
