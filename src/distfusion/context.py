@@ -457,10 +457,17 @@ class DistributedDataFrame:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
             return _named(ctx.runtime.execute(graph), names)
         config = self._planner_config()
-        self.stage_graph()  # planning errors before anything runs
+        static = dataclasses.replace(self.stage_graph(), query_id=query_id)  # errors first
+
+        def plan(materialized: dict[str, MaterializedStage], first_id: int) -> StageGraph:
+            # Nothing ran yet: the static plan, planned once per DataFrame.
+            if not materialized:
+                return static
+            return self._plan(config, materialized, query_id, first_id)
+
         self.last_run = AdaptiveReport()
         batches = run_adaptive(
-            lambda materialized, first_id: self._plan(config, materialized, query_id, first_id),
+            plan,
             ctx.runtime,
             query_id,
             config,
