@@ -59,24 +59,28 @@ from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
     boolean_type,
-    children,
     conjunct_names,
     conjuncts,
-    contains,
     field_ref,
-    field_refs,
     is_field_ref,
-    is_subquery,
     join_rel,
     named_struct,
-    own_contains,
-    rel_kind,
-    set_children,
     shift_field_refs,
-    source_tables,
     stage_read,
     unproject_read,
     unproject_source_reads,
+)
+from distfusion.planner.walk import (
+    children,
+    contains,
+    field_refs,
+    is_subquery,
+    own_contains,
+    own_subqueries,
+    rel_kind,
+    set_children,
+    source_tables,
+    walk,
 )
 from distfusion.protocol.hashing import hash_type
 from distfusion.sources import TableSource, WorkUnit
@@ -604,7 +608,7 @@ class _Planner:
         new = Rel()
         new.CopyFrom(rel)
         inputs: list[StageInput] = []
-        for sub in _own_subqueries(new):
+        for sub in own_subqueries(new):
             frag = self.gather(self.visit(sub.scalar.input))
             if consumer.tasks == 1:  # its source reads become the consumer's
                 sub.scalar.input.CopyFrom(frag.rel)
@@ -681,14 +685,12 @@ class _Planner:
     def visit_project(self, rel: Rel) -> _Fragment:
         # Only this projection's own expressions: a projection above a window
         # pipelines on the window's partitioning, it does not shuffle again.
-        windows = []
-        for expr in rel.project.expressions:
-            contains(
-                expr,
-                lambda m: (
-                    isinstance(m, Expression.WindowFunction) and windows.append(m) is None and False
-                ),
-            )
+        windows = [
+            m
+            for expr in rel.project.expressions
+            for m in walk(expr)
+            if isinstance(m, Expression.WindowFunction)
+        ]
         if not windows:
             return self._pipeline(rel)
         frag = self.visit(rel.project.input)
@@ -1016,35 +1018,6 @@ def _own_expressions_have_subquery(rel: Rel) -> bool:
     return own_contains(rel, is_subquery)
 
 
-def _own_subqueries(rel: Rel) -> list:
-    """The subquery expressions of ``rel``'s own expressions, outermost only."""
-    found: list = []
-
-    def visit(m) -> bool:
-        if isinstance(m, Expression.Subquery):
-            found.append(m)
-            return True  # do not descend into it
-        return False
-
-    for fd, value in getattr(rel, rel_kind(rel)).ListFields():
-        if fd.name == "input" or fd.message_type is None:
-            continue
-        for v in value if fd.is_repeated else [value]:
-            _find(v, visit)
-    return found
-
-
-def _find(msg, visit) -> None:
-    """Call ``visit`` on ``msg`` and every message nested in it, unless it returns True."""
-    if visit(msg):
-        return
-    for fd, value in msg.ListFields():
-        if fd.message_type is None:
-            continue
-        for v in value if fd.is_repeated else [value]:
-            _find(v, visit)
-
-
 def _pipelines_subqueries(rel: Rel) -> bool:
     """Whether ``rel``'s subqueries can be planned on their own.
 
@@ -1057,7 +1030,7 @@ def _pipelines_subqueries(rel: Rel) -> bool:
         rel, lambda m: isinstance(m, Expression.WindowFunction)
     ):
         return False
-    subs = _own_subqueries(rel)
+    subs = own_subqueries(rel)
     return all(
         s.WhichOneof("subquery_type") == "scalar"
         and not contains(

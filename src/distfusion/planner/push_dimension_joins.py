@@ -35,10 +35,12 @@ from distfusion.planner.substrait import (
     RelRewrite,
     SchemaOracle,
     before_emit,
-    field_refs,
     join_rel,
     map_field_refs,
     rebase_join_condition,
+)
+from distfusion.planner.walk import (
+    field_refs,
     rel_kind,
 )
 from distfusion.sources import TableSource

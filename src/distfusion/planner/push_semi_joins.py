@@ -35,11 +35,13 @@ from distfusion.planner.substrait import (
     RelRewrite,
     SchemaOracle,
     before_emit,
+    rebase_join_condition,
+)
+from distfusion.planner.walk import (
     children,
     field_refs,
     is_subquery,
     own_contains,
-    rebase_join_condition,
     rel_kind,
     set_children,
 )

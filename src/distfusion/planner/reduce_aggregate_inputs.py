@@ -43,11 +43,13 @@ from distfusion.planner.substrait import (
     SchemaOracle,
     before_emit,
     boolean_type,
-    children,
     conjuncts,
     field_ref,
     is_field_ref,
     join_rel,
+)
+from distfusion.planner.walk import (
+    children,
     rel_kind,
     set_children,
     source_tables,

@@ -14,10 +14,11 @@ for any non-equi anti join.
 
 from __future__ import annotations
 
-from substrait.proto import JoinRel, Plan, Rel
+from substrait.proto import JoinRel, Plan
 
 from distfusion.errors import PlanningError
-from distfusion.planner.substrait import FunctionRegistry, boolean_type, children, conjuncts
+from distfusion.planner.substrait import FunctionRegistry, boolean_type, conjuncts
+from distfusion.planner.walk import relations
 
 __all__ = ["rewrite_null_aware_anti_joins"]
 
@@ -37,13 +38,6 @@ def _null_aware_flags(logical_plan) -> list[bool]:
     return flags
 
 
-def _anti_joins(rel: Rel, out: list[Rel]) -> None:
-    if rel.WhichOneof("rel_type") == "join" and rel.join.type == JoinRel.JOIN_TYPE_LEFT_ANTI:
-        out.append(rel)
-    for child in children(rel):
-        _anti_joins(child, out)
-
-
 def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
     """Rewrite, in place, the anti joins of ``plan`` that ``logical_plan`` marks null-aware.
 
@@ -61,9 +55,12 @@ def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
     flags = _null_aware_flags(logical_plan)
     if not any(flags):
         return plan
-    joins: list[Rel] = []
-    for relation in plan.relations:
-        _anti_joins(relation.root.input if relation.HasField("root") else relation.rel, joins)
+    joins = [
+        rel
+        for relation in plan.relations
+        for rel in relations(relation.root.input if relation.HasField("root") else relation.rel)
+        if rel.WhichOneof("rel_type") == "join" and rel.join.type == JoinRel.JOIN_TYPE_LEFT_ANTI
+    ]
     if len(joins) != len(flags):
         msg = (
             "cannot distribute NOT IN: the Substrait plan's anti joins do not match "

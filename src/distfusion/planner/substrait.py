@@ -2,9 +2,10 @@
 
 The distributed planner works on the Substrait plan that DataFusion's producer
 emits for the optimized logical plan (``datafusion.substrait.Producer``). These
-helpers read and build the few shapes it needs: a relation's children, the field
-references of an expression, stage-input ``ReadRel`` leaves, casts and function
-calls. Field references are positional, which is what makes cutting a plan into
+helpers read and build the few shapes it needs: field references, stage-input
+``ReadRel`` leaves, joins, casts and function calls; walking the relation tree
+is :mod:`~distfusion.planner.walk`'s (see docs/architecture.md, the planner).
+Field references are positional, which is what makes cutting a plan into
 fragments safe: a subtree replaced by a ``ReadRel`` with the same output columns
 keeps every parent reference valid.
 
@@ -33,103 +34,38 @@ from substrait.proto import (
 )
 
 from distfusion.errors import PlanningError
+from distfusion.planner.walk import (
+    children,
+    is_subquery,
+    own_contains,
+    rel_kind,
+    root_field_refs,
+    set_children,
+    walk,
+)
 
 __all__ = [
     "SchemaOracle",
     "FunctionRegistry",
-    "children",
-    "set_children",
-    "rel_kind",
     "before_emit",
-    "is_subquery",
     "field_ref",
-    "field_refs",
     "shift_field_refs",
     "map_field_refs",
     "is_field_ref",
-    "contains",
-    "own_contains",
     "stage_read",
     "join_rel",
     "conjuncts",
     "conjunct_names",
-    "source_tables",
     "rebase_join_condition",
     "RelRewrite",
     "filtered_read",
 ]
-
-# Relation kind -> its child fields: a tuple of singular fields, or the name of a
-# repeated field.
-_CHILD_FIELDS: dict[str, tuple[str, ...] | str] = {
-    "read": (),
-    "filter": ("input",),
-    "fetch": ("input",),
-    "aggregate": ("input",),
-    "sort": ("input",),
-    "project": ("input",),
-    "join": ("left", "right"),
-    "cross": ("left", "right"),
-    "set": "inputs",
-    "extension_single": ("input",),
-    "extension_multi": "inputs",
-    "extension_leaf": (),
-    "window": ("input",),
-    "exchange": ("input",),
-    "expand": ("input",),
-    "hash_join": ("left", "right"),
-    "merge_join": ("left", "right"),
-    "nested_loop_join": ("left", "right"),
-}
-
-
-def rel_kind(rel: Rel) -> str:
-    """The relation's kind, the name of the set ``rel_type`` field (``"join"``, ...)."""
-    kind = rel.WhichOneof("rel_type")
-    if kind is None:
-        raise PlanningError("Substrait relation has no rel_type")
-    return kind
-
-
-def children(rel: Rel) -> list[Rel]:
-    """The input relations of ``rel``, left to right (empty for leaves)."""
-    kind = rel_kind(rel)
-    body = getattr(rel, kind)
-    spec = _CHILD_FIELDS.get(kind, ())
-    if isinstance(spec, str):
-        return list(getattr(body, spec))
-    return [getattr(body, f) for f in spec if body.HasField(f)]
-
-
-def set_children(rel: Rel, new_children: list[Rel]) -> Rel:
-    """A copy of ``rel`` whose inputs are ``new_children`` (same count and order)."""
-    out = Rel()
-    out.CopyFrom(rel)
-    kind = rel_kind(out)
-    body = getattr(out, kind)
-    spec = _CHILD_FIELDS.get(kind, ())
-    if isinstance(spec, str):
-        field = getattr(body, spec)
-        del field[:]
-        for c in new_children:
-            field.add().CopyFrom(c)
-    else:
-        present = [f for f in spec if body.HasField(f)]
-        assert len(present) == len(new_children), (kind, present, len(new_children))
-        for f, c in zip(present, new_children, strict=True):
-            getattr(body, f).CopyFrom(c)
-    return out
 
 
 def before_emit(rel: Rel, column: int) -> int:
     """Index, in ``rel``'s output before its emit (``common.emit``), of its output ``column``."""
     common = getattr(rel, rel_kind(rel)).common
     return common.emit.output_mapping[column] if common.HasField("emit") else column
-
-
-def is_subquery(m) -> bool:
-    """Whether protobuf message ``m`` is a subquery expression (a :func:`contains` predicate)."""
-    return isinstance(m, Expression.Subquery)
 
 
 def field_ref(index: int) -> Expression:
@@ -156,76 +92,18 @@ def is_field_ref(expr: Expression) -> int | None:
     return sf.field
 
 
-def _walk_root_refs(msg, visit) -> None:
-    """Call ``visit(struct_field)`` for every root-level field reference in ``msg``.
-
-    Does not descend into subqueries (their references have their own scope) or
-    into nested relations.
-    """
-    if isinstance(msg, Expression.FieldReference):
-        if msg.HasField("root_reference") and msg.direct_reference.HasField("struct_field"):
-            visit(msg.direct_reference.struct_field)
-        return
-    if isinstance(msg, Rel | Expression.Subquery):
-        return
-    for fd, value in msg.ListFields():
-        if fd.message_type is None:
-            continue
-        if fd.is_repeated:
-            for v in value:
-                _walk_root_refs(v, visit)
-        else:
-            _walk_root_refs(value, visit)
-
-
-def field_refs(expr) -> set[int]:
-    """The input column indices ``expr`` reads (root references only)."""
-    out: set[int] = set()
-    _walk_root_refs(expr, lambda sf: out.add(sf.field))
-    return out
-
-
 def map_field_refs(expr: Expression, column: Callable[[int], int]) -> Expression:
     """A copy of ``expr`` whose root field reference to column ``i`` reads ``column(i)``."""
     out = Expression()
     out.CopyFrom(expr)
-
-    def visit(sf):
+    for sf in root_field_refs(out):
         sf.field = column(sf.field)
-
-    _walk_root_refs(out, visit)
     return out
 
 
 def shift_field_refs(expr: Expression, delta: int) -> Expression:
     """A copy of ``expr`` with every root field reference moved by ``delta`` columns."""
     return map_field_refs(expr, lambda i: i + delta)
-
-
-def contains(msg, predicate) -> bool:
-    """True if ``predicate(m)`` holds for ``msg`` or any message nested in it."""
-    if predicate(msg):
-        return True
-    for fd, value in msg.ListFields():
-        if fd.message_type is None:
-            continue
-        values = value if fd.is_repeated else [value]
-        if any(contains(v, predicate) for v in values):
-            return True
-    return False
-
-
-def own_contains(rel: Rel, predicate) -> bool:
-    """:func:`contains` over ``rel``'s own fields (its expressions), not its inputs."""
-    kind = rel_kind(rel)
-    spec = _CHILD_FIELDS.get(kind, ())
-    inputs = {spec} if isinstance(spec, str) else set(spec)
-    for fd, value in getattr(rel, kind).ListFields():
-        if fd.name in inputs or fd.message_type is None:
-            continue
-        if any(contains(v, predicate) for v in (value if fd.is_repeated else [value])):
-            return True
-    return False
 
 
 def conjuncts(expr: Expression, registry: FunctionRegistry) -> list[Expression]:
@@ -237,21 +115,6 @@ def conjuncts(expr: Expression, registry: FunctionRegistry) -> list[Expression]:
                 out.extend(conjuncts(arg.value, registry))
             return out
     return [expr]
-
-
-def source_tables(rel: Rel, names) -> list[str]:
-    """Tables among ``names`` that ``rel`` reads anywhere (subqueries included), in order."""
-    found: list[str] = []
-
-    def visit(m) -> bool:
-        if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
-            t = m.read.named_table.names
-            if len(t) and t[-1] in names and t[-1] not in found:
-                found.append(t[-1])
-        return False
-
-    contains(rel, visit)
-    return found
 
 
 def rebase_join_condition(
@@ -585,19 +448,15 @@ def unproject_source_reads(msg, source_names: set[str]) -> None:
 
     Reaches reads nested in subquery expressions too.
     """
-    for fd, value in msg.ListFields():
-        if fd.type != fd.TYPE_MESSAGE:
-            continue
-        items = value if fd.is_repeated else [value]
-        for item in items:
-            if hasattr(item, "ListFields"):
-                unproject_source_reads(item, source_names)
-    if (
-        isinstance(msg, Rel)
-        and msg.WhichOneof("rel_type") == "read"
-        and msg.read.WhichOneof("read_type") == "named_table"
-        and msg.read.named_table.names[-1] in source_names
-    ):
-        new = unproject_read(msg)
-        if new is not msg:
-            msg.CopyFrom(new)
+    # Reverse pre-order: a read inside a subquery of a read's filter is
+    # rewritten before the read that holds it is replaced.
+    for m in reversed(list(walk(msg))):
+        if (
+            isinstance(m, Rel)
+            and m.WhichOneof("rel_type") == "read"
+            and m.read.WhichOneof("read_type") == "named_table"
+            and m.read.named_table.names[-1] in source_names
+        ):
+            new = unproject_read(m)
+            if new is not m:
+                m.CopyFrom(new)

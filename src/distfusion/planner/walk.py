@@ -1,0 +1,199 @@
+"""The relation walker: the one walk over Substrait protobuf relations and expressions.
+
+A relation's kind (:func:`rel_kind`) and its inputs (:func:`children`,
+:func:`set_children`, and :func:`relations` for the whole tree) come from one
+table of child fields. Every search of a
+plan goes through :func:`walk`: it yields a protobuf message and every message
+nested in it (expressions, nested relations, subqueries), depth first in field
+order, and stops descending where the caller says. :func:`own_messages` is the
+same walk over a relation's own fields (its expressions), not its inputs. The
+searches the planner needs (:func:`contains`, :func:`own_contains`,
+:func:`own_subqueries`, :func:`source_tables`, :func:`field_refs`) are built on
+them. See docs/architecture.md (the planner).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from google.protobuf.message import Message
+from substrait.proto import Expression, Rel
+
+from distfusion.errors import PlanningError
+
+__all__ = [
+    "children",
+    "contains",
+    "field_refs",
+    "is_subquery",
+    "own_contains",
+    "own_messages",
+    "own_subqueries",
+    "rel_kind",
+    "relations",
+    "root_field_refs",
+    "set_children",
+    "source_tables",
+    "walk",
+]
+
+# Relation kind -> its child fields: a tuple of singular fields, or the name of a
+# repeated field.
+_CHILD_FIELDS: dict[str, tuple[str, ...] | str] = {
+    "read": (),
+    "filter": ("input",),
+    "fetch": ("input",),
+    "aggregate": ("input",),
+    "sort": ("input",),
+    "project": ("input",),
+    "join": ("left", "right"),
+    "cross": ("left", "right"),
+    "set": "inputs",
+    "extension_single": ("input",),
+    "extension_multi": "inputs",
+    "extension_leaf": (),
+    "window": ("input",),
+    "exchange": ("input",),
+    "expand": ("input",),
+    "hash_join": ("left", "right"),
+    "merge_join": ("left", "right"),
+    "nested_loop_join": ("left", "right"),
+}
+
+
+def rel_kind(rel: Rel) -> str:
+    """The relation's kind, the name of the set ``rel_type`` field (``"join"``, ...)."""
+    kind = rel.WhichOneof("rel_type")
+    if kind is None:
+        raise PlanningError("Substrait relation has no rel_type")
+    return kind
+
+
+def _child_fields(kind: str) -> set[str]:
+    spec = _CHILD_FIELDS.get(kind, ())
+    return {spec} if isinstance(spec, str) else set(spec)
+
+
+def children(rel: Rel) -> list[Rel]:
+    """The input relations of ``rel``, left to right (empty for leaves)."""
+    kind = rel_kind(rel)
+    body = getattr(rel, kind)
+    spec = _CHILD_FIELDS.get(kind, ())
+    if isinstance(spec, str):
+        return list(getattr(body, spec))
+    return [getattr(body, f) for f in spec if body.HasField(f)]
+
+
+def set_children(rel: Rel, new_children: list[Rel]) -> Rel:
+    """A copy of ``rel`` whose inputs are ``new_children`` (same count and order)."""
+    out = Rel()
+    out.CopyFrom(rel)
+    kind = rel_kind(out)
+    body = getattr(out, kind)
+    spec = _CHILD_FIELDS.get(kind, ())
+    if isinstance(spec, str):
+        field = getattr(body, spec)
+        del field[:]
+        for c in new_children:
+            field.add().CopyFrom(c)
+    else:
+        present = [f for f in spec if body.HasField(f)]
+        assert len(present) == len(new_children), (kind, present, len(new_children))
+        for f, c in zip(present, new_children, strict=True):
+            getattr(body, f).CopyFrom(c)
+    return out
+
+
+def relations(rel: Rel) -> Iterator[Rel]:
+    """``rel`` and the relations below it through their inputs, pre-order, left to right.
+
+    Relations inside subquery expressions are not reached (see :func:`walk`).
+    """
+    yield rel
+    for child in children(rel):
+        yield from relations(child)
+
+
+def walk(msg: Message, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
+    """``msg`` and every protobuf message nested in it, depth first in field order.
+
+    A message for which ``stop`` is true is yielded but not descended into.
+    A message's fields are read when the walk descends into it, so a caller
+    may change a message it was given (not its ancestors) as it goes.
+    """
+    yield msg
+    if stop is not None and stop(msg):
+        return
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        for v in value if fd.is_repeated else [value]:
+            yield from walk(v, stop)
+
+
+def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
+    """:func:`walk` over ``rel``'s own fields (its expressions), not its inputs."""
+    kind = rel_kind(rel)
+    inputs = _child_fields(kind)
+    for fd, value in getattr(rel, kind).ListFields():
+        if fd.name in inputs or fd.message_type is None:
+            continue
+        for v in value if fd.is_repeated else [value]:
+            yield from walk(v, stop)
+
+
+def contains(msg: Message, predicate: Callable[[Message], bool]) -> bool:
+    """True if ``predicate(m)`` holds for ``msg`` or any message nested in it."""
+    return any(predicate(m) for m in walk(msg))
+
+
+def own_contains(rel: Rel, predicate: Callable[[Message], bool]) -> bool:
+    """:func:`contains` over ``rel``'s own fields (its expressions), not its inputs."""
+    return any(predicate(m) for m in own_messages(rel))
+
+
+def is_subquery(m: Message) -> bool:
+    """Whether protobuf message ``m`` is a subquery expression (a :func:`contains` predicate)."""
+    return isinstance(m, Expression.Subquery)
+
+
+def own_subqueries(rel: Rel) -> list[Expression.Subquery]:
+    """The subquery expressions of ``rel``'s own expressions, outermost only."""
+    return [m for m in own_messages(rel, stop=is_subquery) if is_subquery(m)]
+
+
+def source_tables(rel: Rel, names) -> list[str]:
+    """Tables among ``names`` that ``rel`` reads anywhere (subqueries included), in order."""
+    found: list[str] = []
+    for m in walk(rel):
+        if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
+            t = m.read.named_table.names
+            if len(t) and t[-1] in names and t[-1] not in found:
+                found.append(t[-1])
+    return found
+
+
+def _scope_ends(m: Message) -> bool:
+    # A field reference has no nested reference of this scope; a nested
+    # relation or a subquery has references of its own scope.
+    return isinstance(m, Expression.FieldReference | Rel | Expression.Subquery)
+
+
+def root_field_refs(msg: Message) -> Iterator[Expression.ReferenceSegment.StructField]:
+    """The struct field of every root-level field reference in ``msg``.
+
+    Does not descend into subqueries (their references have their own scope) or
+    into nested relations. The caller may change the fields it is given.
+    """
+    for m in walk(msg, stop=_scope_ends):
+        if (
+            isinstance(m, Expression.FieldReference)
+            and m.HasField("root_reference")
+            and m.direct_reference.HasField("struct_field")
+        ):
+            yield m.direct_reference.struct_field
+
+
+def field_refs(expr: Message) -> set[int]:
+    """The input column indices ``expr`` reads (root references only)."""
+    return {sf.field for sf in root_field_refs(expr)}
