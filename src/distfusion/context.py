@@ -23,7 +23,6 @@ import dataclasses
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pyarrow as pa
 from datafusion import DataFrame, SessionContext
@@ -32,12 +31,8 @@ from substrait.proto import Plan
 
 from distfusion.display import print_table
 from distfusion.errors import PlanningError
-from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.planner.inject_network_boundaries import (
-    MaterializedStage,
-    PlannerConfig,
-    plan_stages,
-)
+from distfusion.planner.config import DistributedConfig, PlannerConfig
+from distfusion.planner.inject_network_boundaries import MaterializedStage, plan_stages
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime
@@ -51,69 +46,9 @@ from distfusion.sources import (
 )
 from distfusion.stages import StageGraph
 
+# DistributedConfig is defined with the planner settings derived from it
+# (planner/config.py); it is public API here and in ``distfusion``.
 __all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame", "plan_statements"]
-
-
-@dataclass(frozen=True)
-class DistributedConfig:
-    """Planner settings.
-
-    Attributes:
-        bytes_per_task: target bytes of input per task; the default task
-            estimator sizes stages with it. None (default): the runtime's
-            ``bytes_per_task`` -- 16 MiB in process and on Flight workers, 64 MiB
-            on Spark, whose tasks cost ~0.1 s each to schedule -- or 16 MiB.
-        tasks_per_stage: force this many tasks in every stage (capped by the
-            workers, and for leaf stages by the work units); for tests.
-        broadcast_threshold_bytes: a join side estimated below this many bytes is
-            broadcast instead of shuffled (default 10 MiB, Spark's
-            ``spark.sql.autoBroadcastJoinThreshold``).
-        max_broadcast_bytes: a larger side (up to this size, default 100 MiB as
-            Trino's ``join-max-broadcast-table-size``) is still broadcast when
-            copying it to every probe task moves fewer bytes than shuffling
-            both sides.
-        replicate_scan_bytes: a broadcast side that only reads source tables
-            totalling at most this many bytes (default 4 MiB: TPC-H's nation,
-            region and, at scale factor 1, supplier) gets no stage of its own:
-            every probe task reads those tables in full ("broadcast scan").
-        runtime_filter_bytes: a join side with a selective filter whose likely
-            size is at most this many bytes (default 10 MiB, as Spark's
-            ``spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold``)
-            is read as a broadcast by the other side's stage, which keeps only
-            rows whose keys it holds before shuffling them (a semi-join
-            reduction, Spark's runtime filter). The same bound gates the plan
-            rewrites that copy or move such a side (a filtered scan below an
-            aggregate, a filtered dimension joined first). 0 turns them off.
-        estimator: a custom task estimator; overrides ``bytes_per_task`` and
-            ``tasks_per_stage``.
-        adaptive: plan the rest of a query again over the measured output of
-            the stages that decide it (default True; see
-            :mod:`distfusion.runtime.adaptive`): a shuffle join whose finished
-            side is small becomes a broadcast, runtime filters and task counts
-            follow actual sizes. False: the static plan runs as is.
-        adaptive_shuffle_bytes: with ``adaptive``, a shuffle estimated at least
-            this large (default 256 MiB, two seconds through Spark's shuffle
-            here) runs before its consumers are planned, so they get as many
-            tasks as its measured bytes need. Smaller shuffles run with their
-            consumers: planning again (~30 ms) would cost more than it saves.
-    """
-
-    bytes_per_task: int | None = None
-    tasks_per_stage: int | None = None
-    broadcast_threshold_bytes: int = 10 * 1024 * 1024
-    max_broadcast_bytes: int = 100 * 1024 * 1024
-    replicate_scan_bytes: int = 4 * 1024 * 1024
-    runtime_filter_bytes: int = 10 * 1024 * 1024
-    estimator: TaskEstimator | None = None
-    adaptive: bool = True
-    adaptive_shuffle_bytes: int = 256 * 1024 * 1024
-
-    def task_estimator(self, runtime: object = None) -> TaskEstimator:
-        """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
-        if self.estimator is not None:
-            return self.estimator
-        default = getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task)
-        return DefaultTaskEstimator(self.bytes_per_task or default, self.tasks_per_stage)
 
 
 def split_statements(sql: str) -> list[str]:
@@ -385,18 +320,7 @@ class DistributedDataFrame:
         return self._plan_bytes
 
     def _planner_config(self) -> PlannerConfig:
-        ctx = self.context
-        runtime = ctx.runtime
-        return PlannerConfig(
-            workers=runtime.num_workers(),
-            estimator=ctx.config.task_estimator(runtime),
-            broadcast_threshold_bytes=ctx.config.broadcast_threshold_bytes,
-            max_broadcast_bytes=ctx.config.max_broadcast_bytes,
-            replicate_scan_bytes=ctx.config.replicate_scan_bytes,
-            runtime_filter_bytes=ctx.config.runtime_filter_bytes,
-            max_tasks=getattr(runtime, "max_tasks", None),
-            broadcast_copies=getattr(runtime, "broadcast_copies", None),
-        )
+        return PlannerConfig.for_runtime(self.context.config, self.context.runtime)
 
     def _plan(
         self,

@@ -8,7 +8,14 @@ data model and :mod:`distfusion.protocol` (the shuffle hashing rule), never the
 workers or the runtimes; see docs/architecture.md.
 """
 
+from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.planner.inject_network_boundaries import PlannerConfig, plan_stages
+from distfusion.planner.inject_network_boundaries import plan_stages
 
-__all__ = ["DefaultTaskEstimator", "PlannerConfig", "TaskEstimator", "plan_stages"]
+__all__ = [
+    "DefaultTaskEstimator",
+    "DistributedConfig",
+    "PlannerConfig",
+    "TaskEstimator",
+    "plan_stages",
+]

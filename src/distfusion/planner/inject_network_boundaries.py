@@ -45,11 +45,11 @@ from substrait.proto import Expression, JoinRel, Plan, Rel, SetRel
 
 from distfusion.errors import PlanningError
 from distfusion.planner import decompose_aggregate as dagg
+from distfusion.planner.config import PlannerConfig
 from distfusion.planner.estimate import (
     REDUCTION_KEPT,
     REDUCTION_RATIO,
     Estimate,
-    TaskEstimator,
     filter_selectivity,
 )
 from distfusion.planner.push_dimension_joins import push_dimension_joins
@@ -96,7 +96,7 @@ from distfusion.stages import (
     StageInput,
 )
 
-__all__ = ["MaterializedStage", "PlannerConfig", "plan_stages"]
+__all__ = ["MaterializedStage", "plan_stages"]
 
 _J = JoinRel
 # Join types whose right side may be broadcast (the left side is probed per task).
@@ -208,45 +208,6 @@ class MaterializedStage:
     stage: Stage
     rows: int
     bytes: int
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """Knobs of the planner (see :class:`~distfusion.context.DistributedConfig`).
-
-    ``max_tasks``: cap on a stage's tasks when it is not the worker count (on
-    Spark, where slots only limit concurrency). ``broadcast_copies``: how many
-    copies of a broadcast the runtime makes at most whatever the probe's task
-    count (Spark ships one per executor Python worker); None: one per task.
-    """
-
-    workers: int
-    estimator: TaskEstimator
-    broadcast_threshold_bytes: int
-    max_broadcast_bytes: int = 100 * 1024 * 1024
-    replicate_scan_bytes: int = 4 * 1024 * 1024
-    runtime_filter_bytes: int = 10 * 1024 * 1024
-    max_tasks: int | None = None
-    broadcast_copies: int | None = None
-
-    @property
-    def task_cap(self) -> int:
-        """Most tasks a stage may get: ``max_tasks`` when set, else the workers."""
-        return self.max_tasks or self.workers
-
-    def broadcast_pays(self, build_bytes: float, probe_bytes: float, probe_tasks: int) -> bool:
-        """Whether to broadcast a join side of ``build_bytes`` to ``probe_tasks`` tasks.
-
-        Always under ``broadcast_threshold_bytes`` (Spark's rule); up to
-        ``max_broadcast_bytes`` when replicating the build side costs fewer bytes
-        than shuffling both sides (Trino's cost-based ``AUTOMATIC`` join
-        distribution, whose ``join-max-broadcast-table-size`` is 100 MB).
-        """
-        if build_bytes <= self.broadcast_threshold_bytes:
-            return True
-        copies = min(probe_tasks, self.broadcast_copies or probe_tasks)
-        replicated = build_bytes * max(copies - 1, 0)
-        return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes
 
 
 class _Planner:

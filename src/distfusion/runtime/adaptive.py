@@ -39,7 +39,8 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
-from distfusion.planner.inject_network_boundaries import MaterializedStage, PlannerConfig
+from distfusion.planner.config import PlannerConfig
+from distfusion.planner.inject_network_boundaries import MaterializedStage
 from distfusion.runtime.base import Runtime, StageStats
 from distfusion.stages import BROADCAST, SHUFFLE, Stage, StageGraph
 

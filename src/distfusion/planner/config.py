@@ -1,0 +1,142 @@
+"""The planner's settings: DistributedConfig, and PlannerConfig derived from it for a runtime.
+
+:class:`DistributedConfig` is what a user sets (``DistributedContext(config=...)``);
+every setting and its default is written here once. :class:`PlannerConfig` is
+a ``DistributedConfig`` completed with what the runtime says (its workers, task
+cap and broadcast copies) and the task estimator resolved; the planner and
+adaptive execution plan with it. See docs/architecture.md (the planner).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+
+__all__ = ["DistributedConfig", "PlannerConfig"]
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Planner settings.
+
+    Attributes:
+        bytes_per_task: target bytes of input per task; the default task
+            estimator sizes stages with it. None (default): the runtime's
+            ``bytes_per_task`` -- 16 MiB in process and on Flight workers, more
+            on Spark (``SparkRuntime.bytes_per_task``), whose tasks cost ~0.1 s
+            each to schedule -- or 16 MiB.
+        tasks_per_stage: force this many tasks in every stage (capped by the
+            workers, and for leaf stages by the work units); for tests.
+        broadcast_threshold_bytes: a join side estimated below this many bytes is
+            broadcast instead of shuffled (default 10 MiB, Spark's
+            ``spark.sql.autoBroadcastJoinThreshold``).
+        max_broadcast_bytes: a larger side (up to this size, default 100 MiB as
+            Trino's ``join-max-broadcast-table-size``) is still broadcast when
+            copying it to every probe task moves fewer bytes than shuffling
+            both sides.
+        replicate_scan_bytes: a broadcast side that only reads source tables
+            totalling at most this many bytes (default 4 MiB: TPC-H's nation,
+            region and, at scale factor 1, supplier) gets no stage of its own:
+            every probe task reads those tables in full ("broadcast scan").
+        runtime_filter_bytes: a join side with a selective filter whose likely
+            size is at most this many bytes (default 10 MiB, as Spark's
+            ``spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold``)
+            is read as a broadcast by the other side's stage, which keeps only
+            rows whose keys it holds before shuffling them (a semi-join
+            reduction, Spark's runtime filter). The same bound gates the plan
+            rewrites that copy or move such a side (a filtered scan below an
+            aggregate, a filtered dimension joined first). 0 turns them off.
+        estimator: a custom task estimator; overrides ``bytes_per_task`` and
+            ``tasks_per_stage``.
+        adaptive: plan the rest of a query again over the measured output of
+            the stages that decide it (default True; see
+            :mod:`distfusion.runtime.adaptive`): a shuffle join whose finished
+            side is small becomes a broadcast, runtime filters and task counts
+            follow actual sizes. False: the static plan runs as is.
+        adaptive_shuffle_bytes: with ``adaptive``, a shuffle estimated at least
+            this large (default 256 MiB, two seconds through Spark's shuffle
+            here) runs before its consumers are planned, so they get as many
+            tasks as its measured bytes need. Smaller shuffles run with their
+            consumers: planning again (~30 ms) would cost more than it saves.
+    """
+
+    bytes_per_task: int | None = None
+    tasks_per_stage: int | None = None
+    broadcast_threshold_bytes: int = 10 * 1024 * 1024
+    max_broadcast_bytes: int = 100 * 1024 * 1024
+    replicate_scan_bytes: int = 4 * 1024 * 1024
+    runtime_filter_bytes: int = 10 * 1024 * 1024
+    estimator: TaskEstimator | None = None
+    adaptive: bool = True
+    adaptive_shuffle_bytes: int = 256 * 1024 * 1024
+
+    def task_estimator(self, runtime: object = None) -> TaskEstimator:
+        """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
+        if self.estimator is not None:
+            return self.estimator
+        default = getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task)
+        return DefaultTaskEstimator(self.bytes_per_task or default, self.tasks_per_stage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerConfig(DistributedConfig):
+    """A :class:`DistributedConfig` completed for one runtime: what the planner plans with.
+
+    Made by :meth:`for_runtime` on the coordinator before each planning;
+    ``estimator`` is always set (the settings' :meth:`task_estimator` when not
+    given).
+
+    Attributes:
+        workers: the runtime's worker count; caps the tasks of a stage.
+        max_tasks: cap on a stage's tasks when it is not the worker count (on
+            Spark, where slots only limit concurrency).
+        broadcast_copies: how many copies of a broadcast the runtime makes at
+            most whatever the probe's task count (Spark ships one per executor
+            Python worker); None: one per task.
+    """
+
+    workers: int
+    max_tasks: int | None = None
+    broadcast_copies: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.estimator is None:
+            object.__setattr__(self, "estimator", self.task_estimator())
+
+    @classmethod
+    def for_runtime(cls, settings: DistributedConfig, runtime: object) -> PlannerConfig:
+        """``settings`` completed with what ``runtime`` reports.
+
+        ``runtime`` gives ``num_workers()`` and, optionally, ``bytes_per_task``,
+        ``max_tasks`` and ``broadcast_copies`` (see
+        :class:`~distfusion.runtime.base.Runtime`).
+        """
+        values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(DistributedConfig)}
+        values["estimator"] = settings.task_estimator(runtime)
+        return cls(
+            **values,
+            workers=runtime.num_workers(),
+            max_tasks=getattr(runtime, "max_tasks", None),
+            broadcast_copies=getattr(runtime, "broadcast_copies", None),
+        )
+
+    @property
+    def task_cap(self) -> int:
+        """Most tasks a stage may get: ``max_tasks`` when set, else the workers."""
+        return self.max_tasks or self.workers
+
+    def broadcast_pays(self, build_bytes: float, probe_bytes: float, probe_tasks: int) -> bool:
+        """Whether to broadcast a join side of ``build_bytes`` to ``probe_tasks`` tasks.
+
+        Always under ``broadcast_threshold_bytes`` (Spark's rule); up to
+        ``max_broadcast_bytes`` when replicating the build side costs fewer bytes
+        than shuffling both sides (Trino's cost-based ``AUTOMATIC`` join
+        distribution, whose ``join-max-broadcast-table-size`` is 100 MB).
+        """
+        if build_bytes <= self.broadcast_threshold_bytes:
+            return True
+        copies = min(probe_tasks, self.broadcast_copies or probe_tasks)
+        replicated = build_bytes * max(copies - 1, 0)
+        return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes
