@@ -32,7 +32,8 @@ from substrait.proto import Plan
 from distfusion.display import print_table
 from distfusion.errors import PlanningError
 from distfusion.planner.config import DistributedConfig, PlannerConfig
-from distfusion.planner.inject_network_boundaries import MaterializedStage, plan_stages
+from distfusion.planner.fragment import MaterializedStage
+from distfusion.planner.inject_network_boundaries import plan_stages
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime

@@ -17,7 +17,7 @@ rest + head              coalesce small shuffle partitions by measured bytes, ru
 ```
 
 What changes between plans, all decided by the planner over measured sizes
-(:class:`~distfusion.planner.inject_network_boundaries.MaterializedStage`):
+(:class:`~distfusion.planner.fragment.MaterializedStage`):
 
 - a shuffle join whose finished side is small becomes a broadcast join;
 - semi-join reductions (runtime filters) are decided on the finished side's size;
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 
 from distfusion.planner.config import PlannerConfig
-from distfusion.planner.inject_network_boundaries import MaterializedStage
+from distfusion.planner.fragment import MaterializedStage
 from distfusion.runtime.base import Runtime, StageStats
 from distfusion.stages import BROADCAST, SHUFFLE, Stage, StageGraph
 

@@ -1,0 +1,324 @@
+"""Join distribution: how a join's two sides meet in the same tasks.
+
+For each join (or cross product) the planner's walk reaches, in order:
+
+- both sides one task: the join runs in that task;
+- a side small enough to copy (``broadcast_pays``) that the join type allows
+  to broadcast: a broadcast to the other side's tasks, or, when it only reads
+  small source tables, a *broadcast scan* (every task reads those tables in
+  full, no stage); a one-task probe side may instead filter the large side
+  first (:mod:`~distfusion.planner.inject_runtime_filters`);
+- a side already hash-partitioned by the join keys (co-partitioned): only the
+  other side is shuffled, into as many partitions (Spark's
+  ``EnsureRequirements``);
+- equi-join keys: both sides shuffled by their key expressions, the selective
+  side filtering the other first when that pays;
+- otherwise both sides gathered into one task.
+
+See docs/architecture.md (planner rules).
+"""
+
+from __future__ import annotations
+
+from substrait.proto import Expression, JoinRel, Rel
+
+from distfusion.planner.estimate import Estimate
+from distfusion.planner.fragment import Fragment, KeySource, through_emit
+from distfusion.planner.inject_runtime_filters import REDUCE_LEFT, REDUCE_RIGHT, RuntimeFilters
+from distfusion.planner.substrait import FunctionRegistry, conjuncts, is_field_ref, shift_field_refs
+from distfusion.planner.walk import (
+    children,
+    contains,
+    field_refs,
+    is_subquery,
+    set_children,
+    source_tables,
+)
+from distfusion.protocol.hashing import hash_type
+from distfusion.stages import BROADCAST, COALESCE, SHUFFLE, StageInput
+
+__all__ = ["JoinDistribution"]
+
+_J = JoinRel
+# Join types whose right side may be broadcast (the left side is probed per task).
+_BROADCAST_RIGHT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_LEFT,
+    _J.JOIN_TYPE_LEFT_SEMI,
+    _J.JOIN_TYPE_LEFT_ANTI,
+    _J.JOIN_TYPE_LEFT_SINGLE,
+    _J.JOIN_TYPE_LEFT_MARK,
+}
+_BROADCAST_LEFT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_RIGHT,
+    _J.JOIN_TYPE_RIGHT_SEMI,
+    _J.JOIN_TYPE_RIGHT_ANTI,
+    _J.JOIN_TYPE_RIGHT_SINGLE,
+    _J.JOIN_TYPE_RIGHT_MARK,
+}
+_SEMI_LIKE = {_J.JOIN_TYPE_LEFT_SEMI, _J.JOIN_TYPE_LEFT_ANTI, _J.JOIN_TYPE_LEFT_MARK}
+_KEY_FUNCTIONS = {"equal", "is_not_distinct_from"}
+# Join types whose output rows sit in the task of their left key values.
+_KEEPS_LEFT_KEYS = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_LEFT,
+    _J.JOIN_TYPE_LEFT_SEMI,
+    _J.JOIN_TYPE_LEFT_ANTI,
+}
+# Join types whose output keys are all matched by a right row.
+_MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
+
+
+class JoinDistribution(RuntimeFilters):
+    """The planner's join distribution (a mixin of the planner's walk).
+
+    Uses the planner's ``config``, ``oracle``, ``registry``, ``sources`` and
+    its ``visit``, ``seal``, ``exchange``, ``gather`` and ``shuffle_tasks``.
+    """
+
+    def visit_join(self, rel: Rel) -> Fragment:
+        """A join: its equi keys (and whether they may filter by ``=``), then :meth:`_join`."""
+        join = rel.join
+        left, right = self.visit(join.left), self.visit(join.right)
+        left_arity = len(self.oracle.schema(join.left))
+        keys = (
+            _equi_keys(join.expression, left_arity, self.registry)
+            if join.HasField("expression")
+            else []
+        )
+        # A semi-join reduction compares keys with ``=``: NULL keys never match,
+        # which a null-safe key (IS NOT DISTINCT FROM) would contradict.
+        null_safe = join.HasField("expression") and any(
+            c.WhichOneof("rex_type") == "scalar_function"
+            and self.registry.name(c.scalar_function.function_reference) == "is_not_distinct_from"
+            for c in conjuncts(join.expression, self.registry)
+        )
+        return self._join(rel, join.type, left, right, keys, reducible=not null_safe)
+
+    def visit_cross(self, rel: Rel) -> Fragment:
+        """A cross product: an inner join without keys."""
+        left, right = self.visit(rel.cross.left), self.visit(rel.cross.right)
+        return self._join(rel, _J.JOIN_TYPE_INNER, left, right, [])
+
+    def _replicable(self, build: Fragment, probe: Fragment) -> frozenset[str] | None:
+        """The source tables of ``build`` if every probe task can read them in full.
+
+        That is a broadcast without a stage: ``build`` must be one task over
+        source tables only, all of them at most ``replicate_scan_bytes`` in total
+        (re-reading costs a scan per task), none also read split by the probe.
+        """
+        if build.tasks != 1 or build.inputs:
+            return None
+        names = frozenset(source_tables(build.rel, self.sources))
+        total = sum(self.sources[n].size_bytes for n in names)
+        if not names or total > self.config.replicate_scan_bytes:
+            return None
+        split = set(source_tables(probe.rel, self.sources)) - probe.replicated
+        return None if names & split else names
+
+    def _co_partition(
+        self, rel: Rel, left: Fragment, right: Fragment, keys: list[tuple[Expression, Expression]]
+    ) -> tuple[str, list[tuple[Expression, Expression]]] | None:
+        """A side already hash-partitioned by join keys, and the key pairs in its hash order.
+
+        Returns ``(side, pairs)``: ``side`` ("left" or "right") keeps its tasks;
+        shuffling the other side by its keys of ``pairs`` into as many
+        partitions brings equal keys into one task (Spark's EnsureRequirements
+        does the same). The partitioned side's keys must be its partitioning
+        columns; the other side's may be any expressions whose hashed Arrow
+        types match (the hash depends on the type).
+        """
+        inputs = (rel.join.left, rel.join.right)
+        for side, frag, mine, theirs in (("left", left, 0, 1), ("right", right, 1, 0)):
+            if frag.partitioning is None or frag.tasks < 2:
+                continue
+            refs = [is_field_ref(k[mine]) for k in keys]
+            if not all(p in refs for p in frag.partitioning):
+                continue
+            pairs = [keys[refs.index(p)] for p in frag.partitioning]
+            kept = self.oracle.schema(inputs[mine])
+            moved = self._key_types(inputs[theirs], [k[theirs] for k in pairs])
+            if all(
+                hash_type(kept.field(p).type) == hash_type(t)
+                for p, t in zip(frag.partitioning, moved, strict=True)
+            ):
+                return side, pairs
+        return None
+
+    def _join_partitioning(
+        self, rel: Rel, join_type: int, pairs: list[tuple[Expression, Expression]]
+    ) -> tuple[int, ...] | None:
+        """Output columns of a join run co-located on ``pairs`` (in hash order)."""
+        if join_type not in _KEEPS_LEFT_KEYS:
+            return None
+        left_arity = len(self.oracle.schema(rel.join.left))
+        candidates = []
+        for lk, rk in pairs:
+            cands = [] if is_field_ref(lk) is None else [is_field_ref(lk)]
+            if join_type == _J.JOIN_TYPE_INNER and is_field_ref(rk) is not None:
+                cands.append(left_arity + is_field_ref(rk))
+            if not cands:
+                return None
+            candidates.append(cands)
+        return through_emit(rel, candidates)
+
+    def _join(
+        self,
+        rel: Rel,
+        join_type: int,
+        left: Fragment,
+        right: Fragment,
+        keys: list[tuple[Expression, Expression]],
+        reducible: bool = True,
+    ) -> Fragment:
+        if join_type in _SEMI_LIKE:
+            est = left.est
+        elif keys and join_type == _J.JOIN_TYPE_INNER:
+            est = left.est.equi_join(right.est)
+        elif keys:
+            est = Estimate(max(left.est.rows, right.est.rows), left.est.bytes + right.est.bytes)
+        else:
+            est = Estimate(left.est.rows * right.est.rows, left.est.bytes * max(right.est.rows, 1))
+        if left.tasks == 1 and right.tasks == 1:
+            new = set_children(rel, [left.rel, right.rel])
+            return Fragment(
+                new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
+            )
+        co = self._co_partition(rel, left, right, keys) if keys else None
+        pays = self.config.broadcast_pays
+        candidates = []
+        if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
+            candidates.append((right.est.bytes, "right"))
+        if join_type in _BROADCAST_LEFT and pays(left.est.bytes, right.est.bytes, right.tasks):
+            candidates.append((left.est.bytes, "left"))
+        if not keys and not candidates:
+            # No keys to shuffle by: broadcast whatever side the join type allows.
+            if join_type in _BROADCAST_RIGHT:
+                candidates.append((right.est.bytes, "right"))
+            elif join_type in _BROADCAST_LEFT:
+                candidates.append((left.est.bytes, "left"))
+        if co is not None:
+            # Broadcast only if copying the build side to every other probe task
+            # moves fewer bytes than shuffling the side that is not partitioned.
+            moved = (right if co[0] == "left" else left).est.bytes
+            candidates = [
+                (b, side)
+                for b, side in candidates
+                if b * ((left if side == "right" else right).tasks - 1) < moved
+            ]
+        if candidates:
+            side = min(candidates)[1]
+            build, probe = (right, left) if side == "right" else (left, right)
+            replicated = self._replicable(build, probe)
+            if replicated is not None:
+                new_children = [probe.rel, build.rel] if side == "right" else [build.rel, probe.rel]
+                return Fragment(
+                    set_children(rel, new_children),
+                    probe.tasks,
+                    est,
+                    probe.inputs,
+                    probe.replicated | replicated,
+                )
+            kind = BROADCAST if probe.tasks > 1 else COALESCE
+            if kind == COALESCE and keys and reducible:
+                reduced = self._one_task_reduction(rel, join_type, side, probe, build, keys, est)
+                if reduced is not None:
+                    return reduced
+            read, inp = self.seal(build, kind, readers=probe.tasks if kind == BROADCAST else 1)
+            part = probe.partitioning
+            if part is not None and side == "left":  # the probe's columns follow the build's
+                arity = len(self.oracle.schema(children(rel)[0]))  # a join or a cross
+                part = tuple(arity + p for p in part) if join_type == _J.JOIN_TYPE_INNER else None
+            part = None if part is None else through_emit(rel, [[p] for p in part])
+            probe_side = "left" if side == "right" else "right"
+            return _in_tasks_of(rel, probe, probe_side, read, inp, est, part, probe.key_source)
+        if co is not None:
+            side, pairs = co
+            kept, moved = (left, right) if side == "left" else (right, left)
+            moved_keys = [k[1] if side == "left" else k[0] for k in pairs]
+            if reducible and join_type in (REDUCE_RIGHT if side == "left" else REDUCE_LEFT):
+                moved = self._reduce(moved, moved_keys, kept.key_source)
+            read, inp = self.seal(moved, SHUFFLE, partitions=kept.tasks, keys=moved_keys)
+            part = self._join_partitioning(rel, join_type, pairs)
+            # The output's keys are the kept side's key values when they are its own
+            # (left) or every output row matched it.
+            source = kept.key_source if side == "left" or join_type in _MATCHED else None
+            return _in_tasks_of(rel, kept, side, read, inp, est, part, source)
+        if keys:
+            n = self.shuffle_tasks(left.est + right.est)
+            lkeys, rkeys = [k[0] for k in keys], [k[1] for k in keys]
+            # The creation side of a semi-join reduction is sealed first.
+            creator = self._creation_side(join_type, left, right) if reducible else None
+            if creator == "right":
+                rread, rinp = self.exchange(right, n, rkeys)
+                left = self._reduce(left, lkeys, self._key_source(right, rinp, rkeys))
+                lread, linp = self.exchange(left, n, lkeys)
+            else:
+                lread, linp = self.exchange(left, n, lkeys)
+                if creator == "left":
+                    right = self._reduce(right, rkeys, self._key_source(left, linp, lkeys))
+                rread, rinp = self.exchange(right, n, rkeys)
+            part = self._join_partitioning(rel, join_type, keys) if n > 1 else None
+            source = self._key_source(left, linp, lkeys) if part else None
+            return Fragment(
+                set_children(rel, [lread, rread]),
+                n,
+                est,
+                [linp, rinp],
+                partitioning=part,
+                key_source=source,
+            )
+        left, right = self.gather(left), self.gather(right)
+        new = set_children(rel, [left.rel, right.rel])
+        return Fragment(new, 1, est, left.inputs + right.inputs)
+
+
+def _in_tasks_of(
+    rel: Rel,
+    kept: Fragment,
+    kept_side: str,
+    read: Rel,
+    inp: StageInput,
+    est: Estimate,
+    partitioning: tuple[int, ...] | None,
+    key_source: KeySource | None,
+) -> Fragment:
+    """Join ``rel`` in ``kept``'s tasks (its ``kept_side`` input), the other side via ``inp``."""
+    new_children = [kept.rel, read] if kept_side == "left" else [read, kept.rel]
+    return Fragment(
+        set_children(rel, new_children),
+        kept.tasks,
+        est,
+        kept.inputs + [inp],
+        kept.replicated,
+        partitioning,
+        key_source if partitioning is not None else None,
+    )
+
+
+def _equi_keys(
+    condition: Expression, left_arity: int, registry: FunctionRegistry
+) -> list[tuple[Expression, Expression]]:
+    """Pairs (left key, right key) of ``left = right`` conjuncts of a join condition.
+
+    The right key is rebased onto the right input's columns.
+    """
+    keys = []
+    for c in conjuncts(condition, registry):
+        if c.WhichOneof("rex_type") != "scalar_function":
+            continue
+        fn = c.scalar_function
+        if registry.name(fn.function_reference) not in _KEY_FUNCTIONS or len(fn.arguments) != 2:
+            continue
+        a, b = fn.arguments[0].value, fn.arguments[1].value
+        if contains(a, is_subquery) or contains(b, is_subquery):
+            continue
+        ra, rb = field_refs(a), field_refs(b)
+        if not ra or not rb:
+            continue
+        if max(ra) < left_arity <= min(rb):
+            keys.append((a, shift_field_refs(b, -left_arity)))
+        elif max(rb) < left_arity <= min(ra):
+            keys.append((b, shift_field_refs(a, -left_arity)))
+    return keys

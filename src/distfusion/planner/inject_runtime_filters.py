@@ -1,0 +1,172 @@
+"""Runtime filters: a selective join side filters the other side by its keys before it moves.
+
+A semi-join reduction (Bernstein and Chiu, 1981; Spark's
+``InjectRuntimeFilter`` does it with a Bloom filter): the stage that holds the
+selective side's keys (a :class:`~distfusion.planner.fragment.KeySource`) is
+read as a broadcast by the other side's tasks, which keep only rows whose keys
+it holds (a left semi join) before their exchange. The join distribution
+(:mod:`~distfusion.planner.distribute_joins`) decides where; this module
+decides whether it pays (a selective side of at most ``runtime_filter_bytes``,
+a target :data:`~distfusion.planner.estimate.REDUCTION_RATIO` times larger,
+keys that hash alike) and builds it. The filters that run before stages are
+cut are :mod:`~distfusion.planner.reduce_aggregate_inputs`. See
+docs/architecture.md (the planner).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pyarrow as pa
+from substrait.proto import Expression, JoinRel, Rel
+
+from distfusion.planner.estimate import REDUCTION_KEPT, REDUCTION_RATIO, Estimate
+from distfusion.planner.fragment import Fragment, KeySource
+from distfusion.planner.substrait import (
+    boolean_type,
+    field_ref,
+    is_field_ref,
+    join_rel,
+    named_struct,
+    stage_read,
+)
+from distfusion.planner.walk import set_children
+from distfusion.protocol.hashing import hash_type
+from distfusion.stages import BROADCAST, COALESCE, StageInput
+
+__all__ = ["REDUCE_LEFT", "REDUCE_RIGHT", "RuntimeFilters"]
+
+_J = JoinRel
+# Join types whose output depends on a right row only through a left row with
+# its key: right rows whose keys the left side lacks may be dropped early. (A
+# semi join drops unmatched rows of both sides; an anti join keeps its own.)
+REDUCE_RIGHT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_LEFT,
+    _J.JOIN_TYPE_LEFT_SEMI,
+    _J.JOIN_TYPE_LEFT_ANTI,
+    _J.JOIN_TYPE_RIGHT_SEMI,
+}
+REDUCE_LEFT = {
+    _J.JOIN_TYPE_INNER,
+    _J.JOIN_TYPE_RIGHT,
+    _J.JOIN_TYPE_RIGHT_SEMI,
+    _J.JOIN_TYPE_RIGHT_ANTI,
+    _J.JOIN_TYPE_LEFT_SEMI,
+}
+
+
+class RuntimeFilters:
+    """The planner's runtime filters (a mixin of the planner's walk).
+
+    Uses the planner's ``config``, ``oracle``, ``registry``, ``stages`` and its
+    ``seal``.
+    """
+
+    def _key_source(
+        self, frag: Fragment, inp: StageInput, keys: list[Expression]
+    ) -> KeySource | None:
+        """``frag``, sealed as ``inp`` hashing ``keys``, as a source of its key values."""
+        columns = [is_field_ref(k) for k in keys]
+        if any(c is None for c in columns):  # computed keys are not kept in the output
+            return None
+        return KeySource(inp, tuple(columns), frag.est)
+
+    def _key_types(self, rel: Rel, keys: list[Expression]) -> list[pa.DataType]:
+        """The Arrow types of ``keys`` evaluated over ``rel``'s output."""
+        probe = Rel()
+        probe.project.input.CopyFrom(rel)
+        probe.project.expressions.extend(keys)
+        return self.oracle.schema(probe).types[-len(keys) :]
+
+    def _reduction_pays(
+        self, target: Fragment, keys: list[Expression], types: list[pa.DataType], est: Estimate
+    ) -> bool:
+        """Whether to filter ``target`` by the keys (of ``types``) of a side estimated ``est``.
+
+        The side must be selective (``kept`` at most :data:`REDUCTION_KEPT`),
+        likely at most ``runtime_filter_bytes``, and ``target`` at least
+        :data:`REDUCTION_RATIO` times larger; the keys must hash alike.
+        """
+        limit = self.config.runtime_filter_bytes
+        if not limit or est.kept > REDUCTION_KEPT or est.low_bytes > limit:
+            return False
+        if target.est.bytes < REDUCTION_RATIO * est.low_bytes:
+            return False
+        mine = self._key_types(target.rel, keys)
+        return all(hash_type(a) == hash_type(b) for a, b in zip(mine, types, strict=True))
+
+    def _reduce(self, frag: Fragment, keys: list[Expression], source: KeySource | None) -> Fragment:
+        """``frag`` without the rows whose ``keys`` are not in ``source`` (when that pays).
+
+        A semi-join reduction (Bernstein and Chiu, 1981; Spark's
+        ``InjectRuntimeFilter`` does it with a Bloom filter): a left semi join
+        on ``keys`` against the source stage's output, which every task of
+        ``frag`` reads as a broadcast. It drops only rows that match nothing
+        in the join above, whose type the caller checked
+        (:data:`REDUCE_RIGHT`, :data:`REDUCE_LEFT`).
+        """
+        if source is None:
+            return frag
+        schema = source.input.schema
+        types = [schema.field(c).type for c in source.columns]
+        if not self._reduction_pays(frag, keys, types, source.est):
+            return frag
+        arity = len(self.oracle.schema(frag.rel))
+        condition = self.registry.conjunction(
+            [
+                self.registry.call("equal", k, field_ref(arity + c), output_type=boolean_type())
+                for k, c in zip(keys, source.columns, strict=True)
+            ]
+        )
+        read = stage_read(source.input.table, named_struct(schema))
+        rel = join_rel(frag.rel, read, condition, _J.JOIN_TYPE_LEFT_SEMI)
+        index = next(i for i, s in enumerate(self.stages) if s.stage_id == source.input.stage_id)
+        producer = self.stages[index]
+        readers = producer.output.readers + frag.tasks
+        self.stages[index] = replace(producer, output=replace(producer.output, readers=readers))
+        inp = replace(source.input, boundary=BROADCAST, partitions=producer.output.num_partitions)
+        return replace(frag, rel=rel, inputs=frag.inputs + [inp])
+
+    def _creation_side(self, join_type: int, left: Fragment, right: Fragment) -> str | None:
+        """The side of a shuffle join that may filter the other side by its keys."""
+        options = []
+        if join_type in REDUCE_RIGHT and left.est.kept <= REDUCTION_KEPT:
+            options.append((left.est.low_bytes, "left"))
+        if join_type in REDUCE_LEFT and right.est.kept <= REDUCTION_KEPT:
+            options.append((right.est.low_bytes, "right"))
+        return min(options)[1] if options and self.config.runtime_filter_bytes else None
+
+    def _one_task_reduction(
+        self,
+        rel: Rel,
+        join_type: int,
+        side: str,
+        probe: Fragment,
+        build: Fragment,
+        keys: list[tuple[Expression, Expression]],
+        est: Estimate,
+    ) -> Fragment | None:
+        """A join of one-task ``probe`` and a large ``build`` reduced by ``probe``'s keys.
+
+        ``probe`` becomes a stage of its own: ``build``'s tasks read it as a
+        broadcast and keep only matching rows before they are gathered into the
+        join's one task, which reads ``probe``'s output as well. None when the
+        reduction does not pay or the join type does not allow it.
+        """
+        if join_type not in (REDUCE_RIGHT if side == "right" else REDUCE_LEFT):
+            return None
+        mine, theirs = (0, 1) if side == "right" else (1, 0)
+        probe_keys = [k[mine] for k in keys]
+        build_keys = [k[theirs] for k in keys]
+        if any(is_field_ref(k) is None for k in probe_keys):
+            return None
+        types = self._key_types(probe.rel, probe_keys)
+        if not self._reduction_pays(build, build_keys, types, probe.est):
+            return None
+        pread, pinp = self.seal(probe, COALESCE)
+        reduced = self._reduce(build, build_keys, self._key_source(probe, pinp, probe_keys))
+        bread, binp = self.seal(reduced, COALESCE)
+        if side == "right":
+            return Fragment(set_children(rel, [pread, bread]), 1, est, [pinp, binp])
+        return Fragment(set_children(rel, [bread, pread]), 1, est, [binp, pinp])
