@@ -1,11 +1,16 @@
 """The distributed planner: a Substrait plan in, a StageGraph out.
 
-One module per pass or rule: ``inject_network_boundaries`` (the walk that cuts
-stages), ``decompose_aggregate`` (partial/final aggregates), ``estimate`` (sizes
-and task counts), ``substrait`` (helpers over the protobuf tree), and the
-rewrites named after what they do (``push_semi_joins``, ...). It imports the
-data model and :mod:`distfusion.protocol` (the shuffle hashing rule), never the
-workers or the runtimes; see docs/architecture.md.
+One module per concern, named as a verb or a noun of docs/architecture.md
+(its planner section lists them): ``inject_network_boundaries`` (stage
+cutting: the walk and ``seal``, and the entry :func:`plan_stages`),
+``distribute_joins``, ``inject_runtime_filters``, ``reuse_exchanges``,
+``plan_subqueries``, ``decompose_aggregate``, the rewrites before planning
+(``push_semi_joins``, ...), ``estimate`` (sizes and task counts), ``config``
+(:class:`DistributedConfig` and the :class:`PlannerConfig` derived from it),
+``fragment`` (what the walk builds), ``substrait`` and ``walk`` (helpers over
+the protobuf tree, the one relation walker). It imports the data model and
+:mod:`distfusion.protocol` (the shuffle hashing rule), never the workers or
+the runtimes.
 """
 
 from distfusion.planner.config import DistributedConfig, PlannerConfig

@@ -5,7 +5,7 @@ only the groups whose key the selective side holds. TPC-H Q17 joins the 0.1%
 of ``part`` with ``Brand#23`` and ``MED BOX`` to ``avg(l_quantity)`` grouped
 by ``l_partkey`` over all six million lineitems; Q20 does the same with the
 parts named ``forest%``. The planner's own semi-join reduction
-(``inject_network_boundaries``) cannot help there: by the time it sees the
+(``inject_runtime_filters``) cannot help there: by the time it sees the
 join, the aggregate's partial stage is already cut. This rewrite runs first,
 on the Substrait plan, and copies the selective side's filtered scan below the
 aggregate as a left semi join on the grouping key::

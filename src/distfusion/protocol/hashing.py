@@ -5,7 +5,7 @@ hash, computed on the worker by DataFusion's Spark functions, see
 :func:`distfusion.worker.execute_task.partition_output`). The hash depends on
 the Arrow type, so keys are hashed as :func:`hash_type` of their type; the
 planner reuses a partitioning only when both sides' hash types are equal
-(:mod:`distfusion.planner.inject_network_boundaries`).
+(:mod:`distfusion.planner.distribute_joins`, co-partitioned joins).
 """
 
 from __future__ import annotations
