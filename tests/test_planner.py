@@ -1,13 +1,15 @@
 """Planner unit tests: small hand-made tables, SQL in, stage plan shape and result out.
 
 Each test registers pyarrow tables split into several work units (so a leaf stage
-really has several tasks), runs the query on the in-process runtime, and checks
-two things:
+really has several tasks) and checks one or both of:
 
 - the SHAPE of the :class:`~distfusion.stages.StageGraph`: which network
   boundaries appear between which stages, and the task counts, as the rules table
-  of ``distfusion.planner.inject_network_boundaries`` says;
-- the RESULT equals single-node DataFusion over the same tables (the oracle).
+  of ``distfusion.planner.inject_network_boundaries`` says. Where the shape is
+  what a test is about, the query is only planned and its ``explain()`` text is
+  compared with an inline snapshot (:func:`assert_explain`);
+- the RESULT, run on the in-process runtime, equals single-node DataFusion over
+  the same tables (the oracle).
 
 No Spark, no sockets: LocalRuntime only.
 """
@@ -157,6 +159,21 @@ def check_well_formed(graph: StageGraph) -> None:
         assert graph.stage(sid).output.readers == n, f"stage {sid} is read {n} times"
 
 
+def assert_explain(contexts, sql: str, expected: str) -> StageGraph:
+    """Plan ``sql`` without running it; its ``explain()`` must be ``expected``.
+
+    ``expected`` is an inline snapshot (as datafusion-distributed's insta
+    inline snapshots), dedented and stripped. On a mismatch the message holds
+    the text now planned: review it and paste it into the test.
+    """
+    ctx, _ = contexts
+    df = ctx.sql(sql)
+    check_well_formed(df.stage_graph())
+    got = df.explain()
+    assert got == textwrap.dedent(expected).strip(), f"explain() is now:\n{got}"
+    return df.stage_graph()
+
+
 def producer_of(graph: StageGraph, stage_id: int, boundary: str):
     """The producer stages feeding ``stage_id`` through ``boundary``."""
     return [graph.stage(i.stage_id) for i in graph.stage(stage_id).inputs if i.boundary == boundary]
@@ -173,15 +190,22 @@ def stage_with(graph: StageGraph, text: str):
 
 
 def test_leaf_stage_splits_work_units_across_tasks(small):
-    g = run(small, "SELECT k, v FROM t WHERE v > 2")
-    check_well_formed(g)
-    leaf = g.stages[0]
-    assert leaf.is_leaf and leaf.num_tasks == 4
-    (scan,) = leaf.scans
-    assert scan.source.name == "t" and [len(u) for u in scan.task_units] == [1, 1, 1, 1]
     # Filter and projection pipeline into the leaf; its output is gathered by the head.
-    assert "Filter" in leaf.plan_text
-    assert edges(g) == [(leaf.stage_id, COALESCE, g.head.stage_id)]
+    assert_explain(
+        small,
+        "SELECT k, v FROM t WHERE v > 2",
+        """
+        Stage 2 [head, 1 task]
+          <- coalesce from stage 1 (4 tasks) as __stage_1
+            TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: coalesce
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1
+              Filter: t.v > Float64(2)
+                Projection: t.k, t.v
+                  TableScan: t
+        """,
+    )
 
 
 def test_tasks_capped_by_workers_and_work_units(runtimes):
@@ -197,43 +221,93 @@ def test_tasks_capped_by_workers_and_work_units(runtimes):
 
 
 def test_grouped_aggregate_partial_below_shuffle_final_above(small):
-    g = run(
-        small, "SELECT k, sum(v) AS sv, count(*) AS n, min(s) AS lo, max(s) AS hi FROM t GROUP BY k"
+    # Partial aggregate in the producing stage, shuffle by the key, final above.
+    assert_explain(
+        small,
+        "SELECT k, sum(v) AS sv, count(*) AS n, min(s) AS lo, max(s) AS hi FROM t GROUP BY k",
+        """
+        Stage 3 [head, 1 task]
+          <- coalesce from stage 2 (4 tasks) as __stage_2
+            TableScan: __stage_2
+        Stage 2 [4 tasks]  output: coalesce
+          <- shuffle from stage 1 (4 tasks) as __stage_1
+            Projection: __stage_1.c0, sum(__stage_1.c1) AS c1, sum(__stage_1.c2) AS c2, min(__stage_1.c3) AS c3, max(__stage_1.c4) AS c4
+              Projection: __stage_1.c0, CAST(sum(__stage_1.c1) AS Float64), CAST(sum(__stage_1.c2) AS Int64), CAST(min(__stage_1.c3) AS Utf8), CAST(max(__stage_1.c4) AS Utf8)
+                Aggregate: groupBy=[[__stage_1.c0]], aggr=[[sum(__stage_1.c1), sum(__stage_1.c2), min(__stage_1.c3), max(__stage_1.c4)]]
+                  TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: shuffle (hash ['c0']) -> 4 partitions
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Aggregate: groupBy=[[t.k AS c0]], aggr=[[sum(t.v) AS c1, count(Int64(1)) AS c2, min(t.s) AS c3, max(t.s) AS c4]]
+              Projection: t.k, t.v, t.s
+                TableScan: t
+        """,
     )
-    check_well_formed(g)
-    leaf, final, head = g.stages
-    assert leaf.is_leaf and leaf.num_tasks == 4
-    assert leaf.output.kind == SHUFFLE and leaf.output.key_columns == (0,)
-    assert "Aggregate" in leaf.plan_text, "partial aggregate in the producing stage"
-    assert "Aggregate" in final.plan_text and final.num_tasks == 4
-    assert edges(g) == [(1, SHUFFLE, 2), (2, COALESCE, 3)]
 
 
 def test_global_aggregate_partial_per_task_then_coalesce(small):
-    g = run(
-        small, "SELECT count(*) AS n, sum(v) AS sv, min(k) AS lo, max(s) AS hi, avg(v) AS av FROM t"
+    # Partial per task, coalesced into the head, final there.
+    assert_explain(
+        small,
+        "SELECT count(*) AS n, sum(v) AS sv, min(k) AS lo, max(s) AS hi, avg(v) AS av FROM t",
+        """
+        Stage 2 [head, 1 task]
+          <- coalesce from stage 1 (4 tasks) as __stage_1
+            Projection: sum(__stage_1.c0) AS c0, sum(__stage_1.c1) AS c1, min(__stage_1.c2) AS c2, max(__stage_1.c3) AS c3, sum(__stage_1.c4) / sum(__stage_1.c5) AS c4
+              Projection: CAST(sum(__stage_1.c0) AS Int64), CAST(sum(__stage_1.c1) AS Float64), CAST(min(__stage_1.c2) AS Int64), CAST(max(__stage_1.c3) AS Utf8), CAST(CAST(sum(__stage_1.c4) AS Float64) / CAST(sum(__stage_1.c5) AS Float64) AS Float64)
+                Aggregate: groupBy=[[]], aggr=[[sum(__stage_1.c0), sum(__stage_1.c1), min(__stage_1.c2), max(__stage_1.c3), sum(__stage_1.c4), sum(__stage_1.c5)]]
+                  TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: coalesce
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Aggregate: groupBy=[[]], aggr=[[count(Int64(1)) AS c0, sum(t.v) AS c1, min(t.k) AS c2, max(t.s) AS c3, sum(t.v) AS sum(t.v)__temp__0 AS c4, count(t.v) AS c5]]
+              Projection: t.k, t.v, t.s
+                TableScan: t
+        """,
     )
-    check_well_formed(g)
-    leaf, head = g.stages
-    assert leaf.num_tasks == 4 and "Aggregate" in leaf.plan_text
-    assert "Aggregate" in head.plan_text
-    assert edges(g) == [(1, COALESCE, 2)]
 
 
 def test_non_decomposable_aggregate_shuffles_raw_rows(small):
-    g = run(small, "SELECT k, median(v) AS m FROM t GROUP BY k")
-    check_well_formed(g)
-    leaf = g.stages[0]
-    assert leaf.output.kind == SHUFFLE and "Aggregate" not in leaf.plan_text
-    assert "median" in stage_with(g, "median").plan_text
-    assert kinds(g) == [COALESCE, SHUFFLE]
+    # median does not decompose: raw rows shuffled by the key, aggregated once.
+    assert_explain(
+        small,
+        "SELECT k, median(v) AS m FROM t GROUP BY k",
+        """
+        Stage 3 [head, 1 task]
+          <- coalesce from stage 2 (4 tasks) as __stage_2
+            TableScan: __stage_2
+        Stage 2 [4 tasks]  output: coalesce
+          <- shuffle from stage 1 (4 tasks) as __stage_1
+            Projection: __stage_1.c0, median(__stage_1.c1) AS c1
+              Aggregate: groupBy=[[__stage_1.c0]], aggr=[[median(__stage_1.c1)]]
+                TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: shuffle (hash ['c0']) -> 4 partitions
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1
+              TableScan: t
+        """,
+    )
 
 
 def test_distinct_shuffles_by_the_distinct_columns(small):
-    g = run(small, "SELECT DISTINCT s FROM t")
-    check_well_formed(g)
-    assert g.stages[0].output.kind == SHUFFLE and g.stages[0].output.key_columns == (0,)
-    assert kinds(g) == [COALESCE, SHUFFLE]
+    # DISTINCT is a grouping without aggregates: shuffled by the column.
+    assert_explain(
+        small,
+        "SELECT DISTINCT s FROM t",
+        """
+        Stage 3 [head, 1 task]
+          <- coalesce from stage 2 (4 tasks) as __stage_2
+            TableScan: __stage_2
+        Stage 2 [4 tasks]  output: coalesce
+          <- shuffle from stage 1 (4 tasks) as __stage_1
+            Projection: __stage_1.c0
+              Aggregate: groupBy=[[__stage_1.c0]], aggr=[[]]
+                TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: shuffle (hash ['c0']) -> 4 partitions
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Aggregate: groupBy=[[t.s AS c0]], aggr=[[]]
+              Projection: t.s
+                TableScan: t
+        """,
+    )
 
 
 def test_distinct_over_several_columns(small):
@@ -780,20 +854,45 @@ def test_filtered_dimension_joined_before_other_joins(runtimes, config):
 
 
 def test_sort_per_task_then_merge_on_coalesce(small):
-    g = run(small, "SELECT k, v, s FROM t ORDER BY v DESC NULLS LAST, k", ordered=True)
-    check_well_formed(g)
-    leaf, head = g.stages
-    assert leaf.num_tasks == 4 and "Sort" in leaf.plan_text and "Sort" in head.plan_text
-    assert edges(g) == [(1, COALESCE, 2)]
+    # Each task sorts its rows; the head merges them.
+    assert_explain(
+        small,
+        "SELECT k, v, s FROM t ORDER BY v DESC NULLS LAST, k",
+        """
+        Stage 2 [head, 1 task]
+          <- coalesce from stage 1 (4 tasks) as __stage_1
+            Sort: __stage_1.c1 DESC NULLS LAST, __stage_1.c0 ASC NULLS LAST
+              TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: coalesce
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1, t.s AS c2
+              Sort: t.v DESC NULLS LAST, t.k ASC NULLS LAST
+                Projection: t.k, t.v, t.s
+                  TableScan: t
+        """,
+    )
 
 
 def test_top_k_per_task_then_again_after_coalesce(small):
-    g = run(small, "SELECT k, v FROM t ORDER BY v DESC NULLS LAST LIMIT 3", ordered=True)
-    check_well_formed(g)
-    leaf, head = g.stages
-    for s in (leaf, head):
-        assert "Sort" in s.plan_text and "fetch=3" in s.plan_text
-    assert edges(g) == [(1, COALESCE, 2)]
+    # Each task keeps its top 3; the head takes the top 3 of those.
+    assert_explain(
+        small,
+        "SELECT k, v FROM t ORDER BY v DESC NULLS LAST LIMIT 3",
+        """
+        Stage 2 [head, 1 task]
+          <- coalesce from stage 1 (4 tasks) as __stage_1
+            Limit: skip=0, fetch=3
+              Sort: __stage_1.c1 DESC NULLS LAST
+                TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: coalesce
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1
+              Limit: skip=0, fetch=3
+                Sort: t.v DESC NULLS LAST
+                  Projection: t.k, t.v
+                    TableScan: t
+        """,
+    )
 
 
 def test_top_k_with_offset(small):
@@ -837,18 +936,26 @@ def test_limit_with_offset_without_order_by(small):
 
 
 def test_window_with_partition_by_shuffles_by_its_keys(small):
-    g = run(small, "SELECT k, v, sum(v) OVER (PARTITION BY k) AS sv FROM t")
-    check_well_formed(g)
-    window = stage_with(g, "WindowAggr")
-    assert window.num_tasks == 4
-    (producer,) = producer_of(g, window.stage_id, SHUFFLE)
-    assert producer.output.key_columns == (0,)  # k is column 0 of the producer
-    assert "k AS c0" in producer.plan_text
-
-
-def test_window_with_partition_by_shuffles_once(small):
-    g = run(small, "SELECT k, v, sum(v) OVER (PARTITION BY k) AS sv FROM t")
-    assert kinds(g) == [COALESCE, SHUFFLE]
+    # Shuffled once, by the PARTITION BY key (k, column 0 of the producer).
+    assert_explain(
+        small,
+        "SELECT k, v, sum(v) OVER (PARTITION BY k) AS sv FROM t",
+        """
+        Stage 3 [head, 1 task]
+          <- coalesce from stage 2 (4 tasks) as __stage_2
+            TableScan: __stage_2
+        Stage 2 [4 tasks]  output: coalesce
+          <- shuffle from stage 1 (4 tasks) as __stage_1
+            Projection: __stage_1.c0, __stage_1.c1, sum(__stage_1.c1) PARTITION BY [__stage_1.c0] ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING AS c2
+              Projection: __stage_1.c0, __stage_1.c1, sum(__stage_1.c1) PARTITION BY [__stage_1.c0] ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING
+                WindowAggr: windowExpr=[[sum(__stage_1.c1) PARTITION BY [__stage_1.c0] ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING]]
+                  TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: shuffle (hash ['c0']) -> 4 partitions
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1
+              TableScan: t
+        """,
+    )
 
 
 def test_ranking_windows_with_partition_and_order(small):
@@ -870,14 +977,25 @@ def test_window_on_string_partition_key(small):
 
 
 def test_window_without_partition_by_coalesces(small):
-    g = run(
-        small, "SELECT k, v, rank() OVER (ORDER BY v DESC) AS r, sum(v) OVER () AS total FROM t"
+    # No PARTITION BY: every row in one task, no shuffle.
+    assert_explain(
+        small,
+        "SELECT k, v, rank() OVER (ORDER BY v DESC) AS r, sum(v) OVER () AS total FROM t",
+        """
+        Stage 2 [head, 1 task]
+          <- coalesce from stage 1 (4 tasks) as __stage_1
+            Projection: __stage_1.c0, __stage_1.c1, rank() ORDER BY [__stage_1.c1 DESC NULLS FIRST] RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW AS c2, sum(__stage_1.c1) ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING AS c3
+              Projection: __stage_1.c0, __stage_1.c1, rank() ORDER BY [__stage_1.c1 DESC NULLS FIRST] RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW, sum(__stage_1.c1) ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING
+                WindowAggr: windowExpr=[[sum(__stage_1.c1) ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING]]
+                  Projection: __stage_1.c0, __stage_1.c1, rank() ORDER BY [__stage_1.c1 DESC NULLS FIRST] RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+                    WindowAggr: windowExpr=[[rank() ORDER BY [__stage_1.c1 DESC NULLS FIRST] RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW]]
+                      TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: coalesce
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1
+              TableScan: t
+        """,
     )
-    check_well_formed(g)
-    window = stage_with(g, "WindowAggr")
-    assert window.num_tasks == 1
-    assert all(i.boundary == COALESCE for i in window.inputs)
-    assert SHUFFLE not in kinds(g)
 
 
 def test_windows_with_different_partitions_coalesce(small):
@@ -892,13 +1010,31 @@ def test_windows_with_different_partitions_coalesce(small):
 
 
 def test_union_all_inputs_side_by_side_in_one_stage(small):
-    g = run(small, "SELECT k FROM t UNION ALL SELECT CAST(k AS BIGINT) FROM u")
-    check_well_formed(g)
-    union = stage_with(g, "Union")
-    assert union.num_tasks == 4
-    producers = producer_of(g, union.stage_id, SHUFFLE)
-    assert {s.scans[0].source.name for s in producers} == {"t", "u"}
-    assert all(p.output.key_columns == () for p in producers), "round-robin"
+    # Each input shuffled round-robin into the union's stage.
+    assert_explain(
+        small,
+        "SELECT k FROM t UNION ALL SELECT CAST(k AS BIGINT) FROM u",
+        """
+        Stage 4 [head, 1 task]
+          <- coalesce from stage 3 (4 tasks) as __stage_3
+            TableScan: __stage_3
+        Stage 3 [4 tasks]  output: coalesce
+          <- shuffle from stage 1 (4 tasks) as __stage_1
+          <- shuffle from stage 2 (4 tasks) as __stage_2
+            Union
+              TableScan: __stage_1
+              TableScan: __stage_2
+        Stage 2 [leaf, 4 tasks]  output: shuffle (round-robin) -> 4 partitions
+          <- scan u (4 work units, per task [1, 1, 1, 1])
+            Projection: CAST(u.k AS Int64) AS c0
+              Projection: u.k
+                TableScan: u
+        Stage 1 [leaf, 4 tasks]  output: shuffle (round-robin) -> 4 partitions
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0
+              TableScan: t
+        """,
+    )
 
 
 def test_union_distinct(small):
@@ -986,6 +1122,39 @@ def test_uncorrelated_scalar_subquery_is_a_stage_of_its_own(small, sql):
     assert max(s.num_tasks for s in readers) == 4, g.render()
     broadcasts = sum(i.boundary == BROADCAST for s in readers for i in s.inputs)
     assert broadcasts == sql.count("(SELECT"), g.render()
+
+
+def test_uncorrelated_scalar_subquery_plan(small):
+    # The subquery is a query of its own, gathered into one task; the outer
+    # scan's four tasks read its one row as a broadcast.
+    assert_explain(
+        small,
+        "SELECT k, v FROM t WHERE v > (SELECT avg(v) FROM t)",
+        """
+        Stage 4 [head, 1 task]
+          <- coalesce from stage 3 (4 tasks) as __stage_3
+            TableScan: __stage_3
+        Stage 3 [4 tasks]  output: coalesce
+          <- broadcast from stage 2 (1 tasks) as __stage_2
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Projection: t.k AS c0, t.v AS c1
+              Filter: t.v > (<subquery>)
+                Subquery:
+                  TableScan: __stage_2
+                Projection: t.k, t.v
+                  TableScan: t
+        Stage 2 [1 task]  output: broadcast -> 4 tasks
+          <- coalesce from stage 1 (4 tasks) as __stage_1
+            Projection: CAST(CAST(sum(__stage_1.c0) AS Float64) / CAST(sum(__stage_1.c1) AS Float64) AS Float64) AS c0
+              Aggregate: groupBy=[[]], aggr=[[sum(__stage_1.c0), sum(__stage_1.c1)]]
+                TableScan: __stage_1
+        Stage 1 [leaf, 4 tasks]  output: coalesce
+          <- scan t (4 work units, per task [1, 1, 1, 1])
+            Aggregate: groupBy=[[]], aggr=[[sum(t.v) AS c0, count(t.v) AS c1]]
+              Projection: t.v
+                TableScan: t
+        """,
+    )
 
 
 def test_cte_and_nested_aggregate(small):
