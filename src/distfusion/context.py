@@ -28,6 +28,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 from datafusion import DataFrame, SessionContext
 from datafusion.substrait import Producer
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
 from distfusion.display import print_table
@@ -52,6 +55,8 @@ from distfusion.sources import (
 from distfusion.stages import StageGraph
 
 __all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame", "plan_statements"]
+
+_POSTGRES = Postgres()  # its tokenizer splits statements (see split_statements)
 
 
 @dataclass(frozen=True)
@@ -117,29 +122,40 @@ class DistributedConfig:
 
 
 def split_statements(sql: str) -> list[str]:
-    """Split SQL text on semicolons outside quotes and comments; drop empty statements."""
-    out, cur, quote, i = [], [], None, 0
-    while i < len(sql):
-        ch = sql[i]
-        if quote:
-            cur.append(ch)
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-            cur.append(ch)
-        elif sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = len(sql) if end < 0 else end
-            continue
-        elif ch == ";":
-            out.append("".join(cur))
-            cur = []
+    r"""Split SQL text into its statements, on the semicolons between them.
+
+    The text is tokenized with sqlglot's PostgreSQL tokenizer (DataFusion's SQL
+    lexes as PostgreSQL's: ``'it''s'``, ``E'a\'b'``, ``$$...$$`` and
+    ``$tag$...$tag$`` strings, ``"quoted"`` identifiers, ``--`` and nested
+    ``/* */`` comments), so a ``;`` inside any of them does not split.
+
+    Returns:
+        One string per statement, in order: the original text from its first
+        token to its last (comments before and after it dropped, those inside
+        kept), without the ``;``. Statements with no token (empty, or only
+        comments) are dropped. Text the tokenizer rejects (an unterminated string
+        or comment) is returned whole as one statement, so that DataFusion
+        reports the error in its own words.
+
+    Example:
+        >>> split_statements("SELECT 1 /* ; */ ; SELECT 'a;b' -- c;")
+        ['SELECT 1', "SELECT 'a;b'"]
+    """
+    try:
+        tokens = _POSTGRES.tokenize(sql)
+    except TokenError:
+        return [sql.strip()] if sql.strip() else []
+    out: list[str] = []
+    first = last = None
+    for tok in [*tokens, None]:
+        if tok is None or tok.token_type == TokenType.SEMICOLON:
+            if first is not None:
+                out.append(sql[first.start : last.end + 1])
+            first = last = None
         else:
-            cur.append(ch)
-        i += 1
-    out.append("".join(cur))
-    return [s.strip() for s in out if s.strip()]
+            first = first or tok
+            last = tok
+    return out
 
 
 def _default_runtime() -> Runtime:
