@@ -27,8 +27,7 @@ PARSER_LIMIT = "SET datafusion.sql_parser.recursion_limit = 200"
 def _join(n: int) -> str:
     joins = " ".join(f"JOIN t{i} ON t{i}.k = t{i - 1}.k" for i in range(1, n))
     return (
-        f"SELECT t0.k, t0.v + t{n // 2}.v + t{n - 1}.v AS s, t{n - 1}.k AS last_k "
-        f"FROM t0 {joins}"
+        f"SELECT t0.k, t0.v + t{n // 2}.v + t{n - 1}.v AS s, t{n - 1}.k AS last_k FROM t0 {joins}"
     )
 
 

@@ -16,6 +16,7 @@ declares are exactly the types its tasks produce.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -64,23 +65,22 @@ __all__ = [
 ]
 
 
+# protobuf's implementation -> its native module with SetAllowOversizeProtos.
+_PROTOBUF_RUNTIMES = {"upb": "google._upb._message", "cpp": "google.protobuf.pyext._message"}
+
+
 def _allow_deep_messages() -> None:
     """Lift the Python protobuf parser's nesting limit (100) for this process.
 
     A plan DataFusion accepts may nest deeper than 100 messages (a 40-table
-    join is about 300 levels deep), and the upb runtime re-parses a message on
+    join nests hundreds of levels deep), and the upb runtime re-parses a message on
     ``CopyFrom``. ``SetAllowOversizeProtos`` is upb's switch for this (its
     limit becomes 65535). The pure-Python parser has no such limit; the C++ one
     has the same switch.
     """
-    if api_implementation.Type() == "upb":
-        from google._upb import _message  # the runtime in use, loaded already
-
-        _message.SetAllowOversizeProtos(True)
-    elif api_implementation.Type() == "cpp":  # pragma: no cover - not the default build
-        from google.protobuf.pyext import _message
-
-        _message.SetAllowOversizeProtos(True)
+    runtime = _PROTOBUF_RUNTIMES.get(api_implementation.Type())
+    if runtime is not None:  # loaded already: it is the runtime protobuf uses
+        importlib.import_module(runtime).SetAllowOversizeProtos(True)
 
 
 _allow_deep_messages()
@@ -458,7 +458,7 @@ class SchemaOracle:
         return self._as_plan(rel, names).SerializeToString()
 
     def logical_plan(self, plan_bytes: bytes):
-        """DataFusion's logical plan for serialized Substrait ``plan_bytes`` (see :func:`consume_plan`)."""
+        """DataFusion's logical plan for serialized Substrait ``plan_bytes`` (consume_plan)."""
         return consume_plan(self.ctx, plan_bytes)
 
     def schema(self, rel: Rel) -> pa.Schema:
@@ -467,13 +467,13 @@ class SchemaOracle:
         Raises:
             PlanningError: DataFusion cannot consume the subtree.
         """
-        data = self._as_plan(rel).SerializeToString()
-        if data in self._schemas:
-            return self._schemas[data]
+        key = rel.SerializeToString()  # the plan around it is the same for every rel
+        if key in self._schemas:
+            return self._schemas[key]
         try:
-            lp = consume_plan(self.ctx, data)
+            lp = consume_plan(self.ctx, self._as_plan(rel).SerializeToString())
             schema = self.ctx.create_dataframe_from_logical_plan(lp).schema()
-            self._schemas[data] = schema
+            self._schemas[key] = schema
             return schema
         except Exception as exc:  # DataFusion raises bare Exception
             msg = f"cannot derive the schema of a plan fragment: {exc}"
@@ -687,44 +687,42 @@ def consume_plan(ctx: SessionContext, data: bytes):
     return Consumer.from_substrait_plan(ctx, Serde.deserialize_bytes(plan.SerializeToString()))
 
 
-def _message_depth(msg) -> int:
-    """Nesting levels of protobuf message ``msg`` (1 for a message without message fields)."""
+def _message_stats(msg) -> tuple[int, bool]:
+    """Nesting levels of protobuf message ``msg``, and whether it reads an outer query's column."""
+    outer = isinstance(msg, Expression.FieldReference) and msg.HasField("outer_reference")
     deepest = 0
     for fd, value in msg.ListFields():
         if fd.message_type is None:
             continue
         for v in value if fd.is_repeated else [value]:
-            deepest = max(deepest, _message_depth(v))
-    return 1 + deepest
+            d, o = _message_stats(v)
+            deepest, outer = max(deepest, d), outer or o
+    return 1 + deepest, outer
 
 
-def _reads_outer_columns(rel: Rel) -> bool:
-    return contains(
-        rel,
-        lambda m: isinstance(m, Expression.FieldReference) and m.HasField("outer_reference"),
-    )
+def _rel_depth(rel: Rel, ctx: SessionContext, plan: Plan) -> tuple[int, bool]:
+    """:func:`_message_stats` of ``rel`` after cutting its inputs deeper than PIECE_DEPTH.
 
-
-def _rel_depth(rel: Rel, ctx: SessionContext, plan: Plan) -> int:
-    """Nesting levels of ``rel`` after cutting its inputs deeper than PIECE_DEPTH (in place)."""
+    The cut inputs are replaced in place (:func:`_view_read`).
+    """
     kind = rel_kind(rel)
     body = getattr(rel, kind)
     spec = _CHILD_FIELDS.get(kind, ())
     inputs = {spec} if isinstance(spec, str) else set(spec)
-    deepest = 0
+    deepest, outer = 0, False
     for fd, value in body.ListFields():
         if fd.message_type is None:
             continue
         for v in value if fd.is_repeated else [value]:
             if fd.name in inputs:
-                d = _rel_depth(v, ctx, plan)
-                if d > PIECE_DEPTH and not _reads_outer_columns(v):
+                d, o = _rel_depth(v, ctx, plan)
+                if d > PIECE_DEPTH and not o:  # a piece reading outer columns stays
                     v.CopyFrom(_view_read(v, ctx, plan))
-                    d = _message_depth(v)
+                    d = _message_stats(v)[0]
             else:
-                d = _message_depth(v)
-            deepest = max(deepest, d)
-    return 2 + deepest  # the Rel and its body
+                d, o = _message_stats(v)
+            deepest, outer = max(deepest, d), outer or o
+    return 2 + deepest, outer  # the Rel and its body
 
 
 def _flat_names(field: pa.Field, skip_self: bool, names: list[str]) -> None:

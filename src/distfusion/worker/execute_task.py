@@ -10,7 +10,8 @@ Leaf tasks register their share of each source table under the table's name;
 other tasks register the partitions their producers made for them under
 ``__stage_N``. The fragment is consumed with ``datafusion.substrait.Consumer``
 (in pieces when it nests deeper than DataFusion's decoder allows:
-:func:`~distfusion.planner.substrait.consume_plan`) and executed natively. A shuffle output gets a partition id per row,
+:func:`~distfusion.planner.substrait.consume_plan`) and executed natively. A
+shuffle output gets a partition id per row,
 ``pmod(xxhash64(keys), n)`` (Spark's hash, computed by DataFusion's Spark
 functions), so equal keys land in the same partition whichever task produced
 them; integer keys are cast to ``int64`` first because the hash depends on the
