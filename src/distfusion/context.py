@@ -42,6 +42,7 @@ from distfusion.planner.inject_network_boundaries import (
     plan_stages,
 )
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
+from distfusion.planner.substrait import consume_plan
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.registry import runtime_from_name
@@ -192,6 +193,43 @@ def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
         if result is None or len(df.schema()) > 0:
             result = df
     return result
+
+
+# What DataFusion's Substrait producer drops without an error (DataFusion 55), as
+# its logical plans display it. A query using it would return another answer.
+_LOST_IN_SUBSTRAIT = ("IGNORE NULLS",)
+
+
+def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | None:
+    """What of the optimized plan ``logical`` its Substrait ``plan_bytes`` does not carry.
+
+    The Substrait plan is consumed again on ``ctx`` and compared with
+    ``logical``: a modifier of :data:`_LOST_IN_SUBSTRAIT` (``first_value(x)
+    IGNORE NULLS``: Substrait has no field for it) that the original shows more
+    often than the round trip was dropped on the way.
+
+    Returns:
+        A sentence naming what was lost, or None when nothing known was.
+
+    Raises:
+        Exception: DataFusion's error when it cannot consume ``plan_bytes``.
+    """
+    before = logical.display_indent()
+    if not any(m in before for m in _LOST_IN_SUBSTRAIT):
+        return None  # nothing to lose: no round trip
+    after = consume_plan(ctx, plan_bytes).display_indent()
+    lost = [m for m in _LOST_IN_SUBSTRAIT if before.count(m) > after.count(m)]
+    if not lost:
+        return None
+    return f"Substrait does not carry {', '.join(lost)} (DataFusion's producer drops it)"
+
+
+def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
+    """``df`` run by single-node DataFusion in this process, as Arrow batches."""
+    for rb in df.execute_stream():
+        batch = rb.to_pyarrow()
+        if batch.num_rows:
+            yield batch
 
 
 def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
@@ -375,6 +413,7 @@ class DistributedDataFrame:
         self.df = df
         self._graph: StageGraph | None = None
         self._plan_bytes: bytes | None = None
+        self._coordinator_only: str | None = None
         self.last_run: AdaptiveReport | None = None
         """What adaptive execution did in the last run (None before a run)."""
 
@@ -398,7 +437,26 @@ class DistributedDataFrame:
                 raise PlanningError(msg) from exc
             rewrite_null_aware_anti_joins(plan, logical)
             self._plan_bytes = plan.SerializeToString()
+            try:
+                self._coordinator_only = lost_in_substrait(ctx.ctx, logical, self._plan_bytes)
+            except Exception as exc:  # DataFusion raises bare Exception
+                msg = f"DataFusion cannot consume its own Substrait plan: {exc}"
+                raise PlanningError(msg) from exc
         return self._plan_bytes
+
+    def coordinator_only(self) -> str | None:
+        """Why the query runs whole on the coordinator, or None when it is distributed.
+
+        A query whose meaning Substrait cannot carry (:func:`lost_in_substrait`)
+        is not cut into stages: single-node DataFusion runs its own plan on the
+        coordinator, over the tables as registered there, rather than answer
+        another question.
+
+        Raises:
+            PlanningError: DataFusion cannot express the query as Substrait.
+        """
+        self._substrait()
+        return self._coordinator_only
 
     def _planner_config(self) -> PlannerConfig:
         ctx = self.context
@@ -435,8 +493,14 @@ class DistributedDataFrame:
         the stages not yet run; :meth:`explain` after a run shows what ran.
 
         Raises:
-            PlanningError: the plan cannot be distributed or the runtime has no worker.
+            PlanningError: the plan cannot be distributed (also when it runs on the
+                coordinator only: :meth:`coordinator_only`) or the runtime has no
+                worker.
         """
+        reason = self.coordinator_only()
+        if reason is not None:
+            msg = f"the query runs on the coordinator, not as stages: {reason}"
+            raise PlanningError(msg)
         if self._graph is None:
             self._graph = self._plan(self._planner_config())
         return self._graph
@@ -449,6 +513,10 @@ class DistributedDataFrame:
         the plan that ran, the measured size of every stage run before the
         rest was planned, and each adaptive decision with the sizes it used.
         """
+        reason = self.coordinator_only()
+        if reason is not None:
+            plan = self.df.optimized_logical_plan().display_indent()
+            return f"coordinator only (single-node DataFusion): {reason}\n{plan}"
         if self.last_run is not None and self.last_run.graphs:
             return self.last_run.render()
         return self.stage_graph().render()
@@ -465,6 +533,8 @@ class DistributedDataFrame:
         """
         if not self._is_query():
             return iter(())
+        if self.coordinator_only() is not None:
+            return _on_coordinator(self.df)
         ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
