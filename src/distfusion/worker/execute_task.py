@@ -184,10 +184,14 @@ def partition_output(
         return parts
     keys = [_hash_key(col(f'"{schema.names[k]}"'), schema.field(k).type) for k in out.key_columns]
     pid = spark_functions.pmod(spark_functions.xxhash64(*keys), lit(n))
-    # pyarrow has no take kernel for string_view: views become plain strings here
-    # (the consumer casts them back to its declared schema).
+    # pyarrow has no take kernel for string_view or binary_view: views become plain
+    # strings and binaries here (the consumer casts them back to its declared schema).
     body = [
-        c.cast(pa.string()) if pa.types.is_string_view(schema.field(i).type) else c
+        c.cast(pa.string())
+        if pa.types.is_string_view(schema.field(i).type)
+        else c.cast(pa.binary())
+        if pa.types.is_binary_view(schema.field(i).type)
+        else c
         for i, c in enumerate(keep)
     ]
     df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
