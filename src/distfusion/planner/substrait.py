@@ -61,6 +61,7 @@ __all__ = [
     "RelRewrite",
     "filtered_read",
     "consume_plan",
+    "fits_decoder",
     "parse_plan",
 ]
 
@@ -646,6 +647,21 @@ it out of a deep plan. A piece is at most this deep plus its own expressions
 and the plan around it, under the decoder's limit of 100 with room to spare."""
 
 _DEEP_VIEW_PREFIX = "__deep_"
+
+
+def fits_decoder(data: bytes) -> bool:
+    """Whether DataFusion decodes the serialized Substrait plan ``data`` whole.
+
+    False when it nests deeper than the decoder's limit of 100 levels
+    (:func:`consume_plan` then consumes it in pieces).
+    """
+    try:
+        Serde.deserialize_bytes(data)
+    except Exception as exc:  # DataFusion raises bare Exception
+        if "recursion limit" in str(exc):
+            return False
+        raise
+    return True
 
 
 def consume_plan(ctx: SessionContext, data: bytes):
