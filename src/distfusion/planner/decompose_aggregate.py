@@ -4,9 +4,8 @@
   Aggregate(keys; sum(x), avg(y), count(*))            single node
 =>
   Project(keys, CAST(s AS sum type),                    final, after the shuffle
-          CAST(sy / cy AS avg type),              sy / CAST(cy AS double) if not decimal
-
-          CAST(c AS count type))
+          CAST(sy / cy AS avg type),            decimal: decimal / int64
+          CAST(c AS count type))                (else both as double)
     Aggregate(c0..ck; sum(s), sum(sy), sum(cy), sum(c))
       <- shuffle by c0..ck
   Aggregate(keys; s = sum(x), sy = sum(y), cy = count(y), c = count(*))   partial
