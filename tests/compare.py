@@ -1,9 +1,12 @@
 """Result comparison against single-node DataFusion.
 
 Rules (from the core issue): same column names, same rows, in order when the
-query orders them; floats equal within 1e-9 relative; decimals equal or one unit
-apart in the last place of their scale (a distributed average divides a sum of
-partial sums, which may round the last digit differently).
+query orders them; floats equal within 1e-9 relative (a distributed sum adds in
+another order); everything else, decimals included, exactly equal (a
+distributed decimal average divides in decimal arithmetic as DataFusion does).
+Against another engine, :func:`assert_same_result` takes ``decimal_ulps``: Spark
+SQL rounds a decimal division half up where DataFusion truncates, so its
+averages may be one unit apart in the last place.
 """
 
 from __future__ import annotations
@@ -32,16 +35,16 @@ def is_ordered(sql: str) -> bool:
     return "order by" in stmts[-1].lower() if stmts else False
 
 
-def _same_value(a, b) -> bool:
+def _same_value(a, b, decimal_ulps: int = 0) -> bool:
     if a is None or b is None:
         return a is None and b is None
     if isinstance(a, float) and isinstance(b, float):
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)
         return math.isclose(a, b, rel_tol=FLOAT_REL_TOL, abs_tol=1e-12)
-    if isinstance(a, decimal.Decimal) and isinstance(b, decimal.Decimal):
+    if decimal_ulps and isinstance(a, decimal.Decimal) and isinstance(b, decimal.Decimal):
         ulp = decimal.Decimal(1).scaleb(min(a.as_tuple().exponent, b.as_tuple().exponent))
-        return abs(a - b) <= ulp
+        return abs(a - b) <= decimal_ulps * ulp
     return a == b
 
 
@@ -49,8 +52,13 @@ def _sort_key(row: tuple):
     return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)
 
 
-def assert_same_result(got: pa.Table, expected: pa.Table, ordered: bool) -> None:
+def assert_same_result(
+    got: pa.Table, expected: pa.Table, ordered: bool, decimal_ulps: int = 0
+) -> None:
     """Assert ``got`` equals ``expected`` under the rules above.
+
+    ``decimal_ulps``: units in the last place two decimals may differ by (0:
+    equal); only for results of another engine (see the module docs).
 
     Raises:
         AssertionError: naming the first differing row and column.
@@ -71,4 +79,6 @@ def assert_same_result(got: pa.Table, expected: pa.Table, ordered: bool) -> None
         rows_e.sort(key=_sort_key)
     for i, (rg, re) in enumerate(zip(rows_g, rows_e, strict=True)):
         for name, a, b in zip(got.column_names, rg, re, strict=True):
-            assert _same_value(a, b), f"row {i} column {name}: got {a!r}, expected {b!r}"
+            assert _same_value(a, b, decimal_ulps), (
+                f"row {i} column {name}: got {a!r}, expected {b!r}"
+            )

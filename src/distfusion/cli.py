@@ -132,8 +132,11 @@ def _run_with_progress(df):
     """``df.to_arrow_table()`` with a live status line on stderr (stages, tasks, rows, seconds)."""
     start = time.perf_counter()
     with Console(stderr=True).status("planning") as status:
-        summary = df.stage_graph().summary()
-        what = f"{summary['stages']} stages, {summary['tasks']} tasks"
+        if df.coordinator_only() is not None:
+            what = "on the coordinator"
+        else:
+            summary = df.stage_graph().summary()
+            what = f"{summary['stages']} stages, {summary['tasks']} tasks"
         status.update(f"running {what}")
         batches, rows = [], 0
         for batch in df.execute_stream():

@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 from datafusion import DataFrame, SessionContext
 from datafusion.substrait import Producer
+from sqlglot.dialects.postgres import Postgres
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
 from distfusion.display import print_table
@@ -35,6 +38,7 @@ from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
+from distfusion.planner.substrait import consume_plan, fits_decoder
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.registry import runtime_from_name
@@ -51,31 +55,44 @@ from distfusion.stages import StageGraph
 # (planner/config.py); it is public API here and in ``distfusion``.
 __all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame", "plan_statements"]
 
+_POSTGRES = Postgres()  # its tokenizer splits statements (see split_statements)
+
 
 def split_statements(sql: str) -> list[str]:
-    """Split SQL text on semicolons outside quotes and comments; drop empty statements."""
-    out, cur, quote, i = [], [], None, 0
-    while i < len(sql):
-        ch = sql[i]
-        if quote:
-            cur.append(ch)
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-            cur.append(ch)
-        elif sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = len(sql) if end < 0 else end
-            continue
-        elif ch == ";":
-            out.append("".join(cur))
-            cur = []
+    r"""Split SQL text into its statements, on the semicolons between them.
+
+    The text is tokenized with sqlglot's PostgreSQL tokenizer (DataFusion's SQL
+    lexes as PostgreSQL's: ``'it''s'``, ``E'a\'b'``, ``$$...$$`` and
+    ``$tag$...$tag$`` strings, ``"quoted"`` identifiers, ``--`` and nested
+    ``/* */`` comments), so a ``;`` inside any of them does not split.
+
+    Returns:
+        One string per statement, in order: the original text from its first
+        token to its last (comments before and after it dropped, those inside
+        kept), without the ``;``. Statements with no token (empty, or only
+        comments) are dropped. Text the tokenizer rejects (an unterminated string
+        or comment) is returned whole as one statement, so that DataFusion
+        reports the error in its own words.
+
+    Example:
+        >>> split_statements("SELECT 1 /* ; */ ; SELECT 'a;b' -- c;")
+        ['SELECT 1', "SELECT 'a;b'"]
+    """
+    try:
+        tokens = _POSTGRES.tokenize(sql)
+    except TokenError:
+        return [sql.strip()] if sql.strip() else []
+    out: list[str] = []
+    first = last = None
+    for tok in [*tokens, None]:
+        if tok is None or tok.token_type == TokenType.SEMICOLON:
+            if first is not None:
+                out.append(sql[first.start : last.end + 1])
+            first = last = None
         else:
-            cur.append(ch)
-        i += 1
-    out.append("".join(cur))
-    return [s.strip() for s in out if s.strip()]
+            first = first or tok
+            last = tok
+    return out
 
 
 def _default_runtime() -> Runtime:
@@ -112,6 +129,56 @@ def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
         if result is None or len(df.schema()) > 0:
             result = df
     return result
+
+
+# What DataFusion's Substrait producer drops without an error (DataFusion 55), as
+# its logical plans display it. A query using it would return another answer.
+_LOST_IN_SUBSTRAIT = ("IGNORE NULLS",)
+
+
+def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | None:
+    """What of the optimized plan ``logical`` its Substrait ``plan_bytes`` does not carry.
+
+    The Substrait plan is consumed again on ``ctx`` and compared with
+    ``logical``: a modifier of :data:`_LOST_IN_SUBSTRAIT` (``first_value(x)
+    IGNORE NULLS``: Substrait has no field for it) that the original shows more
+    often than the round trip was dropped on the way. A plan too deep for
+    DataFusion's decoder even in pieces (an expression nested about 30 deep,
+    such as a sum of 40 columns) is not carried either. Only plans that use such
+    a modifier or are too deep to decode whole are consumed again; the views
+    a deep plan's pieces need are dropped from ``ctx`` afterwards.
+
+    Returns:
+        A sentence naming what was lost, or None when nothing known was.
+
+    Raises:
+        Exception: DataFusion's error when it rejects ``plan_bytes`` otherwise.
+    """
+    before = logical.display_indent()
+    if not any(m in before for m in _LOST_IN_SUBSTRAIT) and fits_decoder(plan_bytes):
+        return None  # nothing to lose: no round trip
+    tables = ctx.catalog().schema().names()
+    try:
+        after = consume_plan(ctx, plan_bytes).display_indent()
+    except Exception as exc:  # DataFusion raises bare Exception
+        if "recursion limit" not in str(exc):
+            raise
+        return "the plan nests deeper than DataFusion's Substrait decoder allows"
+    finally:
+        for name in ctx.catalog().schema().names() - tables:
+            ctx.deregister_table(name)
+    lost = [m for m in _LOST_IN_SUBSTRAIT if before.count(m) > after.count(m)]
+    if not lost:
+        return None
+    return f"Substrait does not carry {', '.join(lost)} (DataFusion's producer drops it)"
+
+
+def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
+    """``df`` run by single-node DataFusion in this process, as Arrow batches."""
+    for rb in df.execute_stream():
+        batch = rb.to_pyarrow()
+        if batch.num_rows:
+            yield batch
 
 
 def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
@@ -295,6 +362,7 @@ class DistributedDataFrame:
         self.df = df
         self._graph: StageGraph | None = None
         self._plan_bytes: bytes | None = None
+        self._coordinator_only: str | None = None
         self.last_run: AdaptiveReport | None = None
         """What adaptive execution did in the last run (None before a run)."""
 
@@ -318,7 +386,26 @@ class DistributedDataFrame:
                 raise PlanningError(msg) from exc
             rewrite_null_aware_anti_joins(plan, logical)
             self._plan_bytes = plan.SerializeToString()
+            try:
+                self._coordinator_only = lost_in_substrait(ctx.ctx, logical, self._plan_bytes)
+            except Exception as exc:  # DataFusion raises bare Exception
+                msg = f"DataFusion cannot consume its own Substrait plan: {exc}"
+                raise PlanningError(msg) from exc
         return self._plan_bytes
+
+    def coordinator_only(self) -> str | None:
+        """Why the query runs whole on the coordinator, or None when it is distributed.
+
+        A query whose meaning Substrait cannot carry (:func:`lost_in_substrait`)
+        is not cut into stages: single-node DataFusion runs its own plan on the
+        coordinator, over the tables as registered there, rather than answer
+        another question.
+
+        Raises:
+            PlanningError: DataFusion cannot express the query as Substrait.
+        """
+        self._substrait()
+        return self._coordinator_only
 
     def _planner_config(self) -> PlannerConfig:
         return PlannerConfig.for_runtime(self.context.config, self.context.runtime)
@@ -344,8 +431,14 @@ class DistributedDataFrame:
         the stages not yet run; :meth:`explain` after a run shows what ran.
 
         Raises:
-            PlanningError: the plan cannot be distributed or the runtime has no worker.
+            PlanningError: the plan cannot be distributed (also when it runs on the
+                coordinator only: :meth:`coordinator_only`) or the runtime has no
+                worker.
         """
+        reason = self.coordinator_only()
+        if reason is not None:
+            msg = f"the query runs on the coordinator, not as stages: {reason}"
+            raise PlanningError(msg)
         if self._graph is None:
             self._graph = self._plan(self._planner_config())
         return self._graph
@@ -358,6 +451,10 @@ class DistributedDataFrame:
         the plan that ran, the measured size of every stage run before the
         rest was planned, and each adaptive decision with the sizes it used.
         """
+        reason = self.coordinator_only()
+        if reason is not None:
+            plan = self.df.optimized_logical_plan().display_indent()
+            return f"coordinator only (single-node DataFusion): {reason}\n{plan}"
         if self.last_run is not None and self.last_run.graphs:
             return self.last_run.render()
         return self.stage_graph().render()
@@ -374,6 +471,8 @@ class DistributedDataFrame:
         """
         if not self._is_query():
             return iter(())
+        if self.coordinator_only() is not None:
+            return _on_coordinator(self.df)
         ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())

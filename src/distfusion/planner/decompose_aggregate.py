@@ -4,8 +4,8 @@
   Aggregate(keys; sum(x), avg(y), count(*))            single node
 =>
   Project(keys, CAST(s AS sum type),                    final, after the shuffle
-          CAST(CAST(sy AS double) / CAST(cy AS double) AS avg type),
-          CAST(c AS count type))
+          CAST(sy / cy AS avg type),            decimal: decimal / int64
+          CAST(c AS count type))                (else both as double)
     Aggregate(c0..ck; sum(s), sum(sy), sum(cy), sum(c))
       <- shuffle by c0..ck
   Aggregate(keys; s = sum(x), sy = sum(y), cy = count(y), c = count(*))   partial
@@ -16,9 +16,14 @@ Decomposable functions (as in Spark's partial aggregation): ``sum``, ``count``,
 with ``DISTINCT`` or an ordering, or any other function, makes the whole
 aggregate non-decomposable; the planner then shuffles raw rows instead.
 
-A decimal average is computed as a float64 division of the exact decimal sum by
-the count, then cast to DataFusion's average type: it may differ from single-node
-DataFusion by one unit in the last place of its scale.
+A decimal average divides the exact decimal sum by the count in decimal
+arithmetic, which is what DataFusion's own ``avg`` does (``DecimalAverager``):
+the sum of scale ``s`` divided by an integer is Arrow's decimal division, of
+scale ``min(s + 4, max scale)``, truncated toward zero, the scale of
+DataFusion's average type ``Decimal(min(p + 4, max), min(s + 4, max))``. The final
+cast only narrows the precision (and fails, as DataFusion does, on overflow), so a
+decimal average equals single-node DataFusion's exactly. Other averages (float64)
+divide the sums as float64.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ __all__ = ["grouping_count", "is_decomposable", "split_aggregate"]
 
 _SAME = {"min": "min", "max": "max", "bool_and": "bool_and", "bool_or": "bool_or"}
 _DECOMPOSABLE = {"sum", "count", "avg", *_SAME}
+# Substrait type kinds of decimals (Decimal128 and Decimal256 both map to ``decimal``).
+_DECIMAL_KINDS = {"decimal"}
 
 
 def grouping_count(agg: AggregateRel) -> int:
@@ -143,7 +150,11 @@ def final_aggregate(
         target = types[g + i]
         if out[0] == "avg":
             s, c = field_ref(g + out[1]), field_ref(g + out[2])
-            expr = registry.call("divide", cast(s, fp64), cast(c, fp64), output_type=fp64)
+            if target.WhichOneof("kind") in _DECIMAL_KINDS:
+                # decimal / int64: Arrow's decimal division at scale s + 4, truncated
+                expr = registry.call("divide", s, c, output_type=target)
+            else:
+                expr = registry.call("divide", cast(s, fp64), cast(c, fp64), output_type=fp64)
         else:
             expr = field_ref(g + out[1])
         proj.project.expressions.append(cast(expr, target))

@@ -63,6 +63,13 @@ _J = JoinRel
 _BOTH_MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
 
 
+def _under_projections(rel: Rel) -> str:
+    """The kind of the first relation under ``rel``'s projections and filters."""
+    while rel_kind(rel) in ("project", "filter"):
+        rel = children(rel)[0]
+    return rel_kind(rel)
+
+
 class _Reducer(RelRewrite):
     def __init__(
         self, plan: Plan, oracle: SchemaOracle, sources: dict[str, TableSource], limit: int
@@ -100,6 +107,8 @@ class _Reducer(RelRewrite):
 
     def reduce(self, join: Rel) -> Rel:
         """``join`` with an aggregate side's input filtered by the other side's keys."""
+        if not any(_under_projections(side) == "aggregate" for side in children(join)):
+            return join  # nothing to reduce: skip tracing the keys (a deep join is costly)
         for a, b in self._key_pairs(join):
             for agg_side, key, other, other_key in (
                 ("right", b, join.join.left, a),

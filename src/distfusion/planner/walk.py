@@ -22,6 +22,7 @@ from substrait.proto import Expression, Rel
 from distfusion.errors import PlanningError
 
 __all__ = [
+    "child_fields",
     "children",
     "contains",
     "field_refs",
@@ -69,7 +70,8 @@ def rel_kind(rel: Rel) -> str:
     return kind
 
 
-def _child_fields(kind: str) -> set[str]:
+def child_fields(kind: str) -> set[str]:
+    """Names of the fields of a ``kind`` relation's body that hold its input relations."""
     spec = _CHILD_FIELDS.get(kind, ())
     return {spec} if isinstance(spec, str) else set(spec)
 
@@ -134,7 +136,7 @@ def walk(msg: Message, stop: Callable[[Message], bool] | None = None) -> Iterato
 def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
     """:func:`walk` over ``rel``'s own fields (its expressions), not its inputs."""
     kind = rel_kind(rel)
-    inputs = _child_fields(kind)
+    inputs = child_fields(kind)
     for fd, value in getattr(rel, kind).ListFields():
         if fd.name in inputs or fd.message_type is None:
             continue

@@ -9,7 +9,9 @@
 Leaf tasks register their share of each source table under the table's name;
 other tasks register the partitions their producers made for them under
 ``__stage_N``. The fragment is consumed with ``datafusion.substrait.Consumer``
-and executed natively. A shuffle output gets a partition id per row,
+(in pieces when it nests deeper than DataFusion's decoder allows:
+:func:`~distfusion.planner.substrait.consume_plan`) and executed natively. A
+shuffle output gets a partition id per row,
 ``pmod(xxhash64(keys), n)`` (Spark's hash, computed by DataFusion's Spark
 functions), so equal keys land in the same partition whichever task produced
 them; integer keys are cast to ``int64`` first because the hash depends on the
@@ -24,9 +26,9 @@ import numpy as np
 import pyarrow as pa
 from datafusion import DataFrame, SessionConfig, SessionContext, col, lit
 from datafusion.functions import spark as spark_functions
-from datafusion.substrait import Consumer, Serde
 
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import TaskPlan
@@ -106,7 +108,7 @@ def build_dataframe(
         register_scan(ctx, share.source, share.units)
     for i, inp in enumerate(plan.inputs):
         bind_input(ctx, inp, read_input(i), plan.target_partitions)
-    logical = Consumer.from_substrait_plan(ctx, Serde.deserialize_bytes(plan.fragment))
+    logical = consume_plan(ctx, plan.fragment)
     return ctx, ctx.create_dataframe_from_logical_plan(logical)
 
 
@@ -182,10 +184,14 @@ def partition_output(
         return parts
     keys = [_hash_key(col(f'"{schema.names[k]}"'), schema.field(k).type) for k in out.key_columns]
     pid = spark_functions.pmod(spark_functions.xxhash64(*keys), lit(n))
-    # pyarrow has no take kernel for string_view: views become plain strings here
-    # (the consumer casts them back to its declared schema).
+    # pyarrow has no take kernel for string_view or binary_view: views become plain
+    # strings and binaries here (the consumer casts them back to its declared schema).
     body = [
-        c.cast(pa.string()) if pa.types.is_string_view(schema.field(i).type) else c
+        c.cast(pa.string())
+        if pa.types.is_string_view(schema.field(i).type)
+        else c.cast(pa.binary())
+        if pa.types.is_binary_view(schema.field(i).type)
+        else c
         for i, c in enumerate(keep)
     ]
     df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
