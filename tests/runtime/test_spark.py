@@ -7,6 +7,8 @@ task errors, cleanup) is in tests/contract/.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -40,6 +42,14 @@ def fail_task(spark_session):
     sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
 
 
+@pytest.fixture
+def shuffle_plane(runtime):
+    """The runtime with stage outputs through Spark's shuffle (restored after)."""
+    runtime.data_plane = "shuffle"
+    yield runtime
+    runtime.data_plane = "flight"
+
+
 def _run(runtime, df) -> tuple[pa.Table, str]:
     """Execute ``df``'s graph directly so the Spark job group is known."""
     graph = df.stage_graph()
@@ -69,7 +79,10 @@ def test_local_master_gets_spark_retries():
     assert with_local_retries("spark://h:7077", 4) == "spark://h:7077"
 
 
-def test_first_attempt_failure_is_retried_by_spark(ctx, runtime, fail_task, spark_session, oracle):
+def test_first_attempt_failure_is_retried_by_spark(
+    ctx, shuffle_plane, fail_task, spark_session, oracle
+):
+    runtime = shuffle_plane
     sql = tpch.query(3)
     df = ctx.sql(sql)
     leaf = _leaf(df)
@@ -80,6 +93,45 @@ def test_first_attempt_failure_is_retried_by_spark(ctx, runtime, fail_task, spar
     assert runtime.stats()[spark_session.sparkContext.master] == {"live_tasks": 0, "bytes_held": 0}
 
 
+def test_flight_plane_runs_a_failed_attempt_again_and_keeps_the_other_outputs(
+    ctx, runtime, fail_task, spark_session, oracle
+):
+    # A failed attempt comes back as a record (a raised error would end the
+    # PySpark worker process and every output it holds); the runtime runs it again.
+    assert runtime.data_plane == "flight"
+    sql = tpch.query(3)
+    df = ctx.sql(sql)
+    leaf = _leaf(df)
+    fail_task(f"{leaf.stage_id}:1:2")  # task 1 of the leaf stage fails twice
+    got, group = _run(runtime, df)
+    assert_same_result(got, oracle_result(oracle, sql), is_ordered(sql))
+    assert _failed_attempts(spark_session, group) == 0  # Spark saw no failure
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
+
+
+def test_flight_plane_computes_outputs_lost_with_their_worker_again(
+    ctx, runtime, spark_session, oracle
+):
+    # Every stage but the head ran; then the executors' Python workers are
+    # killed (an executor lost, or PySpark's idle timeout): their outputs are
+    # gone, and the head stage reads them computed again.
+    assert runtime.data_plane == "flight"
+    sql = tpch.query(5)
+    graph = ctx.sql(sql).stage_graph()
+    run = runtime.start_query(graph.query_id)
+    run.run_stages(graph, [s.stage_id for s in graph.stages if s is not graph.head])
+    held = set(run.placement.values())
+    sc = spark_session.sparkContext
+    pids = set(sc.parallelize(range(4), 4).map(lambda _: os.getpid()).collect())
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    assert any(url not in runtime.stats() for url in held)  # some outputs are lost
+    got = pa.Table.from_batches(list(run.stream_head(graph)))
+    expected = oracle_result(oracle, sql)
+    assert_same_result(got.rename_columns(expected.column_names), expected, is_ordered(sql))
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
+
+
 def test_always_failing_task_names_stage_task_and_traceback(ctx, runtime, fail_task):
     df = ctx.sql(tpch.query(1))
     leaf = _leaf(df)
@@ -88,15 +140,18 @@ def test_always_failing_task_names_stage_task_and_traceback(ctx, runtime, fail_t
         df.to_arrow_table()
     err = info.value
     assert (err.stage_id, err.task_index) == (leaf.stage_id, 0)
-    assert err.worker.startswith("spark-executor://")
+    assert err.worker.startswith(("spark-executor://", "grpc://"))  # shuffle, flight plane
     last_line = err.remote_traceback.strip().splitlines()[-1]
     assert last_line.startswith("RuntimeError: injected failure")
     assert last_line in str(err)
-    assert "Spark gave up after 4 attempts" in str(err)
+    assert "gave up after 4 attempts" in str(err)
 
 
 @pytest.mark.parametrize("q", [3, 8, 18])
-def test_one_task_broadcast_stages_run_on_the_driver(runtime, tpch_dir, oracle, spark_session, q):
+def test_one_task_broadcast_stages_run_on_the_driver(
+    shuffle_plane, tpch_dir, oracle, spark_session, q
+):
+    runtime = shuffle_plane
     # 6 MiB per task at SF0.1 (64 MiB at SF1): the broadcast sides of Q3/Q8/Q18 are one-task
     # stages; they run on the driver (no Spark job), the rest on Spark. Q18's reads
     # the IN subquery's stage, which Spark runs and the driver collects.
@@ -148,7 +203,8 @@ def test_runtime_filters_on_spark(runtime, tpch_dir, oracle, spark_session, q, b
     assert runtime.stats()[spark_session.sparkContext.master] == {"live_tasks": 0, "bytes_held": 0}
 
 
-def test_failing_driver_stage_names_stage_and_driver(runtime, tmp_path):
+def test_failing_driver_stage_names_stage_and_driver(shuffle_plane, tmp_path):
+    runtime = shuffle_plane
     config = DistributedConfig(bytes_per_task=4096, replicate_scan_bytes=0)
     ctx = DistributedContext(runtime=runtime, config=config)
     big = pa.table({"k": pa.array(range(4000), pa.int64()), "x": pa.array(range(4000), pa.int64())})

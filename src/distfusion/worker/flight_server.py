@@ -138,6 +138,8 @@ class FlightWorker:
             None waits as long as the producer runs.
         advertise_url: the URL this worker reports in errors (default the bound
             ``grpc://host:port``).
+        advertise_host: the host of the URL this worker reports, with the port
+            bound (for ``host="0.0.0.0"`` and ``port=0``); ignored with ``advertise_url``.
 
     Raises:
         ImportError: pyarrow has no Flight support.
@@ -158,6 +160,7 @@ class FlightWorker:
         query_ttl_s: float = DEFAULT_QUERY_TTL_S,
         input_timeout_s: float | None = None,
         advertise_url: str | None = None,
+        advertise_host: str | None = None,
     ) -> None:
         if (tls_cert_chain is None) != (tls_private_key is None):
             msg = "TLS needs both tls_cert_chain and tls_private_key"
@@ -189,7 +192,7 @@ class FlightWorker:
         # Everything the handlers use exists before the port is bound.
         self._server = _Server(self, f"{scheme}://{host}:{port}", **kwargs)
         self.port: int = self._server.port
-        self.url = advertise_url or f"{scheme}://{host}:{self.port}"
+        self.url = advertise_url or f"{scheme}://{advertise_host or host}:{self.port}"
         self.worker.url = self.url
         self._reaper = threading.Thread(
             target=self._reap, name=f"distfusion-reaper-{self.port}", daemon=True
@@ -220,6 +223,24 @@ class FlightWorker:
 
     def __repr__(self) -> str:
         return f"FlightWorker({self.url})"
+
+    def run_task(self, plan: TaskPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Run ``plan`` here, as a ``set_plan`` call would, and wait for it to finish.
+
+        For a worker hosted in the process that was given the task (the Spark
+        runtime's executors): the output is then served like any other.
+
+        Returns:
+            ``(partition_rows, partition_bytes)`` of the task's output.
+
+        Raises:
+            TaskError: the task failed (names the stage, the task and this worker).
+            QueryCancelled: the query was cancelled here meanwhile.
+        """
+        self._action(ACTION_SET_PLAN, plan.to_json())
+        rows, nbytes = self.worker.task_stats(plan.key)
+        self._touch(plan.key.query_id)
+        return rows, nbytes
 
     # ------------------------------------------------------------- handlers
     def _touch(self, query_id: str) -> None:
