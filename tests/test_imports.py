@@ -31,6 +31,9 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "json"),
     ("distfusion.runtime.spark", "os"),
     ("distfusion.runtime.spark", "socket"),
+    # The Spark runtime's Flight data plane: pyarrow.flight, loaded only when used.
+    ("distfusion.runtime.spark", "distfusion.transport.flight"),
+    ("distfusion.runtime.spark", "distfusion.worker.flight_server"),
     ("distfusion.spark", "pyspark.sql.pandas.types"),
     ("distfusion.transport.flight", "pyarrow.flight"),
     ("distfusion.worker.flight_cli", "distfusion.worker.flight_server"),

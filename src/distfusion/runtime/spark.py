@@ -1,4 +1,16 @@
-"""The Spark runtime: a stage graph runs as RDD transformations on a SparkSession.
+"""The Spark runtime: Spark schedules and runs every task of a stage graph.
+
+Two data planes move stage outputs between tasks (``SparkRuntime(data_plane=...)``):
+
+- ``"flight"`` (default, :class:`_SparkFlightQuery`): stages run round by
+  round, each round one Spark job of task plans; each executor Python worker
+  keeps its tasks' outputs in an Arrow Flight server of its own, and consumer
+  tasks (and the head stage, on the driver) read them from there. Nothing but
+  plans and per-task sizes crosses the JVM. Lost outputs are computed again.
+- ``"shuffle"`` (:class:`_SparkQuery`, below): outputs go through Spark's
+  shuffle and broadcasts; Spark keeps them in its shuffle files.
+
+docs/spark-data-path.md measures both. The shuffle plane:
 
 Every non-head stage becomes one RDD whose partition *i* is task *i* of the
 stage. A task's output leaves it as records ``(consumer partition, (producer
@@ -74,9 +86,7 @@ from distfusion.runtime.base import (
     task_threads,
 )
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
-from distfusion.transport.flight import FlightWorkerTransport
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
-from distfusion.worker.flight_server import FlightWorker
 
 __all__ = [
     "SparkRuntime",
@@ -250,6 +260,8 @@ class SparkRuntime:
             log.warning("spark.python.worker.reuse is false: outputs go through Spark's shuffle")
             data_plane = "shuffle"
         self.data_plane = data_plane
+        from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
+
         self.token = secrets.token_hex(16)  # executors' Flight workers accept only this runtime
         self.transport = FlightWorkerTransport(token=self.token)
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
@@ -1180,12 +1192,14 @@ def _run_task(
     return iter(out)
 
 
-_EXECUTOR_WORKERS: dict[str, FlightWorker] = {}
+_EXECUTOR_WORKERS: dict[str, object] = {}
 """This Python worker process's Flight worker, by the runtime's token (executor side)."""
 
 
-def _executor_worker(bind_host: str, advertise_host: str | None, token: str) -> FlightWorker:
-    """The Flight worker of this process for the runtime with ``token``; started on first use."""
+def _executor_worker(bind_host: str, advertise_host: str | None, token: str):
+    """The FlightWorker of this process for the runtime with ``token``; started on first use."""
+    from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
+
     worker = _EXECUTOR_WORKERS.get(token)
     if worker is None:
         if advertise_host is None and bind_host == "0.0.0.0":
