@@ -682,7 +682,8 @@ class _SparkFlightQuery(WorkerQueryRun):
     ``task_max_failures`` attempts). Outputs lost with a process (killed,
     out of memory, idle-timed-out by PySpark) are computed again: when a
     round fails, the workers of the query that no longer answer are found,
-    their tasks run again (producers first), then the failed tasks.
+    their tasks run again (producers first), then the failed tasks (at most
+    ``task_max_failures`` times per query).
     """
 
     def __init__(self, runtime: SparkRuntime, query_id: str) -> None:
@@ -701,6 +702,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._stages: dict[int, Stage] = {}  # stage id -> stage, for running lost tasks again
         self._rounds: list[list[int]] = []  # stage ids by round, in the order they ran
         self._used: set[str] = set()  # every worker URL a task of this query ran on
+        self._recoveries = 0  # times lost outputs were computed again (at most task_max_failures)
         self._running = False
         self._keepalive = threading.Event()
         threading.Thread(
@@ -778,15 +780,17 @@ class _SparkFlightQuery(WorkerQueryRun):
             if not failed:
                 return
             lost = self._lost_workers()
-            for key, err in failed:
-                attempts[key] += 1
-                if attempts[key] >= self.runtime.task_max_failures and not lost:
-                    cause = f"{err.cause} (gave up after {attempts[key]} attempts)"
-                    raise TaskError(
-                        err.stage_id, err.task_index, err.worker, cause, err.remote_traceback
-                    )
-            if lost:
+            if lost and self._recoveries < self.runtime.task_max_failures:
+                self._recoveries += 1  # the failed tasks may have read what was lost
                 self._run_lost_again(lost)
+            else:
+                for key, err in failed:
+                    attempts[key] += 1
+                    if attempts[key] >= self.runtime.task_max_failures:
+                        cause = f"{err.cause} (gave up after {attempts[key]} attempts)"
+                        raise TaskError(
+                            err.stage_id, err.task_index, err.worker, cause, err.remote_traceback
+                        )
             pending = [key for key, _ in failed]
 
     def _spark_round(
