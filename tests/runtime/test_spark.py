@@ -106,6 +106,13 @@ def test_flight_plane_runs_a_failed_attempt_again_and_keeps_the_other_outputs(
     got, group = _run(runtime, df)
     assert_same_result(got, oracle_result(oracle, sql), is_ordered(sql))
     assert _failed_attempts(spark_session, group) == 0  # Spark saw no failure
+    # One Spark job per round of stages, and one more for each attempt run again.
+    graph = df.stage_graph()
+    depth: dict[int, int] = {}
+    for stage in graph.stages[:-1]:
+        depth[stage.stage_id] = max((depth[i.stage_id] + 1 for i in stage.inputs), default=0)
+    jobs = spark_session.sparkContext.statusTracker().getJobIdsForGroup(group)
+    assert len(jobs) == max(depth.values()) + 1 + 2
     assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
 
 
