@@ -430,16 +430,18 @@ class WorkerQueryRun:
         n = stage.output.num_partitions
         rows, nbytes = [0] * n, [0] * n
         for t in range(stage.num_tasks):
-            key = TaskKey(self.query_id, stage.stage_id, t)
-            task_rows, task_bytes = self.transport.task_stats(
-                self.placement[(stage.stage_id, t)], key
-            )
-            assert len(task_rows) == n == len(task_bytes), (key, task_rows, n)
+            task_rows, task_bytes = self._task_output(stage.stage_id, t)
+            assert len(task_rows) == n == len(task_bytes), (stage.stage_id, t, task_rows, n)
             for p in range(n):
                 rows[p] += task_rows[p]
                 nbytes[p] += task_bytes[p]
         elapsed_s = time.monotonic() - self._started[stage.stage_id]
         return StageStats(stage.stage_id, tuple(rows), tuple(nbytes), elapsed_s)
+
+    def _task_output(self, stage_id: int, task_index: int) -> tuple[tuple[int, ...], ...]:
+        """``(rows, bytes)`` per output partition of a task, once it is done (asks its worker)."""
+        key = TaskKey(self.query_id, stage_id, task_index)
+        return self.transport.task_stats(self.placement[(stage_id, task_index)], key)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

@@ -849,17 +849,9 @@ class _SparkFlightQuery(WorkerQueryRun):
             if tasks:
                 self._run_tasks(tasks)
 
-    def _measure(self, stage: Stage) -> StageStats:
-        """``stage``'s output summed over what its tasks reported."""
-        n = stage.output.num_partitions
-        rows, nbytes = [0] * n, [0] * n
-        for t in range(stage.num_tasks):
-            task_rows, task_bytes = self._task_stats[(stage.stage_id, t)]
-            for p in range(n):
-                rows[p] += task_rows[p]
-                nbytes[p] += task_bytes[p]
-        elapsed_s = time.monotonic() - self._started[stage.stage_id]
-        return StageStats(stage.stage_id, tuple(rows), tuple(nbytes), elapsed_s)
+    def _task_output(self, stage_id: int, task_index: int) -> tuple[tuple[int, ...], ...]:
+        """What the task reported with its Spark record (no call to its worker)."""
+        return self._task_stats[(stage_id, task_index)]
 
 
 def _spark_call(action, check_open, master: str):
