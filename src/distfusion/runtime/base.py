@@ -339,6 +339,7 @@ class WorkerQueryRun:
             self._check_open()
             rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
             self._deliver(graph, rest)
+            self._before_head()
             head = graph.head
             plan = TaskPlan.for_task(
                 self.query_id, head, 0, self._input_workers(head), self.target_partitions
@@ -437,6 +438,9 @@ class WorkerQueryRun:
                 nbytes[p] += task_bytes[p]
         elapsed_s = time.monotonic() - self._started[stage.stage_id]
         return StageStats(stage.stage_id, tuple(rows), tuple(nbytes), elapsed_s)
+
+    def _before_head(self) -> None:
+        """Called once every stage was delivered, before the head stage reads its inputs."""
 
     def _task_output(self, stage_id: int, task_index: int) -> tuple[tuple[int, ...], ...]:
         """``(rows, bytes)`` per output partition of a task, once it is done (asks its worker)."""

@@ -732,19 +732,11 @@ class _SparkFlightQuery(WorkerQueryRun):
             for url in set(self.placement.copy().values()):
                 self.transport.keepalive(url, [self.query_id])
 
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
-        """See :meth:`WorkerQueryRun.stream_head`; lost outputs are computed again first."""
-        try:
-            self._check_open()
-            rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
-            self._deliver(graph, rest)
-            lost = self._lost_workers()
-            if lost:
-                self._run_lost_again(lost)
-        except BaseException:
-            self.close()
-            raise
-        yield from super().stream_head(graph)
+    def _before_head(self) -> None:
+        """Outputs lost since they ran (a Python worker died) are computed again."""
+        lost = self._lost_workers()
+        if lost:
+            self._run_lost_again(lost)
 
     def _place(self, graph: StageGraph, stages: list[Stage]) -> None:
         """Nothing: Spark places the tasks; :meth:`_deliver` learns where they ran."""
