@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime
+from distfusion.planner.estimate import DefaultTaskEstimator
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, StageGraph
 from tests.compare import assert_same_result
 
@@ -215,6 +216,31 @@ def test_tasks_capped_by_workers_and_work_units(runtimes):
     ctx, oracle = make_contexts(runtimes[4], {"t": (T, 6)}, tasks=4)
     g = run((ctx, oracle), "SELECT count(*) FROM t")
     assert g.stages[0].num_tasks == 2  # 2 work units
+
+
+def test_wave_sizing_fills_the_slots_then_grows_tasks_in_whole_waves():
+    mib = 2**20
+    est = DefaultTaskEstimator(256 * mib, wave_bytes_per_task=2048 * mib)
+    # Up to the slot count: one task per bytes_per_task, as without waves.
+    assert est.shuffle_tasks(100 * mib, 4) == 1
+    assert est.shuffle_tasks(1000 * mib, 4) == 4
+    # More than the slots would need: 2 GiB tasks, at least one wave, whole waves.
+    assert est.shuffle_tasks(1100 * mib, 4) == 4
+    assert est.shuffle_tasks(9000 * mib, 2) == 6  # ceil(9000 / 2048) = 5 -> 3 waves of 2
+    assert est.leaf_tasks(9000 * mib, 5, 2) == 5  # never more tasks than work units
+    assert DefaultTaskEstimator(256 * mib).shuffle_tasks(9000 * mib, 2) == 36
+    with pytest.raises(ValueError, match="wave_bytes_per_task"):
+        DefaultTaskEstimator(wave_bytes_per_task=0)
+
+
+def test_a_users_bytes_per_task_turns_wave_sizing_off():
+    class SparkLike:
+        bytes_per_task = 256 * 2**20
+        wave_bytes_per_task = 2048 * 2**20
+
+    assert DistributedConfig().task_estimator(SparkLike()).wave_bytes_per_task == 2048 * 2**20
+    user = DistributedConfig(bytes_per_task=2**20).task_estimator(SparkLike())
+    assert (user.bytes_per_task, user.wave_bytes_per_task) == (2**20, None)
 
 
 # ---------------------------------------------------------------- aggregates

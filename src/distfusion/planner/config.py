@@ -76,8 +76,13 @@ class DistributedConfig:
         """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
         if self.estimator is not None:
             return self.estimator
-        default = getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task)
-        return DefaultTaskEstimator(self.bytes_per_task or default, self.tasks_per_stage)
+        if self.bytes_per_task is not None:  # the user's size, as given
+            return DefaultTaskEstimator(self.bytes_per_task, self.tasks_per_stage)
+        return DefaultTaskEstimator(
+            getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task),
+            self.tasks_per_stage,
+            getattr(runtime, "wave_bytes_per_task", None),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -172,10 +172,21 @@ class DefaultTaskEstimator:
             small cluster while ``nation`` stays a single task).
         tasks_per_stage: when set, every stage asks for exactly this many tasks
             (leaf stages at most one per work unit); for tests.
+        wave_bytes_per_task: for runtimes whose stages may have more tasks than
+            workers (Spark: slots bound concurrency, not tasks). None (default):
+            unused. Set: a stage that needs more tasks than ``workers`` at
+            ``bytes_per_task`` gets tasks of this many bytes instead, at least
+            ``workers`` of them, rounded up to whole waves (a multiple of
+            ``workers``) so that no wave runs half empty. Tasks past the slot
+            count add no parallelism, only per-task cost: scheduling, reading
+            every broadcast and building its hash table again, one more output
+            piece per consumer (``SparkRuntime.wave_bytes_per_task`` gives the
+            measurements).
     """
 
     bytes_per_task: int = 16 * 1024 * 1024
     tasks_per_stage: int | None = None
+    wave_bytes_per_task: int | None = None
 
     def __post_init__(self) -> None:
         if self.bytes_per_task <= 0:
@@ -184,12 +195,23 @@ class DefaultTaskEstimator:
         if self.tasks_per_stage is not None and self.tasks_per_stage < 1:
             msg = f"tasks_per_stage must be at least 1, got {self.tasks_per_stage}"
             raise ValueError(msg)
+        if self.wave_bytes_per_task is not None and self.wave_bytes_per_task <= 0:
+            msg = f"wave_bytes_per_task must be positive, got {self.wave_bytes_per_task}"
+            raise ValueError(msg)
+
+    def _tasks(self, nbytes: int, workers: int) -> int:
+        if self.tasks_per_stage:
+            return self.tasks_per_stage
+        n = math.ceil(nbytes / self.bytes_per_task)
+        if self.wave_bytes_per_task is None or n <= workers or workers < 1:
+            return n
+        n = max(math.ceil(nbytes / self.wave_bytes_per_task), workers)
+        return math.ceil(n / workers) * workers
 
     def leaf_tasks(self, scan_bytes: int, num_work_units: int, workers: int) -> int:
-        """``min(units, ceil(bytes / bytes_per_task))``, at least 1."""
-        wanted = self.tasks_per_stage or math.ceil(scan_bytes / self.bytes_per_task)
-        return max(1, min(wanted, num_work_units))
+        """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (see ``wave_bytes_per_task``)."""
+        return max(1, min(self._tasks(scan_bytes, workers), num_work_units))
 
     def shuffle_tasks(self, input_bytes: int, workers: int) -> int:
-        """``ceil(bytes / bytes_per_task)``, at least 1."""
-        return max(1, self.tasks_per_stage or math.ceil(input_bytes / self.bytes_per_task))
+        """``ceil(bytes / bytes_per_task)``, at least 1 (see ``wave_bytes_per_task``)."""
+        return max(1, self._tasks(input_bytes, workers))
