@@ -231,16 +231,25 @@ def test_wave_sizing_fills_the_slots_then_grows_tasks_in_whole_waves():
     assert DefaultTaskEstimator(256 * mib).shuffle_tasks(9000 * mib, 2) == 36
     with pytest.raises(ValueError, match="wave_bytes_per_task"):
         DefaultTaskEstimator(wave_bytes_per_task=0)
+    # A stage fed by a shuffle may be sized smaller than a leaf stage.
+    split = DefaultTaskEstimator(256 * mib, shuffle_bytes_per_task=64 * mib)
+    assert (split.leaf_tasks(200 * mib, 8, 4), split.shuffle_tasks(200 * mib, 4)) == (1, 4)
 
 
-def test_a_users_bytes_per_task_turns_wave_sizing_off():
+def test_a_users_bytes_per_task_turns_the_runtimes_sizes_off():
     class SparkLike:
         bytes_per_task = 256 * 2**20
         wave_bytes_per_task = 2048 * 2**20
+        shuffle_bytes_per_task = 64 * 2**20
 
-    assert DistributedConfig().task_estimator(SparkLike()).wave_bytes_per_task == 2048 * 2**20
+    runtimes = DistributedConfig().task_estimator(SparkLike())
+    assert (runtimes.wave_bytes_per_task, runtimes.shuffle_bytes_per_task) == (2**31, 2**26)
     user = DistributedConfig(bytes_per_task=2**20).task_estimator(SparkLike())
-    assert (user.bytes_per_task, user.wave_bytes_per_task) == (2**20, None)
+    assert (user.bytes_per_task, user.wave_bytes_per_task, user.shuffle_bytes_per_task) == (
+        2**20,
+        None,
+        None,
+    )
 
 
 # ---------------------------------------------------------------- aggregates

@@ -82,6 +82,7 @@ class DistributedConfig:
             getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task),
             self.tasks_per_stage,
             getattr(runtime, "wave_bytes_per_task", None),
+            getattr(runtime, "shuffle_bytes_per_task", None),
         )
 
 

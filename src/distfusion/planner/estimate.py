@@ -182,11 +182,18 @@ class DefaultTaskEstimator:
             every broadcast and building its hash table again, one more output
             piece per consumer (``SparkRuntime.wave_bytes_per_task`` gives the
             measurements).
+        shuffle_bytes_per_task: ``bytes_per_task`` of stages fed by a shuffle;
+            None (default): ``bytes_per_task``. For runtimes where a leaf stage
+            of one task is cheaper than several (on Spark a query whose every
+            stage has one task runs wholly on the driver, no Spark job), while a
+            stage reading a shuffle is distributed anyway and should fill the
+            slots (``SparkRuntime.shuffle_bytes_per_task``).
     """
 
     bytes_per_task: int = 16 * 1024 * 1024
     tasks_per_stage: int | None = None
     wave_bytes_per_task: int | None = None
+    shuffle_bytes_per_task: int | None = None
 
     def __post_init__(self) -> None:
         if self.bytes_per_task <= 0:
@@ -195,14 +202,16 @@ class DefaultTaskEstimator:
         if self.tasks_per_stage is not None and self.tasks_per_stage < 1:
             msg = f"tasks_per_stage must be at least 1, got {self.tasks_per_stage}"
             raise ValueError(msg)
-        if self.wave_bytes_per_task is not None and self.wave_bytes_per_task <= 0:
-            msg = f"wave_bytes_per_task must be positive, got {self.wave_bytes_per_task}"
-            raise ValueError(msg)
+        for name in ("wave_bytes_per_task", "shuffle_bytes_per_task"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                msg = f"{name} must be positive, got {value}"
+                raise ValueError(msg)
 
-    def _tasks(self, nbytes: int, workers: int) -> int:
+    def _tasks(self, nbytes: int, workers: int, bytes_per_task: int) -> int:
         if self.tasks_per_stage:
             return self.tasks_per_stage
-        n = math.ceil(nbytes / self.bytes_per_task)
+        n = math.ceil(nbytes / bytes_per_task)
         if self.wave_bytes_per_task is None or n <= workers or workers < 1:
             return n
         n = max(math.ceil(nbytes / self.wave_bytes_per_task), workers)
@@ -210,8 +219,9 @@ class DefaultTaskEstimator:
 
     def leaf_tasks(self, scan_bytes: int, num_work_units: int, workers: int) -> int:
         """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (see ``wave_bytes_per_task``)."""
-        return max(1, min(self._tasks(scan_bytes, workers), num_work_units))
+        return max(1, min(self._tasks(scan_bytes, workers, self.bytes_per_task), num_work_units))
 
     def shuffle_tasks(self, input_bytes: int, workers: int) -> int:
-        """``ceil(bytes / bytes_per_task)``, at least 1 (see ``wave_bytes_per_task``)."""
-        return max(1, self._tasks(input_bytes, workers))
+        """``ceil(bytes / shuffle_bytes_per_task)``, at least 1 (see ``wave_bytes_per_task``)."""
+        size = self.shuffle_bytes_per_task or self.bytes_per_task
+        return max(1, self._tasks(input_bytes, workers, size))
