@@ -15,6 +15,8 @@ import decimal
 import math
 
 import pyarrow as pa
+import sqlglot
+import sqlglot.errors
 from datafusion import SessionContext
 
 from distfusion.context import plan_statements, split_statements
@@ -30,9 +32,20 @@ def oracle_result(ctx: SessionContext, sql: str) -> pa.Table:
 
 
 def is_ordered(sql: str) -> bool:
-    """True when the result statement has a top-level ORDER BY (checked textually)."""
+    """True when the result statement has a top-level ORDER BY.
+
+    Parsed with sqlglot, so an ``ORDER BY`` inside an aggregate (``array_agg(x
+    ORDER BY y)``), a window or a subquery does not count; SQL sqlglot cannot
+    parse is checked textually.
+    """
     stmts = [s for s in split_statements(sql) if s.lower().lstrip().startswith(("select", "with"))]
-    return "order by" in stmts[-1].lower() if stmts else False
+    if not stmts:
+        return False
+    try:
+        tree = sqlglot.parse_one(stmts[-1], dialect="postgres")
+    except sqlglot.errors.ParseError:
+        return "order by" in stmts[-1].lower()
+    return tree.args.get("order") is not None
 
 
 def _same_value(a, b, decimal_ulps: int = 0) -> bool:
@@ -49,7 +62,15 @@ def _same_value(a, b, decimal_ulps: int = 0) -> bool:
 
 
 def _sort_key(row: tuple):
-    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)
+    # Nested values (lists, structs as dicts) do not order: by their text.
+    return tuple(
+        (
+            v is None,
+            str(type(v)),
+            repr(v) if isinstance(v, (list, dict)) else v if v is not None else 0,
+        )
+        for v in row
+    )
 
 
 def assert_same_result(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -33,10 +34,11 @@ from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
 from distfusion.display import print_table
-from distfusion.errors import PlanningError
+from distfusion.errors import NotDistributableError, PlanningError
 from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
+from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.planner.substrait import consume_plan, fits_decoder
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
@@ -171,6 +173,13 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
     if not lost:
         return None
     return f"Substrait does not carry {', '.join(lost)} (DataFusion's producer drops it)"
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters (for a reason)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"(Unsupported plan type: \w+) \{.*", r"\1", text)  # not the whole plan
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
@@ -373,38 +382,72 @@ class DistributedDataFrame:
     def _is_query(self) -> bool:
         return len(self.df.schema()) > 0  # DDL has no columns
 
-    def _substrait(self) -> bytes:
-        """The optimized query as Substrait plan bytes (made once)."""
-        if self._plan_bytes is None:
+    def _substrait(self) -> bytes | None:
+        """The optimized query as Substrait plan bytes (made once); None when it has none.
+
+        When DataFusion's producer cannot express the query (``WITH RECURSIVE``,
+        ``UNNEST``, a ``LEFT JOIN ... USING``), or the plan would lose meaning on
+        the way (:func:`lost_in_substrait`), the reason is kept for
+        :meth:`coordinator_only`.
+        """
+        if self._plan_bytes is None and self._coordinator_only is None:
             ctx = self.context
+            logical = self.df.optimized_logical_plan()
             try:
-                logical = self.df.optimized_logical_plan()
-                plan = Plan()
-                plan.ParseFromString(Producer.to_substrait_plan(logical, ctx.ctx).encode())
-            except Exception as exc:
-                msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
-                raise PlanningError(msg) from exc
-            rewrite_null_aware_anti_joins(plan, logical)
+                produced = Producer.to_substrait_plan(logical, ctx.ctx).encode()
+            except Exception as exc:  # DataFusion raises bare Exception
+                self._coordinator_only = (
+                    f"DataFusion's Substrait producer cannot express the plan: {_first_line(exc)}"
+                )
+                return None
+            plan = Plan()
+            plan.ParseFromString(produced)
+            try:
+                rewrite_null_aware_anti_joins(plan, logical)
+            except NotDistributableError as exc:
+                self._coordinator_only = str(exc)
+                return None
+            repair_substrait(plan)
             self._plan_bytes = plan.SerializeToString()
             try:
                 self._coordinator_only = lost_in_substrait(ctx.ctx, logical, self._plan_bytes)
             except Exception as exc:  # DataFusion raises bare Exception
-                msg = f"DataFusion cannot consume its own Substrait plan: {exc}"
-                raise PlanningError(msg) from exc
+                self._coordinator_only = (
+                    f"DataFusion cannot consume its own Substrait plan: {_first_line(exc)}"
+                )
         return self._plan_bytes
 
     def coordinator_only(self) -> str | None:
         """Why the query runs whole on the coordinator, or None when it is distributed.
 
-        A query whose meaning Substrait cannot carry (:func:`lost_in_substrait`)
-        is not cut into stages: single-node DataFusion runs its own plan on the
-        coordinator, over the tables as registered there, rather than answer
-        another question.
+        One fallback for everything the distributed planner cannot cut into
+        stages although DataFusion plans it: DataFusion's Substrait producer
+        cannot express the plan (``WITH RECURSIVE``, ``UNNEST``, ``LEFT JOIN
+        ... USING``), a round trip through Substrait would change its meaning
+        (:func:`lost_in_substrait`: ``IGNORE NULLS``), or the planner raises
+        :class:`~distfusion.errors.NotDistributableError` (DataFusion's consumer
+        rejects a fragment, as for ``> ANY (subquery)``; a table function such
+        as ``generate_series`` has no distfusion source). Such a query is not
+        cut into stages: single-node DataFusion runs its own plan on the
+        coordinator, over the tables as registered there, rather than refuse
+        the query or answer another question. :meth:`explain` starts with
+        ``coordinator only`` and the reason.
+
+        Deciding may plan the query (and so start the runtime, for its worker
+        count) when nothing before planning rules it out.
+
+        Returns:
+            A sentence naming the cause, or None.
 
         Raises:
-            PlanningError: DataFusion cannot express the query as Substrait.
+            PlanningError: the runtime has no worker.
         """
         self._substrait()
+        if self._coordinator_only is None and self._graph is None:
+            try:
+                self._graph = self._plan(self._planner_config())
+            except NotDistributableError as exc:
+                self._coordinator_only = f"the distributed planner cannot cut it: {exc}"
         return self._coordinator_only
 
     def _planner_config(self) -> PlannerConfig:
@@ -417,7 +460,11 @@ class DistributedDataFrame:
         query_id: str | None = None,
         first_stage_id: int = 1,
     ) -> StageGraph:
-        """Plan the query (over the stages that ran, for adaptive execution)."""
+        """Plan the query (over the stages that ran, for adaptive execution).
+
+        Raises:
+            NotDistributableError: see :func:`plan_stages`.
+        """
         plan = Plan()
         plan.ParseFromString(self._substrait())  # the planner rewrites its plan in place
         return plan_stages(
@@ -431,16 +478,14 @@ class DistributedDataFrame:
         the stages not yet run; :meth:`explain` after a run shows what ran.
 
         Raises:
-            PlanningError: the plan cannot be distributed (also when it runs on the
-                coordinator only: :meth:`coordinator_only`) or the runtime has no
-                worker.
+            PlanningError: the query runs on the coordinator only
+                (:meth:`coordinator_only` says why), or the runtime has no worker.
         """
         reason = self.coordinator_only()
         if reason is not None:
             msg = f"the query runs on the coordinator, not as stages: {reason}"
             raise PlanningError(msg)
-        if self._graph is None:
-            self._graph = self._plan(self._planner_config())
+        assert self._graph is not None  # coordinator_only() planned it
         return self._graph
 
     def explain(self) -> str:
