@@ -33,8 +33,9 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
+from distfusion.ddl import Statement, parse_statement
 from distfusion.display import print_table
-from distfusion.errors import NotDistributableError, PlanningError
+from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
 from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
@@ -109,14 +110,34 @@ def _check_path(name: str, path: str, extension: str) -> None:
         raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from None
 
 
-def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
+_WRITES = ("DmlStatement", "CopyTo")
+"""Logical plan variants that write (INSERT, UPDATE, DELETE, COPY): DataFusion
+runs them when their DataFrame is collected, not when planned."""
+
+
+def writes(df: DataFrame) -> bool:
+    """Whether ``df`` is an INSERT, UPDATE, DELETE or COPY (it writes when collected)."""
+    return type(df.logical_plan().to_variant()).__name__ in _WRITES
+
+
+def plan_statements(
+    ctx: SessionContext, sql: str, run: Callable[[str], DataFrame] | None = None
+) -> DataFrame:
     """Plan the statements of ``sql`` on a DataFusion context, in order.
 
-    DDL (``CREATE VIEW``, ``DROP VIEW``, ...) takes effect as it is planned. The
-    result is the last statement that returns columns (its plan keeps the
+    DDL (``CREATE TABLE``, ``CREATE VIEW``, ``DROP TABLE``, ...) takes effect as
+    it is planned. A write (``INSERT``, ``COPY``) before the last statement runs
+    at once, so later statements see it (DataFusion runs a write only when its
+    DataFrame is collected: the last statement's stays for the caller to run).
+    The result is the last statement that returns columns (its plan keeps the
     definition of any view a later statement drops), else the last statement.
     Used by :meth:`DistributedContext.sql`, and for single-node DataFusion by the
     benchmark and the tests.
+
+    Args:
+        ctx: the context the statements run on.
+        sql: one or more statements separated by ``;``.
+        run: plans one statement (default ``ctx.sql``).
 
     Raises:
         PlanningError: ``sql`` holds no statement.
@@ -125,9 +146,12 @@ def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
     statements = split_statements(sql)
     if not statements:
         raise PlanningError("no SQL statement given")
+    run = run or ctx.sql
     result = None
-    for stmt in statements:
-        df = ctx.sql(stmt)
+    for i, stmt in enumerate(statements):
+        df = run(stmt)
+        if i < len(statements) - 1 and writes(df):
+            df.collect()
         if result is None or len(df.schema()) > 0:
             result = df
     return result
@@ -236,6 +260,7 @@ class DistributedContext:
         self.config = config or DistributedConfig()
         self.ctx = SessionContext()
         self.sources: dict[str, TableSource] = {}
+        self._written = False  # a write ran or may run: memory tables are read again
 
     # ------------------------------------------------------------- registration
     def register_parquet(
@@ -324,21 +349,109 @@ class DistributedContext:
         """Plan ``query``; nothing runs until a result is asked for.
 
         ``query`` may hold several statements separated by semicolons. They are
-        planned in order, and DDL (``CREATE VIEW``, ``DROP VIEW``, ...) takes effect
-        at once on the coordinator; the result is the last statement that returns
-        rows (a view it uses may be dropped by a later statement: the plan keeps
-        the view's definition). With only DDL, the result is empty.
+        planned in order (:func:`plan_statements`); the result is the last
+        statement that returns rows (a view it uses may be dropped by a later
+        statement: the plan keeps the view's definition). With only DDL, the
+        result is empty. DDL and DML follow DataFusion (:mod:`distfusion.ddl`):
+
+        - ``CREATE [OR REPLACE] TABLE t AS query`` (or ``AS VALUES``) runs
+          ``query`` distributed, now, and keeps the result as memory table
+          ``t``, split across tasks like :meth:`register_table`'s;
+        - ``CREATE TABLE t (columns)`` makes an empty memory table;
+        - ``CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'path'`` is
+          :meth:`register_parquet`; other formats, partitioned or remote
+          locations are read by DataFusion on the coordinator;
+        - ``INSERT INTO`` a memory table (and ``UPDATE``/``DELETE`` where
+          DataFusion supports them, ``COPY``) runs on the coordinator, when
+          the result is collected (before the last statement: at once);
+        - ``CREATE VIEW``, ``DROP TABLE``/``VIEW`` and ``SET`` act at once.
 
         Raises:
-            PlanningError: invalid SQL, an unknown table or column; the message is
-                DataFusion's. Raised before any task starts.
+            PlanningError: invalid SQL, an unknown table or column (the message
+                is DataFusion's); ``INSERT INTO`` a table read from files (only
+                memory tables take rows). Raised before any task starts.
+            TaskError: a ``CREATE TABLE ... AS`` query failed in a task.
         """
         try:
-            return DistributedDataFrame(self, plan_statements(self.ctx, query))
-        except PlanningError:
+            return DistributedDataFrame(self, plan_statements(self.ctx, query, self._statement))
+        except DistfusionError:
             raise
         except Exception as exc:  # DataFusion's bare Exception, message kept
             raise PlanningError(str(exc)) from exc
+
+    def _statement(self, sql: str) -> DataFrame:
+        """Plan one statement on the coordinator's context; keep :attr:`sources` in step."""
+        self._reread_memory_tables()
+        st = parse_statement(sql)
+        if st.schema_qualified:  # another schema: DataFusion's alone (no source)
+            return self.ctx.sql(sql)
+        source = self.sources.get(st.table)
+        if st.kind == "dml" and source is not None and source.format != "memory":
+            msg = (
+                f"cannot write into table {st.table!r}: it is read from {source.format} files; "
+                "INSERT INTO takes memory tables (CREATE TABLE, register_table, "
+                "register_record_batches)"
+            )
+            raise PlanningError(msg)
+        if st.kind == "ctas" and (
+            not self.ctx.table_exist(st.table) or "REPLACE" in st.head.upper().split()
+        ):
+            df = self._create_table_as(st.head, st.query)
+        else:
+            df = self.ctx.sql(sql)
+        self._sync_sources(st)
+        return df
+
+    def _create_table_as(self, head: str, query: str) -> DataFrame:
+        """``{head} AS {query}`` with ``query`` run distributed; DataFusion creates the table."""
+        result = self.sql(query).to_arrow_table()
+        tmp = f"__distfusion_ctas_{uuid.uuid4().hex}"
+        batches = result.to_batches() or [pa.RecordBatch.from_pylist([], schema=result.schema)]
+        self.ctx.register_record_batches(tmp, [batches])
+        try:
+            return self.ctx.sql(f"{head}AS SELECT * FROM {tmp}")
+        finally:
+            self.ctx.deregister_table(tmp)
+
+    def _sync_sources(self, st: Statement) -> None:
+        """Sources after statement ``st``: dropped with their table, added for SQL-made tables."""
+        schema = self.ctx.catalog().schema()
+        names = set(schema.names())
+        for name in list(self.sources):
+            if name not in names or schema.table(name).kind == "view":
+                del self.sources[name]
+        if st.table not in names or schema.table(st.table).kind == "view":
+            return
+        if st.kind in ("ctas", "create"):
+            self._memory_source(st.table)
+        elif st.kind == "external":
+            self.sources.pop(st.table, None)  # replaced, or read on the coordinator
+            if st.stored_as == "PARQUET" and st.location and not st.partitioned:
+                try:
+                    source = parquet_source(
+                        st.table, st.location, self.ctx.table(st.table).schema()
+                    )
+                except PlanningError:  # remote or no local file: DataFusion reads it
+                    return
+                self._add(source)
+        elif st.kind == "dml":
+            self._written = True  # runs when collected: read memory tables again then
+
+    def _memory_source(self, name: str) -> None:
+        """(Re)describe memory table ``name`` from its batches in the coordinator's context."""
+        batches = [b for b in self.ctx.table(name).collect() if b.num_rows]
+        if not batches:
+            batches = [pa.RecordBatch.from_pylist([], schema=self.ctx.table(name).schema())]
+        self._add(memory_source(name, [batches]))
+
+    def _reread_memory_tables(self) -> None:
+        """After a write may have run (INSERT ...), describe every memory table again."""
+        if not self._written:
+            return
+        self._written = False
+        for name, source in list(self.sources.items()):
+            if source.format == "memory" and self.ctx.table_exist(name):
+                self._memory_source(name)
 
     @property
     def runtime(self) -> Runtime:
@@ -392,6 +505,9 @@ class DistributedDataFrame:
         """
         if self._plan_bytes is None and self._coordinator_only is None:
             ctx = self.context
+            if writes(self.df):
+                self._coordinator_only = "a write (INSERT, COPY, ...) runs in DataFusion"
+                return None
             logical = self.df.optimized_logical_plan()
             try:
                 produced = Producer.to_substrait_plan(logical, ctx.ctx).encode()
@@ -404,10 +520,10 @@ class DistributedDataFrame:
             plan.ParseFromString(produced)
             try:
                 rewrite_null_aware_anti_joins(plan, logical)
+                repair_substrait(plan)
             except NotDistributableError as exc:
                 self._coordinator_only = str(exc)
                 return None
-            repair_substrait(plan)
             self._plan_bytes = plan.SerializeToString()
             try:
                 self._coordinator_only = lost_in_substrait(ctx.ctx, logical, self._plan_bytes)
@@ -516,6 +632,8 @@ class DistributedDataFrame:
         """
         if not self._is_query():
             return iter(())
+        if writes(self.df):
+            self.context._written = True  # memory tables are read again before the next query
         if self.coordinator_only() is not None:
             return _on_coordinator(self.df)
         ctx = self.context

@@ -14,7 +14,13 @@ nothing)                                empty"; a join on ``true`` is the same)
 ``logb(x)`` with one argument (SQL's    ``logb(x, 10)``: DataFusion's
 one-argument ``log(x)``, base 10)       one-argument ``log`` is base 10, and its
                                         consumer expects two arguments
+a read of ``datafusion.public.t``        a read of ``t`` (the planner finds
+                                        sources by their bare name)
 =====================================  =========================================
+
+A read of a table in another schema (``CREATE SCHEMA s; ... FROM s.t``) has no
+distfusion source: :class:`~distfusion.errors.NotDistributableError`, so the
+query is not planned over a same-named table of the default schema.
 
 Anything else the consumer rejects falls back to the coordinator (see
 :meth:`distfusion.context.DistributedDataFrame.coordinator_only`).
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 from substrait.proto import Expression, Plan, Rel
 
+from distfusion.errors import NotDistributableError
 from distfusion.planner.substrait import FunctionRegistry
 from distfusion.planner.walk import walk
 
@@ -35,12 +42,19 @@ def repair_substrait(plan: Plan) -> Plan:
 
     Called once per query on the coordinator, on the plan DataFusion's producer
     made for the optimized logical plan, before :func:`plan_stages`.
+
+    Raises:
+        NotDistributableError: the plan reads a table of a schema other than
+            DataFusion's default (``datafusion.public``).
     """
     registry = FunctionRegistry(plan)
     for msg in walk(plan):
         if isinstance(msg, Rel) and msg.WhichOneof("rel_type") == "join":
             if not msg.join.HasField("expression"):
                 msg.join.expression.literal.boolean = True
+        elif isinstance(msg, Rel) and msg.WhichOneof("rel_type") == "read":
+            if msg.read.HasField("named_table"):
+                _bare_name(msg.read.named_table.names)
         elif (
             isinstance(msg, Expression.ScalarFunction)
             and registry.name(msg.function_reference) == "logb"
@@ -51,6 +65,18 @@ def repair_substrait(plan: Plan) -> Plan:
                 # Substrait's logb is (x, base); SQL's log is (base, x).
                 msg.arguments.add().value.CopyFrom(base)
     return plan
+
+
+_DEFAULT_PATH = ["datafusion", "public"]
+
+
+def _bare_name(names) -> None:
+    """Drop the default catalog and schema from a table path (in place); refuse others."""
+    prefix = list(names[:-1])
+    if prefix and prefix != _DEFAULT_PATH[-len(prefix) :]:
+        msg = f"table {'.'.join(names)} is not in the default schema: it has no distfusion source"
+        raise NotDistributableError(msg)
+    del names[:-1]
 
 
 def _ten(kind: str | None) -> Expression | None:
