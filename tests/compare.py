@@ -1,6 +1,6 @@
 """Result comparison against single-node DataFusion.
 
-Rules (from the core issue): same column names, same rows, in order when the
+Rules (from the core issue): same column names and Arrow types, same rows, in order when the
 query orders them; floats equal within 1e-9 relative (a distributed sum adds in
 another order); everything else, decimals included, exactly equal (a
 distributed decimal average divides in decimal arithmetic as DataFusion does).
@@ -74,17 +74,26 @@ def _sort_key(row: tuple):
 
 
 def assert_same_result(
-    got: pa.Table, expected: pa.Table, ordered: bool, decimal_ulps: int = 0
+    got: pa.Table,
+    expected: pa.Table,
+    ordered: bool,
+    decimal_ulps: int = 0,
+    check_types: bool = True,
 ) -> None:
     """Assert ``got`` equals ``expected`` under the rules above.
 
     ``decimal_ulps``: units in the last place two decimals may differ by (0:
     equal); only for results of another engine (see the module docs).
+    ``check_types``: the Arrow types must be equal too (a timestamp's zone
+    included: equal instants in another zone are another answer); False only
+    against another engine.
 
     Raises:
         AssertionError: naming the first differing row and column.
     """
     assert got.column_names == expected.column_names, (got.column_names, expected.column_names)
+    if check_types:
+        assert got.schema.types == expected.schema.types, (got.schema, expected.schema)
     assert got.num_rows == expected.num_rows, f"{got.num_rows} rows, expected {expected.num_rows}"
     # Rows as tuples (not dicts: a result may repeat a column name).
     rows_g = (

@@ -33,7 +33,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
-from distfusion.ddl import Statement, parse_statement
+from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
 from distfusion.planner.config import DistributedConfig, PlannerConfig
@@ -51,6 +51,7 @@ from distfusion.sources import (
     list_files,
     memory_source,
     parquet_source,
+    sql_name,
 )
 from distfusion.stages import StageGraph
 
@@ -161,11 +162,21 @@ def plan_statements(
 # its logical plans display it. A query using it would return another answer.
 _LOST_IN_SUBSTRAIT = ("IGNORE NULLS",)
 
+# A cast to a timestamp with a zone, as DataFusion 55 displays it
+# (``CAST(x AS Timestamp(s, "+08:00"))``, also ``x AT TIME ZONE 'Europe/Paris'``):
+# Substrait's timestamp type has no zone, and DataFusion's consumer makes it
+# UTC, which changes what zone-dependent functions (date_trunc, date_part, casts
+# to text) compute. Literals keep their instant; only their label is lost (the
+# result's zone is set back in ``_named``).
+_CAST_ZONE = re.compile(r'Timestamp\(\w+, "([^"]+)"\)')
+_UTC = {"UTC", "+00:00", "Z"}
+
 
 def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | None:
     """What of the optimized plan ``logical`` its Substrait ``plan_bytes`` does not carry.
 
-    The Substrait plan is consumed again on ``ctx`` and compared with
+    A cast to a timestamp with a time zone other than UTC is lost (Substrait has
+    no field for the zone). The Substrait plan is consumed again on ``ctx`` and compared with
     ``logical``: a modifier of :data:`_LOST_IN_SUBSTRAIT` (``first_value(x)
     IGNORE NULLS``: Substrait has no field for it) that the original shows more
     often than the round trip was dropped on the way. A plan too deep for
@@ -181,6 +192,12 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
         Exception: DataFusion's error when it rejects ``plan_bytes`` otherwise.
     """
     before = logical.display_indent()
+    zones = sorted({z for z in _CAST_ZONE.findall(before) if z not in _UTC})
+    if zones:
+        return (
+            "Substrait does not carry the time zone of a cast to a timestamp "
+            f"({', '.join(zones)}): DataFusion's consumer reads it as UTC"
+        )
     if not any(m in before for m in _LOST_IN_SUBSTRAIT) and fits_decoder(plan_bytes):
         return None  # nothing to lose: no round trip
     tables = ctx.catalog().schema().names()
@@ -199,6 +216,17 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
     return f"Substrait does not carry {', '.join(lost)} (DataFusion's producer drops it)"
 
 
+def table_name(name: str) -> str:
+    """The name DataFusion registers a table under: ``T1`` is ``t1``, ``'"T1"'`` is ``T1``.
+
+    DataFusion parses a name given to ``register_*`` as SQL does an identifier:
+    unquoted, it folds to lower case; double-quoted, it keeps its case.
+    """
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        return name[1:-1].replace('""', '"')
+    return fold_identifier(name, quoted=False)
+
+
 def _first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of ``exc``'s message, at most ``limit`` characters (for a reason)."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -214,20 +242,43 @@ def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
             yield batch
 
 
-def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
-    """``batches`` with the query's column names (stages name columns ``c0..``).
+def _named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """``batches`` with the query's column names and time zones.
 
-    Closing the returned iterator closes ``batches`` (which cancels the query).
+    Stages name columns ``c0..``; and Substrait does not carry a timestamp
+    literal's zone (DataFusion's consumer reads it as UTC), so a column whose
+    only difference from the query's type is the zone gets the query's zone
+    back (the same instants: only the label changes). Closing the returned
+    iterator closes ``batches`` (which cancels the query).
     """
+    names = schema.names
     try:
         for b in batches:
-            yield (
-                b if b.schema.names == names else pa.RecordBatch.from_arrays(b.columns, names=names)
-            )
+            columns = [
+                c.cast(f.type) if c.type != f.type and _zone_only(c.type, f.type) else c
+                for c, f in zip(b.columns, schema, strict=True)
+            ]
+            if b.schema.names == names and all(
+                c is o for c, o in zip(columns, b.columns, strict=True)
+            ):
+                yield b
+            else:
+                yield pa.RecordBatch.from_arrays(columns, names=names)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _zone_only(got: pa.DataType, want: pa.DataType) -> bool:
+    """Both are timestamps of one unit, with different zones (or one without)."""
+    return (
+        pa.types.is_timestamp(got)
+        and pa.types.is_timestamp(want)
+        and got.unit == want.unit
+        and got.tz is not None
+        and want.tz is not None
+    )
 
 
 class DistributedContext:
@@ -335,10 +386,11 @@ class DistributedContext:
         return sorted(self.sources)
 
     def _add(self, source: TableSource) -> None:
-        self.sources[source.name] = source
+        name = table_name(source.name)
+        self.sources[name] = dataclasses.replace(source, name=name)
 
     def _forget(self, name: str) -> None:
-        self.sources.pop(name, None)
+        self.sources.pop(table_name(name), None)
         try:
             self.ctx.deregister_table(name)
         except Exception:  # not registered: nothing to forget
@@ -394,7 +446,7 @@ class DistributedContext:
             )
             raise PlanningError(msg)
         if st.kind == "ctas" and (
-            not self.ctx.table_exist(st.table) or "REPLACE" in st.head.upper().split()
+            not self.ctx.table_exist(sql_name(st.table)) or "REPLACE" in st.head.upper().split()
         ):
             df = self._create_table_as(st.head, st.query)
         else:
@@ -429,7 +481,7 @@ class DistributedContext:
             if st.stored_as == "PARQUET" and st.location and not st.partitioned:
                 try:
                     source = parquet_source(
-                        st.table, st.location, self.ctx.table(st.table).schema()
+                        st.table, st.location, self.ctx.table(sql_name(st.table)).schema()
                     )
                 except PlanningError:  # remote or no local file: DataFusion reads it
                     return
@@ -439,9 +491,10 @@ class DistributedContext:
 
     def _memory_source(self, name: str) -> None:
         """(Re)describe memory table ``name`` from its batches in the coordinator's context."""
-        batches = [b for b in self.ctx.table(name).collect() if b.num_rows]
+        table = self.ctx.table(sql_name(name))
+        batches = [b for b in table.collect() if b.num_rows]
         if not batches:
-            batches = [pa.RecordBatch.from_pylist([], schema=self.ctx.table(name).schema())]
+            batches = [pa.RecordBatch.from_pylist([], schema=table.schema())]
         self._add(memory_source(name, [batches]))
 
     def _reread_memory_tables(self) -> None:
@@ -450,7 +503,7 @@ class DistributedContext:
             return
         self._written = False
         for name, source in list(self.sources.items()):
-            if source.format == "memory" and self.ctx.table_exist(name):
+            if source.format == "memory" and self.ctx.table_exist(sql_name(name)):
                 self._memory_source(name)
 
     @property
@@ -639,10 +692,9 @@ class DistributedDataFrame:
         ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
-        names = self.df.schema().names
         if not ctx.config.adaptive:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
-            return _named(ctx.runtime.execute(graph), names)
+            return _named(ctx.runtime.execute(graph), self.df.schema())
         config = self._planner_config()
         static = dataclasses.replace(self.stage_graph(), query_id=query_id)  # errors first
 
@@ -661,7 +713,7 @@ class DistributedDataFrame:
             ctx.config.adaptive_shuffle_bytes,
             self.last_run,
         )
-        return _named(batches, names)
+        return _named(batches, self.df.schema())
 
     def collect(self) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for errors)."""

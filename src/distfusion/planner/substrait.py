@@ -37,6 +37,7 @@ from substrait.proto import (
 )
 
 from distfusion.errors import NotDistributableError
+from distfusion.sources import sql_name
 from distfusion.planner.walk import (
     child_fields,
     children,
@@ -304,7 +305,7 @@ class SchemaOracle:
     def register_empty(self, name: str, schema: pa.Schema) -> None:
         """Register an empty table ``name`` with ``schema`` in the planning context."""
         batch = pa.RecordBatch.from_pylist([], schema=schema)
-        self.ctx.register_record_batches(name, [[batch]])
+        self.ctx.register_record_batches(sql_name(name), [[batch]])
 
     def _as_plan(self, rel: Rel, names: list[str] | None = None) -> Plan:
         p = Plan()
