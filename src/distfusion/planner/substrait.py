@@ -37,7 +37,6 @@ from substrait.proto import (
 )
 
 from distfusion.errors import NotDistributableError
-from distfusion.sources import sql_name
 from distfusion.planner.walk import (
     child_fields,
     children,
@@ -48,6 +47,7 @@ from distfusion.planner.walk import (
     set_children,
     walk,
 )
+from distfusion.sources import sql_name
 
 __all__ = [
     "SchemaOracle",
