@@ -61,16 +61,23 @@ def _same_value(a, b, decimal_ulps: int = 0) -> bool:
     return a == b
 
 
+def _sort_value(v):
+    """A key that orders every value of one column.
+
+    NULL last, NaN apart from numbers, nested values (lists, structs as dicts)
+    by their text.
+    """
+    if v is None:
+        return (True, "", 0)
+    if isinstance(v, float) and math.isnan(v):
+        return (False, "nan", 0)
+    if isinstance(v, (list, dict)):
+        return (False, str(type(v)), repr(v))
+    return (False, str(type(v)), v)
+
+
 def _sort_key(row: tuple):
-    # Nested values (lists, structs as dicts) do not order: by their text.
-    return tuple(
-        (
-            v is None,
-            str(type(v)),
-            repr(v) if isinstance(v, (list, dict)) else v if v is not None else 0,
-        )
-        for v in row
-    )
+    return tuple(_sort_value(v) for v in row)
 
 
 def assert_same_result(
