@@ -181,7 +181,9 @@ class QueryGen:
                 f"count({a}.{r.choice(GROUPABLE)})",
                 f"sum({a}.{n})",
                 f"min({a}.{r.choice(ORDERABLE)})",
-                f"max({a}.{r.choice(ORDERABLE + ['v'])})",
+                # Not over v: DataFusion's grouped min/max over a float with NaN
+                # depends on how rows fall into batches (tests/compare.py, rules).
+                f"max({a}.{r.choice(ORDERABLE)})",
                 f"avg({a}.{n})",
                 f"count(DISTINCT {a}.{r.choice(GROUPABLE)})",
                 f"sum(DISTINCT {a}.{r.choice(['k', 'k32', 'd', 'i8'])})",

@@ -46,3 +46,25 @@ def test_fuzz_sample_on_cluster_runtimes(runtime_for, runtime_name):
         3, SAMPLE_QUERIES, lambda w: runtime_for(runtime_name, min(w, cap)), tables_every=20
     )
     _assert_agrees(report)
+
+
+def test_datafusions_grouped_max_over_nan_depends_on_batches():
+    """Why the fuzzer does not take min/max of a float with NaN (tests/compare.py).
+
+    Found by ``test_fuzz_local[1]``: distributed, ``max(v)`` per group was NaN
+    where DataFusion said 8.25. DataFusion answers both, for the same rows,
+    depending only on the batches they arrive in.
+    """
+    import pyarrow as pa
+    from datafusion import SessionContext
+
+    nan, x = (
+        pa.record_batch({"k": [1], "v": [float("nan")]}),
+        pa.record_batch({"k": [1], "v": [8.25]}),
+    )
+    one, two = SessionContext(), SessionContext()
+    one.register_record_batches("t", [[nan, x]])
+    two.register_record_batches("t", [[x], [nan]])
+    sql = "SELECT max(v) AS m FROM t GROUP BY k"
+    assert one.sql(sql).to_pylist() == [{"m": 8.25}]
+    assert str(two.sql(sql).to_pylist()) == "[{'m': nan}]"
