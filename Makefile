@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SF1 := data/tpch-sf1
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast bench clean
+.PHONY: run test test-fast fuzz bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: $(VENV)/.installed-test
 
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The randomized differential fuzzer: 2,000 queries on the local runtime and a
+# sample on Flight and Spark (tests/fuzz_sql.py; DISTFUSION_FUZZ_QUERIES=N for more).
+fuzz: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m slow tests/test_fuzz.py $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-run $(SF1)/.complete
 	$(BIN)/distfusion bench tpch --data $(SF1) --runtime spark --workers 2

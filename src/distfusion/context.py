@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -32,11 +33,13 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
+from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table
-from distfusion.errors import PlanningError
+from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
 from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
+from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.planner.substrait import consume_plan, fits_decoder
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
@@ -48,6 +51,7 @@ from distfusion.sources import (
     list_files,
     memory_source,
     parquet_source,
+    sql_name,
 )
 from distfusion.stages import StageGraph
 
@@ -107,14 +111,34 @@ def _check_path(name: str, path: str, extension: str) -> None:
         raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from None
 
 
-def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
+_WRITES = ("DmlStatement", "CopyTo")
+"""Logical plan variants that write (INSERT, UPDATE, DELETE, COPY): DataFusion
+runs them when their DataFrame is collected, not when planned."""
+
+
+def writes(df: DataFrame) -> bool:
+    """Whether ``df`` is an INSERT, UPDATE, DELETE or COPY (it writes when collected)."""
+    return type(df.logical_plan().to_variant()).__name__ in _WRITES
+
+
+def plan_statements(
+    ctx: SessionContext, sql: str, run: Callable[[str], DataFrame] | None = None
+) -> DataFrame:
     """Plan the statements of ``sql`` on a DataFusion context, in order.
 
-    DDL (``CREATE VIEW``, ``DROP VIEW``, ...) takes effect as it is planned. The
-    result is the last statement that returns columns (its plan keeps the
+    DDL (``CREATE TABLE``, ``CREATE VIEW``, ``DROP TABLE``, ...) takes effect as
+    it is planned. A write (``INSERT``, ``COPY``) before the last statement runs
+    at once, so later statements see it (DataFusion runs a write only when its
+    DataFrame is collected: the last statement's stays for the caller to run).
+    The result is the last statement that returns columns (its plan keeps the
     definition of any view a later statement drops), else the last statement.
     Used by :meth:`DistributedContext.sql`, and for single-node DataFusion by the
     benchmark and the tests.
+
+    Args:
+        ctx: the context the statements run on.
+        sql: one or more statements separated by ``;``.
+        run: plans one statement (default ``ctx.sql``).
 
     Raises:
         PlanningError: ``sql`` holds no statement.
@@ -123,9 +147,12 @@ def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
     statements = split_statements(sql)
     if not statements:
         raise PlanningError("no SQL statement given")
+    run = run or ctx.sql
     result = None
-    for stmt in statements:
-        df = ctx.sql(stmt)
+    for i, stmt in enumerate(statements):
+        df = run(stmt)
+        if i < len(statements) - 1 and writes(df):
+            df.collect()
         if result is None or len(df.schema()) > 0:
             result = df
     return result
@@ -135,11 +162,21 @@ def plan_statements(ctx: SessionContext, sql: str) -> DataFrame:
 # its logical plans display it. A query using it would return another answer.
 _LOST_IN_SUBSTRAIT = ("IGNORE NULLS",)
 
+# A cast to a timestamp with a zone, as DataFusion 55 displays it
+# (``CAST(x AS Timestamp(s, "+08:00"))``, also ``x AT TIME ZONE 'Europe/Paris'``):
+# Substrait's timestamp type has no zone, and DataFusion's consumer makes it
+# UTC, which changes what zone-dependent functions (date_trunc, date_part, casts
+# to text) compute. Literals keep their instant; only their label is lost (the
+# result's zone is set back in ``_named``).
+_CAST_ZONE = re.compile(r'Timestamp\(\w+, "([^"]+)"\)')
+_UTC = {"UTC", "+00:00", "Z"}
+
 
 def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | None:
     """What of the optimized plan ``logical`` its Substrait ``plan_bytes`` does not carry.
 
-    The Substrait plan is consumed again on ``ctx`` and compared with
+    A cast to a timestamp with a time zone other than UTC is lost (Substrait has
+    no field for the zone). The Substrait plan is consumed again on ``ctx`` and compared with
     ``logical``: a modifier of :data:`_LOST_IN_SUBSTRAIT` (``first_value(x)
     IGNORE NULLS``: Substrait has no field for it) that the original shows more
     often than the round trip was dropped on the way. A plan too deep for
@@ -155,6 +192,12 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
         Exception: DataFusion's error when it rejects ``plan_bytes`` otherwise.
     """
     before = logical.display_indent()
+    zones = sorted({z for z in _CAST_ZONE.findall(before) if z not in _UTC})
+    if zones:
+        return (
+            "Substrait does not carry the time zone of a cast to a timestamp "
+            f"({', '.join(zones)}): DataFusion's consumer reads it as UTC"
+        )
     if not any(m in before for m in _LOST_IN_SUBSTRAIT) and fits_decoder(plan_bytes):
         return None  # nothing to lose: no round trip
     tables = ctx.catalog().schema().names()
@@ -173,6 +216,24 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
     return f"Substrait does not carry {', '.join(lost)} (DataFusion's producer drops it)"
 
 
+def table_name(name: str) -> str:
+    """The name DataFusion registers a table under: ``T1`` is ``t1``, ``'"T1"'`` is ``T1``.
+
+    DataFusion parses a name given to ``register_*`` as SQL does an identifier:
+    unquoted, it folds to lower case; double-quoted, it keeps its case.
+    """
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        return name[1:-1].replace('""', '"')
+    return fold_identifier(name, quoted=False)
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message, at most ``limit`` characters (for a reason)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"(Unsupported plan type: \w+) \{.*", r"\1", text)  # not the whole plan
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
     """``df`` run by single-node DataFusion in this process, as Arrow batches."""
     for rb in df.execute_stream():
@@ -181,20 +242,43 @@ def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
             yield batch
 
 
-def _named(batches: Iterator[pa.RecordBatch], names: list[str]) -> Iterator[pa.RecordBatch]:
-    """``batches`` with the query's column names (stages name columns ``c0..``).
+def _named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """``batches`` with the query's column names and time zones.
 
-    Closing the returned iterator closes ``batches`` (which cancels the query).
+    Stages name columns ``c0..``; and Substrait does not carry a timestamp
+    literal's zone (DataFusion's consumer reads it as UTC), so a column whose
+    only difference from the query's type is the zone gets the query's zone
+    back (the same instants: only the label changes). Closing the returned
+    iterator closes ``batches`` (which cancels the query).
     """
+    names = schema.names
     try:
         for b in batches:
-            yield (
-                b if b.schema.names == names else pa.RecordBatch.from_arrays(b.columns, names=names)
-            )
+            columns = [
+                c.cast(f.type) if c.type != f.type and _zone_only(c.type, f.type) else c
+                for c, f in zip(b.columns, schema, strict=True)
+            ]
+            if b.schema.names == names and all(
+                c is o for c, o in zip(columns, b.columns, strict=True)
+            ):
+                yield b
+            else:
+                yield pa.RecordBatch.from_arrays(columns, names=names)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _zone_only(got: pa.DataType, want: pa.DataType) -> bool:
+    """Both are timestamps of one unit, with different zones (or one without)."""
+    return (
+        pa.types.is_timestamp(got)
+        and pa.types.is_timestamp(want)
+        and got.unit == want.unit
+        and got.tz is not None
+        and want.tz is not None
+    )
 
 
 class DistributedContext:
@@ -227,6 +311,7 @@ class DistributedContext:
         self.config = config or DistributedConfig()
         self.ctx = SessionContext()
         self.sources: dict[str, TableSource] = {}
+        self._written = False  # a write ran or may run: memory tables are read again
 
     # ------------------------------------------------------------- registration
     def register_parquet(
@@ -301,10 +386,11 @@ class DistributedContext:
         return sorted(self.sources)
 
     def _add(self, source: TableSource) -> None:
-        self.sources[source.name] = source
+        name = table_name(source.name)
+        self.sources[name] = dataclasses.replace(source, name=name)
 
     def _forget(self, name: str) -> None:
-        self.sources.pop(name, None)
+        self.sources.pop(table_name(name), None)
         try:
             self.ctx.deregister_table(name)
         except Exception:  # not registered: nothing to forget
@@ -315,21 +401,110 @@ class DistributedContext:
         """Plan ``query``; nothing runs until a result is asked for.
 
         ``query`` may hold several statements separated by semicolons. They are
-        planned in order, and DDL (``CREATE VIEW``, ``DROP VIEW``, ...) takes effect
-        at once on the coordinator; the result is the last statement that returns
-        rows (a view it uses may be dropped by a later statement: the plan keeps
-        the view's definition). With only DDL, the result is empty.
+        planned in order (:func:`plan_statements`); the result is the last
+        statement that returns rows (a view it uses may be dropped by a later
+        statement: the plan keeps the view's definition). With only DDL, the
+        result is empty. DDL and DML follow DataFusion (:mod:`distfusion.ddl`):
+
+        - ``CREATE [OR REPLACE] TABLE t AS query`` (or ``AS VALUES``) runs
+          ``query`` distributed, now, and keeps the result as memory table
+          ``t``, split across tasks like :meth:`register_table`'s;
+        - ``CREATE TABLE t (columns)`` makes an empty memory table;
+        - ``CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'path'`` is
+          :meth:`register_parquet`; other formats, partitioned or remote
+          locations are read by DataFusion on the coordinator;
+        - ``INSERT INTO`` a memory table (and ``UPDATE``/``DELETE`` where
+          DataFusion supports them, ``COPY``) runs on the coordinator, when
+          the result is collected (before the last statement: at once);
+        - ``CREATE VIEW``, ``DROP TABLE``/``VIEW`` and ``SET`` act at once.
 
         Raises:
-            PlanningError: invalid SQL, an unknown table or column; the message is
-                DataFusion's. Raised before any task starts.
+            PlanningError: invalid SQL, an unknown table or column (the message
+                is DataFusion's); ``INSERT INTO`` a table read from files (only
+                memory tables take rows). Raised before any task starts.
+            TaskError: a ``CREATE TABLE ... AS`` query failed in a task.
         """
         try:
-            return DistributedDataFrame(self, plan_statements(self.ctx, query))
-        except PlanningError:
+            return DistributedDataFrame(self, plan_statements(self.ctx, query, self._statement))
+        except DistfusionError:
             raise
         except Exception as exc:  # DataFusion's bare Exception, message kept
             raise PlanningError(str(exc)) from exc
+
+    def _statement(self, sql: str) -> DataFrame:
+        """Plan one statement on the coordinator's context; keep :attr:`sources` in step."""
+        self._reread_memory_tables()
+        st = parse_statement(sql)
+        if st.schema_qualified:  # another schema: DataFusion's alone (no source)
+            return self.ctx.sql(sql)
+        source = self.sources.get(st.table)
+        if st.kind == "dml" and source is not None and source.format != "memory":
+            msg = (
+                f"cannot write into table {st.table!r}: it is read from {source.format} files; "
+                "INSERT INTO takes memory tables (CREATE TABLE, register_table, "
+                "register_record_batches)"
+            )
+            raise PlanningError(msg)
+        if st.kind == "ctas" and (
+            not self.ctx.table_exist(sql_name(st.table)) or "REPLACE" in st.head.upper().split()
+        ):
+            df = self._create_table_as(st.head, st.query)
+        else:
+            df = self.ctx.sql(sql)
+        self._sync_sources(st)
+        return df
+
+    def _create_table_as(self, head: str, query: str) -> DataFrame:
+        """``{head} AS {query}`` with ``query`` run distributed; DataFusion creates the table."""
+        result = self.sql(query).to_arrow_table()
+        tmp = f"__distfusion_ctas_{uuid.uuid4().hex}"
+        batches = result.to_batches() or [pa.RecordBatch.from_pylist([], schema=result.schema)]
+        self.ctx.register_record_batches(tmp, [batches])
+        try:
+            return self.ctx.sql(f"{head}AS SELECT * FROM {tmp}")
+        finally:
+            self.ctx.deregister_table(tmp)
+
+    def _sync_sources(self, st: Statement) -> None:
+        """Sources after statement ``st``: dropped with their table, added for SQL-made tables."""
+        schema = self.ctx.catalog().schema()
+        names = set(schema.names())
+        for name in list(self.sources):
+            if name not in names or schema.table(name).kind == "view":
+                del self.sources[name]
+        if st.table not in names or schema.table(st.table).kind == "view":
+            return
+        if st.kind in ("ctas", "create"):
+            self._memory_source(st.table)
+        elif st.kind == "external":
+            self.sources.pop(st.table, None)  # replaced, or read on the coordinator
+            if st.stored_as == "PARQUET" and st.location and not st.partitioned:
+                try:
+                    source = parquet_source(
+                        st.table, st.location, self.ctx.table(sql_name(st.table)).schema()
+                    )
+                except PlanningError:  # remote or no local file: DataFusion reads it
+                    return
+                self._add(source)
+        elif st.kind == "dml":
+            self._written = True  # runs when collected: read memory tables again then
+
+    def _memory_source(self, name: str) -> None:
+        """(Re)describe memory table ``name`` from its batches in the coordinator's context."""
+        table = self.ctx.table(sql_name(name))
+        batches = [b for b in table.collect() if b.num_rows]
+        if not batches:
+            batches = [pa.RecordBatch.from_pylist([], schema=table.schema())]
+        self._add(memory_source(name, [batches]))
+
+    def _reread_memory_tables(self) -> None:
+        """After a write may have run (INSERT ...), describe every memory table again."""
+        if not self._written:
+            return
+        self._written = False
+        for name, source in list(self.sources.items()):
+            if source.format == "memory" and self.ctx.table_exist(sql_name(name)):
+                self._memory_source(name)
 
     @property
     def runtime(self) -> Runtime:
@@ -373,38 +548,75 @@ class DistributedDataFrame:
     def _is_query(self) -> bool:
         return len(self.df.schema()) > 0  # DDL has no columns
 
-    def _substrait(self) -> bytes:
-        """The optimized query as Substrait plan bytes (made once)."""
-        if self._plan_bytes is None:
+    def _substrait(self) -> bytes | None:
+        """The optimized query as Substrait plan bytes (made once); None when it has none.
+
+        When DataFusion's producer cannot express the query (``WITH RECURSIVE``,
+        ``UNNEST``, a ``LEFT JOIN ... USING``), or the plan would lose meaning on
+        the way (:func:`lost_in_substrait`), the reason is kept for
+        :meth:`coordinator_only`.
+        """
+        if self._plan_bytes is None and self._coordinator_only is None:
             ctx = self.context
+            if writes(self.df):
+                self._coordinator_only = "a write (INSERT, COPY, ...) runs in DataFusion"
+                return None
+            logical = self.df.optimized_logical_plan()
             try:
-                logical = self.df.optimized_logical_plan()
-                plan = Plan()
-                plan.ParseFromString(Producer.to_substrait_plan(logical, ctx.ctx).encode())
-            except Exception as exc:
-                msg = f"DataFusion cannot express this query as a Substrait plan: {exc}"
-                raise PlanningError(msg) from exc
-            rewrite_null_aware_anti_joins(plan, logical)
+                produced = Producer.to_substrait_plan(logical, ctx.ctx).encode()
+            except Exception as exc:  # DataFusion raises bare Exception
+                self._coordinator_only = (
+                    f"DataFusion's Substrait producer cannot express the plan: {_first_line(exc)}"
+                )
+                return None
+            plan = Plan()
+            plan.ParseFromString(produced)
+            try:
+                rewrite_null_aware_anti_joins(plan, logical)
+                repair_substrait(plan)
+            except NotDistributableError as exc:
+                self._coordinator_only = str(exc)
+                return None
             self._plan_bytes = plan.SerializeToString()
             try:
                 self._coordinator_only = lost_in_substrait(ctx.ctx, logical, self._plan_bytes)
             except Exception as exc:  # DataFusion raises bare Exception
-                msg = f"DataFusion cannot consume its own Substrait plan: {exc}"
-                raise PlanningError(msg) from exc
+                self._coordinator_only = (
+                    f"DataFusion cannot consume its own Substrait plan: {_first_line(exc)}"
+                )
         return self._plan_bytes
 
     def coordinator_only(self) -> str | None:
         """Why the query runs whole on the coordinator, or None when it is distributed.
 
-        A query whose meaning Substrait cannot carry (:func:`lost_in_substrait`)
-        is not cut into stages: single-node DataFusion runs its own plan on the
-        coordinator, over the tables as registered there, rather than answer
-        another question.
+        One fallback for everything the distributed planner cannot cut into
+        stages although DataFusion plans it: DataFusion's Substrait producer
+        cannot express the plan (``WITH RECURSIVE``, ``UNNEST``, ``LEFT JOIN
+        ... USING``), a round trip through Substrait would change its meaning
+        (:func:`lost_in_substrait`: ``IGNORE NULLS``), or the planner raises
+        :class:`~distfusion.errors.NotDistributableError` (DataFusion's consumer
+        rejects a fragment, as for ``> ANY (subquery)``; a table function such
+        as ``generate_series`` has no distfusion source). Such a query is not
+        cut into stages: single-node DataFusion runs its own plan on the
+        coordinator, over the tables as registered there, rather than refuse
+        the query or answer another question. :meth:`explain` starts with
+        ``coordinator only`` and the reason.
+
+        Deciding may plan the query (and so start the runtime, for its worker
+        count) when nothing before planning rules it out.
+
+        Returns:
+            A sentence naming the cause, or None.
 
         Raises:
-            PlanningError: DataFusion cannot express the query as Substrait.
+            PlanningError: the runtime has no worker.
         """
         self._substrait()
+        if self._coordinator_only is None and self._graph is None:
+            try:
+                self._graph = self._plan(self._planner_config())
+            except NotDistributableError as exc:
+                self._coordinator_only = f"the distributed planner cannot cut it: {exc}"
         return self._coordinator_only
 
     def _planner_config(self) -> PlannerConfig:
@@ -417,7 +629,11 @@ class DistributedDataFrame:
         query_id: str | None = None,
         first_stage_id: int = 1,
     ) -> StageGraph:
-        """Plan the query (over the stages that ran, for adaptive execution)."""
+        """Plan the query (over the stages that ran, for adaptive execution).
+
+        Raises:
+            NotDistributableError: see :func:`plan_stages`.
+        """
         plan = Plan()
         plan.ParseFromString(self._substrait())  # the planner rewrites its plan in place
         return plan_stages(
@@ -431,16 +647,14 @@ class DistributedDataFrame:
         the stages not yet run; :meth:`explain` after a run shows what ran.
 
         Raises:
-            PlanningError: the plan cannot be distributed (also when it runs on the
-                coordinator only: :meth:`coordinator_only`) or the runtime has no
-                worker.
+            PlanningError: the query runs on the coordinator only
+                (:meth:`coordinator_only` says why), or the runtime has no worker.
         """
         reason = self.coordinator_only()
         if reason is not None:
             msg = f"the query runs on the coordinator, not as stages: {reason}"
             raise PlanningError(msg)
-        if self._graph is None:
-            self._graph = self._plan(self._planner_config())
+        assert self._graph is not None  # coordinator_only() planned it
         return self._graph
 
     def explain(self) -> str:
@@ -471,15 +685,16 @@ class DistributedDataFrame:
         """
         if not self._is_query():
             return iter(())
+        if writes(self.df):
+            self.context._written = True  # memory tables are read again before the next query
         if self.coordinator_only() is not None:
             return _on_coordinator(self.df)
         ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
-        names = self.df.schema().names
         if not ctx.config.adaptive:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
-            return _named(ctx.runtime.execute(graph), names)
+            return _named(ctx.runtime.execute(graph), self.df.schema())
         config = self._planner_config()
         static = dataclasses.replace(self.stage_graph(), query_id=query_id)  # errors first
 
@@ -498,7 +713,7 @@ class DistributedDataFrame:
             ctx.config.adaptive_shuffle_bytes,
             self.last_run,
         )
-        return _named(batches, names)
+        return _named(batches, self.df.schema())
 
     def collect(self) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for errors)."""

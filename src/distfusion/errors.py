@@ -5,6 +5,8 @@ One root, :class:`DistfusionError`, with a branch per phase of a query:
 ```
 DistfusionError
  ├── PlanningError (ValueError)     bad SQL, unknown table, plan the planner rejects
+ │    └── NotDistributableError     DataFusion accepts it, the distributed planner
+ │                                  cannot cut it (the query runs on the coordinator)
  ├── TaskError                      a task failed on a worker (names stage, task, worker)
  ├── TransportError                 a worker could not be reached or answered badly
  │    ├── WorkerUnavailableError (TransientError)
@@ -30,6 +32,7 @@ from typing import ClassVar
 __all__ = [
     "AuthenticationError",
     "DistfusionError",
+    "NotDistributableError",
     "PlanningError",
     "QueryCancelled",
     "TaskError",
@@ -64,6 +67,19 @@ class PlanningError(DistfusionError, ValueError):
 
     Raised on the coordinator before any task starts. The message keeps
     DataFusion's own wording.
+    """
+
+
+class NotDistributableError(PlanningError):
+    """DataFusion plans the query, but the distributed planner cannot cut it into stages.
+
+    Raised by the planner (:func:`~distfusion.planner.inject_network_boundaries.plan_stages`)
+    when a fragment does not survive Substrait (DataFusion's consumer rejects
+    what its producer wrote), or the plan reads a table distfusion has no
+    source for (a table function such as ``generate_series``, an
+    ``information_schema`` table). :class:`~distfusion.context.DistributedDataFrame`
+    catches it and runs the query whole on the coordinator with single-node
+    DataFusion instead (``coordinator_only()`` gives the message as the reason).
     """
 
 

@@ -23,7 +23,26 @@ from datafusion import SessionContext
 
 from distfusion.errors import PlanningError
 
-__all__ = ["TableSource", "WorkUnit", "parquet_source", "csv_source", "memory_source"]
+__all__ = [
+    "TableSource",
+    "WorkUnit",
+    "parquet_source",
+    "csv_source",
+    "memory_source",
+    "sql_name",
+]
+
+
+def sql_name(name: str) -> str:
+    """``name`` as DataFusion's ``register_*`` must be given it to register exactly ``name``.
+
+    DataFusion parses a registered name as an SQL identifier (unquoted folds to
+    lower case): a name with upper case is double-quoted. Lower-case names are
+    passed as they are.
+    """
+    if name == name.lower() and '"' not in name and "." not in name:
+        return name
+    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True)
@@ -215,7 +234,7 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     """
     if not units:
         ctx.register_record_batches(
-            source.name, [[pa.RecordBatch.from_pylist([], schema=source.schema)]]
+            sql_name(source.name), [[pa.RecordBatch.from_pylist([], schema=source.schema)]]
         )
         return
     if source.format == "memory":
@@ -223,7 +242,7 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
         for u in units:
             with pa.ipc.open_stream(u.ipc) as r:
                 batches.extend(r)
-        ctx.register_record_batches(source.name, [batches])
+        ctx.register_record_batches(sql_name(source.name), [batches])
         return
     frames = []
     for u in units:
@@ -241,4 +260,4 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     df = frames[0]
     for other in frames[1:]:
         df = df.union(other)
-    ctx.register_view(source.name, df)
+    ctx.register_view(sql_name(source.name), df)

@@ -46,7 +46,7 @@ from dataclasses import replace
 import pyarrow as pa
 from substrait.proto import Expression, Plan, Rel, SetRel
 
-from distfusion.errors import PlanningError
+from distfusion.errors import NotDistributableError, PlanningError
 from distfusion.planner import decompose_aggregate as dagg
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.distribute_joins import JoinDistribution
@@ -166,7 +166,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 plan_text = self.oracle.logical_plan(fragment).display_indent()
             except Exception as exc:  # DataFusion raises bare Exception
                 msg = f"DataFusion cannot consume a plan fragment: {exc}"
-                raise PlanningError(msg) from exc
+                raise NotDistributableError(msg) from exc
             stage_id = self.next_stage_id
             self.next_stage_id += 1
             self.computed[what] = len(self.stages)
@@ -267,7 +267,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             msg = (
                 f"table {name!r} is not registered with distfusion (register_parquet/register_csv)"
             )
-            raise PlanningError(msg)
+            raise NotDistributableError(msg)
         cols = None
         if read.HasField("projection"):
             all_names = list(source.schema.names)
@@ -489,8 +489,10 @@ def plan_stages(
         The stages, producers first, the head stage (1 task) last.
 
     Raises:
-        PlanningError: the plan reads an unregistered table, or a fragment cannot
-            be expressed (DataFusion's message is kept).
+        PlanningError: no worker.
+        NotDistributableError: the plan reads a table with no distfusion source
+            (a table function, an unregistered table), or a fragment cannot be
+            expressed (DataFusion's message is kept).
     """
     if config.workers < 1:
         msg = "no workers: the worker resolver returned an empty list"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from substrait.proto import JoinRel, Plan
 
-from distfusion.errors import PlanningError
+from distfusion.errors import NotDistributableError
 from distfusion.planner.substrait import FunctionRegistry, boolean_type, conjuncts
 from distfusion.planner.walk import relations
 
@@ -49,7 +49,7 @@ def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
         ``plan``, modified.
 
     Raises:
-        PlanningError: the two plans' anti joins cannot be matched one to one, or
+        NotDistributableError: the two plans' anti joins cannot be matched one to one, or
             a null-aware join has no equality to rewrite.
     """
     flags = _null_aware_flags(logical_plan)
@@ -66,7 +66,7 @@ def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
             "cannot distribute NOT IN: the Substrait plan's anti joins do not match "
             f"DataFusion's ({len(joins)} vs {len(flags)})"
         )
-        raise PlanningError(msg)
+        raise NotDistributableError(msg)
     registry = FunctionRegistry(plan)
     for rel, null_aware in zip(joins, flags, strict=True):
         if not null_aware:
@@ -83,7 +83,7 @@ def rewrite_null_aware_anti_joins(plan: Plan, logical_plan) -> Plan:
         )
         if key is None:
             msg = "cannot distribute NOT IN: its anti join has no equality condition"
-            raise PlanningError(msg)
+            raise NotDistributableError(msg)
         a, b = (arg.value for arg in parts[key].scalar_function.arguments)
         either_null = registry.call(
             "or",

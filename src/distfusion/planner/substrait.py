@@ -36,7 +36,7 @@ from substrait.proto import (
     Type,
 )
 
-from distfusion.errors import PlanningError
+from distfusion.errors import NotDistributableError
 from distfusion.planner.walk import (
     child_fields,
     children,
@@ -47,6 +47,7 @@ from distfusion.planner.walk import (
     set_children,
     walk,
 )
+from distfusion.sources import sql_name
 
 __all__ = [
     "SchemaOracle",
@@ -304,7 +305,7 @@ class SchemaOracle:
     def register_empty(self, name: str, schema: pa.Schema) -> None:
         """Register an empty table ``name`` with ``schema`` in the planning context."""
         batch = pa.RecordBatch.from_pylist([], schema=schema)
-        self.ctx.register_record_batches(name, [[batch]])
+        self.ctx.register_record_batches(sql_name(name), [[batch]])
 
     def _as_plan(self, rel: Rel, names: list[str] | None = None) -> Plan:
         p = Plan()
@@ -330,7 +331,7 @@ class SchemaOracle:
         """The Arrow schema of ``rel``'s output.
 
         Raises:
-            PlanningError: DataFusion cannot consume the subtree.
+            NotDistributableError: DataFusion cannot consume the subtree.
         """
         key = rel.SerializeToString()  # the plan around it is the same for every rel
         if key in self._schemas:
@@ -342,7 +343,7 @@ class SchemaOracle:
             return schema
         except Exception as exc:  # DataFusion raises bare Exception
             msg = f"cannot derive the schema of a plan fragment: {exc}"
-            raise PlanningError(msg) from exc
+            raise NotDistributableError(msg) from exc
 
 
 class RelRewrite:
@@ -411,7 +412,7 @@ def named_struct(schema: pa.Schema) -> NamedStruct:
     non-nullable column where Substrait says nullable, not the reverse).
 
     Raises:
-        PlanningError: a type has no Substrait equivalent in DataFusion's producer.
+        NotDistributableError: a type has no Substrait equivalent in DataFusion's producer.
     """
     schema = pa.schema([pa.field(f"c{i}", f.type, True) for i, f in enumerate(schema)])
     cached = _NAMED_STRUCTS.get(schema)
@@ -423,7 +424,7 @@ def named_struct(schema: pa.Schema) -> NamedStruct:
         sp = Producer.to_substrait_plan(ctx.table("t").logical_plan(), ctx)
     except Exception as exc:
         msg = f"a column type cannot cross a network boundary ({schema}): {exc}"
-        raise PlanningError(msg) from exc
+        raise NotDistributableError(msg) from exc
     p = Plan()
     p.ParseFromString(sp.encode())
     rel = p.relations[0].root.input
