@@ -230,6 +230,7 @@ class DistributedContext:
         self.config = config or DistributedConfig()
         self.ctx = SessionContext()
         self.sources: dict[str, TableSource] = {}
+        self._feed_sources: dict[str, FeedTableSource] = {}
 
     # ------------------------------------------------------------- registration
     def register_parquet(
@@ -315,6 +316,7 @@ class DistributedContext:
         """
         table = feed_source(name, source)
         self._forget(name)
+        self._feed_sources[name] = source  # the feed lives as long as its registration
         empty = pa.RecordBatch.from_pylist([], schema=table.schema)
         self.ctx.register_record_batches(name, [[empty]])
         self._add(table)
@@ -332,6 +334,7 @@ class DistributedContext:
 
     def _forget(self, name: str) -> None:
         self.sources.pop(name, None)
+        self._feed_sources.pop(name, None)
         try:
             self.ctx.deregister_table(name)
         except Exception:  # not registered: nothing to forget

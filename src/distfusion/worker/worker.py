@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -44,9 +44,10 @@ from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
 from distfusion.transport.feed_endpoint import pull_feed
 from distfusion.worker.execute_task import run_task
+from distfusion.work_unit_feed.unit import WorkUnit
 from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "pulled_feed_chunks"]
 
 _CANCELLED_KEPT = 4096
 
@@ -246,16 +247,13 @@ class Worker:
 
     def _feed_chunks(self, plan: TaskPlan, share: ScanShare):
         """The units of feed scan ``share`` for ``plan``'s task, in chunks as they arrive."""
+        if share.source.options.get("endpoint"):  # pulled: executors cannot be pushed to (Spark)
+            return pulled_feed_chunks(
+                plan.key, share, lambda: self.is_cancelled(plan.key.query_id)
+            )
         o = share.source.options
         inbox = self._inbox(plan.key, share.source.name)
         feed = RemoteWorkUnitFeed(o["feed_id"], share.source.name, plan.key.task_index, inbox)
-        if o.get("endpoint"):  # pulled: executors cannot be pushed to (Spark)
-            threading.Thread(
-                target=pull_feed,
-                args=(o["endpoint"], o.get("secret", ""), plan.key, share.source.name, feed),
-                name=f"distfusion-feed-pull-{plan.key}",
-                daemon=True,
-            ).start()
         return feed.chunks()
 
     def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
@@ -298,3 +296,32 @@ class Worker:
                 if self.is_cancelled(qid):
                     self._tasks.pop(plan.key, None)
                 self._lock.notify_all()
+
+
+def pulled_feed_chunks(
+    key: TaskKey, share: ScanShare, cancelled: Callable[[], bool] = lambda: False
+) -> Iterator[list[WorkUnit]]:
+    """Units of feed scan ``share`` for task ``key``, pulled from the coordinator's feed endpoint.
+
+    ``share.source.options`` names the endpoint and the query's secret (set by
+    the Spark runtime). A thread pulls into a bounded inbox; the task takes
+    chunks as they arrive.
+
+    Raises:
+        FeedError: (while iterating) the endpoint cannot be reached or refused
+            the secret (the message names the endpoint, the feed and the
+            partition), or the provider failed.
+    """
+    o = share.source.options
+    inbox = FeedInbox(cancelled=cancelled)
+    feed = RemoteWorkUnitFeed(o["feed_id"], share.source.name, key.task_index, inbox)
+    threading.Thread(
+        target=pull_feed,
+        args=(o["endpoint"], o.get("secret", ""), key, share.source.name, feed),
+        name=f"distfusion-feed-pull-{key}",
+        daemon=True,
+    ).start()
+    try:
+        yield from feed.chunks()
+    finally:
+        inbox.close()
