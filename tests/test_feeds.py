@@ -287,7 +287,10 @@ def test_work_sharing_gives_a_slow_reader_fewer_units():
             taken[p].append(WorkUnit.from_bytes(raw).path)
             time.sleep(pause_s)
 
-    threads = [threading.Thread(target=reader, args=(0, 0.0)), threading.Thread(target=reader, args=(1, 0.05))]
+    threads = [
+        threading.Thread(target=reader, args=(0, 0.0)),
+        threading.Thread(target=reader, args=(1, 0.05)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

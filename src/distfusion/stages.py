@@ -227,7 +227,8 @@ class StageGraph:
             for scan in s.scans:
                 n = len(scan.source.units)
                 if scan.source.is_feed:
-                    how = "chunks as units arrive" if scan.source.options.get("chunked") else "whole"
+                    chunked = scan.source.options.get("chunked")
+                    how = "chunks as units arrive" if chunked else "whole"
                     lines.append(
                         f"  <- feed scan {scan.source.name} (work unit feed "
                         f"{scan.source.options['feed_id'][:8]}, one partition per task, "

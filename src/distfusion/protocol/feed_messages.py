@@ -128,6 +128,3 @@ def decode_feed_ticket(data: bytes) -> tuple[TaskKey, str, str]:
     except (KeyError, TypeError, ValueError) as exc:
         msg = f"not a distfusion feed ticket: {exc}"
         raise ValueError(msg) from exc
-
-
-

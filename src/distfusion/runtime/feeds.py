@@ -162,9 +162,13 @@ class QueryFeeds:
                         if not inbox.put(raw):
                             return
                 except Exception as exc:
-                    inbox.finish(exc if isinstance(exc, FeedError) else FeedError(
-                        share.source.name, scan.source.options["feed_id"], 0, str(exc)
-                    ))
+                    inbox.finish(
+                        exc
+                        if isinstance(exc, FeedError)
+                        else FeedError(
+                            share.source.name, scan.source.options["feed_id"], 0, str(exc)
+                        )
+                    )
                     return
                 inbox.finish()
 

@@ -78,7 +78,6 @@ from distfusion.errors import (
 from distfusion.protocol.errors import error_from_dict, error_to_dict, task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.resolver import SparkWorkerResolver
-from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.runtime.base import (
     QueryRun,
     StageStats,
@@ -86,7 +85,9 @@ from distfusion.runtime.base import (
     default_target_partitions,
     task_threads,
 )
+from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
+from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
 from distfusion.worker.worker import pulled_feed_chunks
 
@@ -366,8 +367,6 @@ class SparkRuntime:
         """
         with self._endpoint_lock:
             if self._feed_endpoint is None:
-                from distfusion.transport.feed_endpoint import FeedEndpoint  # optional: flight
-
                 if self.sc.master.startswith("local"):
                     self._feed_endpoint = FeedEndpoint("127.0.0.1")
                 else:

@@ -81,7 +81,7 @@ class InMemoryTransport:
         return self._worker(url).task_stats(key, timeout_s)
 
     def stream_feed(self, url: str, key: TaskKey, table: str, units: Iterator[bytes]) -> None:
-        """See :meth:`WorkerTransport.stream_feed`: the worker's inbox is a bounded in-process queue."""
+        """See :meth:`WorkerTransport.stream_feed` (the inbox is a bounded in-process queue)."""
         self._worker(url).receive_feed(key, table, units)
 
     def cancel_query(self, url: str, query_id: str) -> None:

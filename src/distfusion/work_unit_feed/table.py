@@ -25,6 +25,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from distfusion.work_unit_feed.feed import (
@@ -87,7 +89,7 @@ class FeedTableSource:
         raise NotImplementedError
 
     def to_bytes(self) -> bytes:
-        """What a worker in another process needs to rebuild this source for ``read`` (default none)."""
+        """What another process needs to rebuild this source for ``read`` (default none)."""
         return b""
 
     @classmethod
@@ -116,9 +118,7 @@ def live_source(feed_id: str, source: FeedTableSource) -> None:
     _LIVE[feed_id] = source
 
 
-def rebuild_source(
-    feed_id: str, class_path: str, state: str, schema: pa.Schema
-) -> FeedTableSource:
+def rebuild_source(feed_id: str, class_path: str, state: str, schema: pa.Schema) -> FeedTableSource:
     """The feed-backed source a leaf task reads with, on any worker.
 
     Args:
@@ -155,10 +155,8 @@ def _open_input(path: str):
     """A readable binary file for a local path or a ``pyarrow.fs`` / fsspec URI."""
     if "://" not in path:
         return open(path, "rb")  # noqa: SIM115 -- the caller closes it
-    from pyarrow import fs
-
     try:
-        filesystem, inner = fs.FileSystem.from_uri(path)
+        filesystem, inner = pafs.FileSystem.from_uri(path)
         return filesystem.open_input_file(inner)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         import fsspec  # optional: URIs pyarrow does not know
@@ -246,8 +244,6 @@ class ListingFeed(FeedTableSource):
         return self._csv_reader(os.fspath(first)).schema
 
     def _csv_reader(self, path: str, schema: pa.Schema | None = None) -> pa.RecordBatchReader:
-        import pyarrow.csv as pcsv
-
         f = _open_input(path)
         data = f.read()
         f.close()
@@ -294,10 +290,7 @@ class ListingFeed(FeedTableSource):
     def from_bytes(cls, data: bytes, schema: pa.Schema) -> ListingFeed:
         """A ListingFeed reading files like the coordinator's (no lister, no feed)."""
         d = json.loads(data)
-        return cls(
-            None, d["format"], schema, has_header=d["has_header"], delimiter=d["delimiter"]
-        )
+        return cls(None, d["format"], schema, has_header=d["has_header"], delimiter=d["delimiter"])
 
     def __repr__(self) -> str:
         return f"ListingFeed({self.format}, tasks={self.tasks})"
-

@@ -47,6 +47,7 @@ import time
 import pyarrow as pa
 
 from distfusion.errors import QueryCancelled
+from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
@@ -58,7 +59,6 @@ from distfusion.protocol.messages import (
     decode_task_request,
     decode_ticket,
 )
-from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.transport.flight import FlightWorkerTransport, encode_error, import_flight
 from distfusion.worker.execute_task import without_views

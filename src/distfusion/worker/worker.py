@@ -43,8 +43,8 @@ from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
 from distfusion.transport.feed_endpoint import pull_feed
-from distfusion.worker.execute_task import run_task
 from distfusion.work_unit_feed.unit import WorkUnit
+from distfusion.worker.execute_task import run_task
 from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
 
 __all__ = ["Worker", "pulled_feed_chunks"]
