@@ -41,6 +41,7 @@ def serve_catalog(paths: list[str], page_size: int, delay_s: float) -> Threading
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 -- http.server's name
+            """One page of paths after the catalog's delay."""
             token = int(self.path.partition("token=")[2] or 0)
             time.sleep(delay_s)  # the catalog is slow: one page per round trip
             page = paths[token : token + page_size]
@@ -89,15 +90,18 @@ class TimedListingFeed(ListingFeed):
         self.log = log
 
     def read(self, unit: WorkUnit) -> pa.RecordBatchReader:
+        """The file of ``unit``, after noting the time and this process."""
         with open(self.log, "a") as f:
             f.write(f"{time.time()} {os.getpid()} {Path(unit.path).name}\n")
         return super().read(unit)
 
     def to_bytes(self) -> bytes:
+        """ListingFeed's state and the log path."""
         return json.dumps({"base": json.loads(super().to_bytes()), "log": self.log}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, schema: pa.Schema) -> TimedListingFeed:
+        """Inverse of :meth:`to_bytes` (no lister on a worker)."""
         d = json.loads(data)
         base = d["base"]
         return cls(
@@ -124,6 +128,7 @@ GROUP BY o_orderpriority ORDER BY o_orderpriority
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve the catalog, register the feed, run both queries, print the timings."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runtime", choices=["local", "flight", "spark"], default=None)
     p.add_argument("--data", default=os.environ.get("DISTFUSION_TEST_DATA", "data/tpch-sf0.1"))

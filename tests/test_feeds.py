@@ -384,3 +384,13 @@ def test_worker_that_cannot_reach_the_feed(file_dir):
     with pytest.raises(TaskError, match="cannot reach the work unit feed at grpc://127.0.0.1:9"):
         list(worker.execute_partition(TaskKey("q-unreachable", leaf.stage_id, 0), 0, 30))
     runtime.close()
+
+
+@pytest.mark.parametrize("shape", ["three_tasks", "join_feeds", "aggregate_union", "empty"])
+def test_spark_shuffle_data_plane(spark_session, file_dir, feed_oracle, shape):
+    from distfusion.runtime.spark import SparkRuntime
+
+    runtime = SparkRuntime(spark=spark_session, data_plane="shuffle")
+    sql = SHAPES[shape]
+    got = feed_context(runtime, file_dir).sql(sql).to_arrow_table()
+    assert_same_result(got, oracle_result(feed_oracle, sql), is_ordered(sql))
