@@ -69,6 +69,7 @@ class PagedLister:
         self.listed: list[tuple[float, int]] = []  # (time, files on the page)
 
     def __call__(self):
+        """Yield each page's paths as the catalog returns it, noting when."""
         token = 0
         while token is not None:
             with urllib.request.urlopen(f"{self.url}/list?token={token}") as r:
