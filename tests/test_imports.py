@@ -36,6 +36,8 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "distfusion.worker.flight_server"),
     ("distfusion.spark", "pyspark.sql.pandas.types"),
     ("distfusion.transport.flight", "pyarrow.flight"),
+    # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.
+    ("distfusion.work_unit_feed.table", "fsspec"),
     ("distfusion.worker.flight_cli", "distfusion.worker.flight_server"),
 }
 

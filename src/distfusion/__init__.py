@@ -10,6 +10,7 @@ from distfusion.context import DistributedConfig, DistributedContext, Distribute
 from distfusion.errors import (
     AuthenticationError,
     DistfusionError,
+    FeedError,
     PlanningError,
     QueryCancelled,
     TaskError,
@@ -31,6 +32,16 @@ from distfusion.runtime.spark import SparkRuntime
 from distfusion.stages import StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.transport.in_memory import InMemoryTransport
+from distfusion.work_unit_feed import (
+    FeedContext,
+    FeedPartitionMetrics,
+    FeedTableSource,
+    ListingFeed,
+    WorkSharingFeedProvider,
+    WorkUnit,
+    WorkUnitFeed,
+    WorkUnitFeedProvider,
+)
 
 __all__ = [
     "AuthenticationError",
@@ -40,8 +51,13 @@ __all__ = [
     "DistributedContext",
     "DistributedDataFrame",
     "DynamicWorkerResolver",
+    "FeedContext",
+    "FeedError",
+    "FeedPartitionMetrics",
+    "FeedTableSource",
     "FlightRuntime",
     "InMemoryTransport",
+    "ListingFeed",
     "LocalRuntime",
     "PlanningError",
     "QueryCancelled",
@@ -56,6 +72,10 @@ __all__ = [
     "TransportError",
     "WorkerResolver",
     "WorkerTransport",
+    "WorkSharingFeedProvider",
+    "WorkUnit",
+    "WorkUnitFeed",
+    "WorkUnitFeedProvider",
     "WorkerUnavailableError",
 ]
 

@@ -48,12 +48,15 @@ from distfusion.runtime.registry import runtime_from_name
 from distfusion.sources import (
     TableSource,
     csv_source,
+    feed_source,
     list_files,
     memory_source,
     parquet_source,
     sql_name,
 )
 from distfusion.stages import StageGraph
+from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
+from distfusion.work_unit_feed.table import FeedTableSource
 
 # DistributedConfig is defined with the planner settings derived from it
 # (planner/config.py); it is public API here and in ``distfusion``.
@@ -312,6 +315,7 @@ class DistributedContext:
         self.ctx = SessionContext()
         self.sources: dict[str, TableSource] = {}
         self._written = False  # a write ran or may run: memory tables are read again
+        self._feed_sources: dict[str, FeedTableSource] = {}
 
     # ------------------------------------------------------------- registration
     def register_parquet(
@@ -377,6 +381,31 @@ class DistributedContext:
         ]
         self.register_record_batches(name, [batches])
 
+    def register_feed_table(self, name: str, source: FeedTableSource) -> None:
+        """Register a feed-backed table: its work units are discovered while each query runs.
+
+        ``source`` (a :class:`~distfusion.work_unit_feed.FeedTableSource`, e.g.
+        a :class:`~distfusion.work_unit_feed.ListingFeed`) gives the schema,
+        the :class:`~distfusion.work_unit_feed.WorkUnitFeed` whose provider
+        runs here, on the coordinator, and ``read(unit)``, which runs on the
+        workers. A leaf stage reading the table gets the source's desired
+        task count (capped by the workers); task *i* reads feed partition *i*.
+        The table is usable anywhere in SQL. Unlike :meth:`register_parquet`,
+        nothing is listed now: files known at planning time are split between
+        tasks by size before the query starts; a feed's units reach the tasks
+        as the provider finds them.
+
+        Raises:
+            PlanningError: ``source`` has no Arrow schema or no feed, or asks
+                for fewer than 1 task.
+        """
+        table = feed_source(name, source)
+        self._forget(name)
+        self._feed_sources[table_name(name)] = source  # the feed lives as long as its registration
+        empty = pa.RecordBatch.from_pylist([], schema=table.schema)
+        self.ctx.register_record_batches(name, [[empty]])
+        self._add(table)
+
     def deregister_table(self, name: str) -> None:
         """Forget table ``name`` (no error when unknown)."""
         self._forget(name)
@@ -391,6 +420,7 @@ class DistributedContext:
 
     def _forget(self, name: str) -> None:
         self.sources.pop(table_name(name), None)
+        self._feed_sources.pop(table_name(name), None)
         try:
             self.ctx.deregister_table(name)
         except Exception:  # not registered: nothing to forget
@@ -540,6 +570,7 @@ class DistributedDataFrame:
         self._coordinator_only: str | None = None
         self.last_run: AdaptiveReport | None = None
         """What adaptive execution did in the last run (None before a run)."""
+        self._ran: list[str] | None = None  # feed tables of the last run
 
     def schema(self) -> pa.Schema:
         """The result's Arrow schema."""
@@ -670,8 +701,39 @@ class DistributedDataFrame:
             plan = self.df.optimized_logical_plan().display_indent()
             return f"coordinator only (single-node DataFusion): {reason}\n{plan}"
         if self.last_run is not None and self.last_run.graphs:
-            return self.last_run.render()
-        return self.stage_graph().render()
+            text = self.last_run.render()
+        else:
+            text = self.stage_graph().render()
+        metrics = self.feed_metrics()
+        if metrics:
+            lines = ["Work unit feeds (last run):"]
+            for table, parts in metrics.items():
+                lines.append(f"  {table}:")
+                lines.extend(f"    {m.describe()}" for m in parts)
+            text += "\n" + "\n".join(lines)
+        return text
+
+    def feed_metrics(self) -> dict[str, list[FeedPartitionMetrics]]:
+        """Per-partition metrics of every work unit feed the query read in its last run.
+
+        Returns:
+            Feed table name -> one :class:`~distfusion.work_unit_feed.FeedPartitionMetrics`
+            per partition (units, bytes, consumer wait seconds, provider
+            seconds, buffer high-water mark); empty before a run or without feeds.
+        """
+        if self._ran is None:
+            return {}
+        out = {}
+        for name in self._ran:
+            source = self.context.sources.get(name)
+            if source is None or not source.is_feed:
+                continue
+            try:
+                feed = lookup_feed(source.options["feed_id"])
+            except KeyError:
+                continue
+            out[name] = feed.metrics()
+        return out
 
     def execute_stream(self) -> Iterator[pa.RecordBatch]:
         """Run the query; yield result batches as the head stage produces them.
@@ -692,6 +754,12 @@ class DistributedDataFrame:
         ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
+        self._ran = [
+            scan.source.name
+            for stage in self.stage_graph().stages
+            for scan in stage.scans
+            if scan.source.is_feed
+        ]
         if not ctx.config.adaptive:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
             return _named(ctx.runtime.execute(graph), self.df.schema())

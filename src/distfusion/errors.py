@@ -11,6 +11,7 @@ DistfusionError
  ├── TransportError                 a worker could not be reached or answered badly
  │    ├── WorkerUnavailableError (TransientError)
  │    └── AuthenticationError       a worker rejected the shared secret token
+ ├── FeedError                      a work unit feed's provider failed (names feed, partition)
  ├── QueryCancelled                 the result stream was closed before it ended
  └── TransientError                 retry-safe: running the same query again may succeed
 ```
@@ -32,6 +33,7 @@ from typing import ClassVar
 __all__ = [
     "AuthenticationError",
     "DistfusionError",
+    "FeedError",
     "NotDistributableError",
     "PlanningError",
     "QueryCancelled",
@@ -151,3 +153,28 @@ class AuthenticationError(_WorkerCallError):
 
 class QueryCancelled(DistfusionError):
     """The query was cancelled (its result stream was closed) before it finished."""
+
+
+class FeedError(DistfusionError):
+    """A work unit feed failed: its provider raised, or a task could not read it.
+
+    Raised on the coordinator when a :class:`~distfusion.work_unit_feed.WorkUnitFeedProvider`
+    raises while the query runs (the query fails and every task is torn down),
+    and inside a leaf task that cannot reach the feed it reads.
+
+    Attributes:
+        feed: the table name the feed backs.
+        feed_id: the feed's UUID.
+        partition: the feed partition (the leaf task index) that failed.
+        cause: the provider's error kind and message (``"ValueError: page 3 is gone"``).
+    """
+
+    error_fields = ("feed", "feed_id", "partition", "cause")
+
+    def __init__(self, feed: str, feed_id: str, partition: int, cause: str) -> None:
+        self.feed = feed
+        self.feed_id = feed_id
+        self.partition = partition
+        self.cause = cause
+        msg = f"work unit feed {feed!r} ({feed_id[:8]}) partition {partition} failed: {cause}"
+        super().__init__(msg)

@@ -6,6 +6,11 @@ in-memory record batch). Leaf tasks receive a share of the units and register
 just that share under the table's name (:func:`register_scan`), so the same
 Substrait ``ReadRel`` reads a different slice of the table in every task.
 
+A feed-backed table (format ``"feed"``, :func:`feed_source`) has no units at
+planning time: its :class:`~distfusion.work_unit_feed.WorkUnitFeed` streams
+them to the leaf tasks while the query runs; only the feed's id and how to
+rebuild its reader travel in the plan (``options``).
+
 Sizes come from the files themselves: Parquet footers give row counts and the
 uncompressed bytes of every column chunk (used by the task estimator and the
 broadcast decision); CSV gives only its file size.
@@ -13,6 +18,7 @@ broadcast decision); CSV gives only its file size.
 
 from __future__ import annotations
 
+import base64
 import glob
 import os
 from dataclasses import dataclass, field
@@ -22,13 +28,22 @@ import pyarrow.parquet as pq
 from datafusion import SessionContext
 
 from distfusion.errors import PlanningError
+from distfusion.work_unit_feed.table import (
+    UNKNOWN_FEED_BYTES,
+    FeedTableSource,
+    live_source,
+    source_class_path,
+)
+from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = [
+    "FEED",
     "TableSource",
     "WorkUnit",
     "parquet_source",
     "csv_source",
     "memory_source",
+    "feed_source",
     "sql_name",
 ]
 
@@ -45,36 +60,8 @@ def sql_name(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-@dataclass(frozen=True)
-class WorkUnit:
-    """A serialisable piece of source data: one file, or one in-memory batch.
-
-    Attributes:
-        path: the file's path (``""`` for in-memory units).
-        size_bytes: bytes to scan: uncompressed size for Parquet, file size for CSV,
-            buffer size for in-memory batches.
-        num_rows: rows in the unit, or None when unknown (CSV).
-        ipc: the batch as Arrow IPC stream bytes (in-memory units only).
-    """
-
-    path: str = ""
-    size_bytes: int = 0
-    num_rows: int | None = None
-    ipc: bytes = b""
-
-    def to_json(self) -> dict:
-        """The unit as JSON-able data (in-memory units carry hex IPC bytes)."""
-        return {
-            "path": self.path,
-            "size_bytes": self.size_bytes,
-            "num_rows": self.num_rows,
-            "ipc": self.ipc.hex(),
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> WorkUnit:
-        """Inverse of :meth:`to_json`."""
-        return cls(d["path"], d["size_bytes"], d["num_rows"], bytes.fromhex(d["ipc"]))
+FEED = "feed"
+"""The format of a table whose work units come from a work unit feed at run time."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +70,14 @@ class TableSource:
 
     Attributes:
         name: the table name used in SQL.
-        format: ``"parquet"``, ``"csv"`` or ``"memory"``.
+        format: ``"parquet"``, ``"csv"``, ``"memory"`` or ``"feed"``.
         schema: the Arrow schema DataFusion reads the table with.
         units: the table's work units, in a stable order.
         column_bytes: uncompressed bytes per column over all units (Parquet), used
             to size projected scans; empty when unknown.
-        options: format options (CSV: ``has_header``, ``delimiter``).
+        options: format options (CSV: ``has_header``, ``delimiter``; feed:
+            ``feed_id``, ``reader`` (class path), ``state`` (base64),
+            ``tasks``, ``estimated_bytes``, and per stage ``chunked``).
     """
 
     name: str
@@ -99,15 +88,25 @@ class TableSource:
     options: dict = field(default_factory=dict)
 
     @property
+    def is_feed(self) -> bool:
+        """True for a feed-backed table (units discovered at run time)."""
+        return self.format == FEED
+
+    @property
     def num_rows(self) -> int | None:
-        """Total rows, or None when a unit's count is unknown."""
+        """Total rows, or None when a unit's count is unknown (always for a feed)."""
+        if self.is_feed:
+            return None
         if any(u.num_rows is None for u in self.units):
             return None
         return sum(u.num_rows for u in self.units)  # type: ignore[misc]
 
     @property
     def size_bytes(self) -> int:
-        """Total bytes to scan over all units."""
+        """Total bytes to scan over all units (a feed: its estimate, or 1 GiB)."""
+        if self.is_feed:
+            est = self.options.get("estimated_bytes")
+            return UNKNOWN_FEED_BYTES if est is None else int(est)
         return sum(u.size_bytes for u in self.units)
 
     def projected_bytes(self, columns: list[str] | None) -> int:
@@ -220,6 +219,36 @@ def memory_source(name: str, partitions: list[list[pa.RecordBatch]]) -> TableSou
             WorkUnit(size_bytes=b.nbytes, num_rows=b.num_rows, ipc=sink.getvalue().to_pybytes())
         )
     return TableSource(name, "memory", schema, tuple(units))
+
+
+def feed_source(name: str, source: FeedTableSource) -> TableSource:
+    """Describe a feed-backed table: its schema, the feed's id, how workers rebuild its reader.
+
+    Raises:
+        PlanningError: ``source`` has no schema or no feed, or its task count
+            is below 1.
+    """
+    schema = getattr(source, "schema", None)
+    feed = getattr(source, "feed", None)
+    if not isinstance(schema, pa.Schema):
+        msg = f"feed table {name!r}: its source has no Arrow schema (got {schema!r})"
+        raise PlanningError(msg)
+    if feed is None or not getattr(feed, "id", None):
+        msg = f"feed table {name!r}: its source has no WorkUnitFeed (source.feed)"
+        raise PlanningError(msg)
+    tasks = getattr(source, "tasks", None)
+    if tasks is not None and tasks < 1:
+        msg = f"feed table {name!r}: tasks must be at least 1, got {tasks}"
+        raise PlanningError(msg)
+    live_source(feed.id, source)
+    options = {
+        "feed_id": feed.id,
+        "reader": source_class_path(source),
+        "state": base64.b64encode(source.to_bytes()).decode(),
+        "tasks": tasks,
+        "estimated_bytes": getattr(source, "estimated_bytes", None),
+    }
+    return TableSource(name, FEED, schema, (), {}, options)
 
 
 def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUnit, ...]) -> None:

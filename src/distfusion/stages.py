@@ -226,7 +226,15 @@ class StageGraph:
                 )
             for scan in s.scans:
                 n = len(scan.source.units)
-                if scan.replicated:
+                if scan.source.is_feed:
+                    chunked = scan.source.options.get("chunked")
+                    how = "chunks as units arrive" if chunked else "whole"
+                    lines.append(
+                        f"  <- feed scan {scan.source.name} (work unit feed "
+                        f"{scan.source.options['feed_id'][:8]}, one partition per task, "
+                        f"streamed while the query runs; run over {how})"
+                    )
+                elif scan.replicated:
                     lines.append(
                         f"  <- broadcast scan {scan.source.name} ({n} work units, "
                         "every task reads all)"

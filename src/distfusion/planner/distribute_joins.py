@@ -112,6 +112,8 @@ class JoinDistribution(RuntimeFilters):
             return None
         names = frozenset(source_tables(build.rel, self.sources))
         total = sum(self.sources[n].size_bytes for n in names)
+        if any(self.sources[n].is_feed for n in names):
+            return None  # a feed streams each unit to one task: it cannot be read in full by all
         if not names or total > self.config.replicate_scan_bytes:
             return None
         split = set(source_tables(probe.rel, self.sources)) - probe.replicated

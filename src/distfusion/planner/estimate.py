@@ -83,7 +83,7 @@ def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
         return False
     read, names = found
     source = sources.get(read.read.named_table.names[-1])
-    if source is None:
+    if source is None or source.is_feed:  # a feed is read once, by its own leaf stage
         return False
     fraction = filter_selectivity(names)
     columns = None
@@ -161,6 +161,11 @@ class TaskEstimator(Protocol):
         """Tasks for a stage fed by a shuffle of about ``input_bytes``."""
         ...
 
+    # Optional: ``feed_tasks(desired_tasks: int | None, workers: int) -> int``,
+    # tasks for a leaf stage reading a work unit feed whose table source asks
+    # for ``desired_tasks`` (None: no wish). Without it the planner uses the
+    # desired count, or one task per worker.
+
 
 @dataclass(frozen=True)
 class DefaultTaskEstimator:
@@ -220,6 +225,15 @@ class DefaultTaskEstimator:
     def leaf_tasks(self, scan_bytes: int, num_work_units: int, workers: int) -> int:
         """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (see ``wave_bytes_per_task``)."""
         return max(1, min(self._tasks(scan_bytes, workers, self.bytes_per_task), num_work_units))
+
+    def feed_tasks(self, desired_tasks: int | None, workers: int) -> int:
+        """Tasks of a leaf stage reading a work unit feed: the source's wish.
+
+        ``tasks_per_stage`` when set, else ``desired_tasks``, else one per
+        worker (a feed's size is unknown before it runs); at least 1. The
+        planner caps it by the workers.
+        """
+        return max(1, self.tasks_per_stage or desired_tasks or workers)
 
     def shuffle_tasks(self, input_bytes: int, workers: int) -> int:
         """``ceil(bytes / shuffle_bytes_per_task)``, at least 1 (see ``wave_bytes_per_task``)."""

@@ -56,11 +56,25 @@ class Fragment:
     # Set when the fragment is only the read of a stage that ran already
     # (adaptive execution): that stage, and the read's serialized bytes.
     passthrough: tuple[MaterializedStage, bytes] | None = None
+    # Feed tables the fragment is linear in: running it over chunks of the
+    # feed's units and concatenating the outputs equals running it once over
+    # all of them (reads, filters, projections, partial aggregates). A leaf
+    # task then runs it per chunk as units arrive (docs/work-unit-feeds.md).
+    chunkable: frozenset[str] = frozenset()
 
     def with_rel(
-        self, rel: Rel, est: Estimate | None = None, partitioning: tuple[int, ...] | None = None
+        self,
+        rel: Rel,
+        est: Estimate | None = None,
+        partitioning: tuple[int, ...] | None = None,
+        keep_chunks: bool = False,
     ) -> Fragment:
-        """``rel`` over this fragment; ``partitioning`` carries it (and its key source)."""
+        """``rel`` over this fragment; ``partitioning`` carries it (and its key source).
+
+        ``keep_chunks``: ``rel`` is linear in its input (a filter, a projection
+        without window functions, a partial aggregate), so the fragment stays
+        :attr:`chunkable` in its feeds; by default it is not.
+        """
         source = self.key_source if partitioning is not None else None
         return replace(
             self,
@@ -69,6 +83,7 @@ class Fragment:
             partitioning=partitioning,
             key_source=source,
             passthrough=None,
+            chunkable=self.chunkable if keep_chunks else frozenset(),
         )
 
 

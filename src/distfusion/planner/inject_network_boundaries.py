@@ -10,7 +10,8 @@ docs/architecture.md's, like Spark's exchange planning:
 ==================  ==========================================================
 relation            boundary
 ==================  ==========================================================
-read (source)       leaf stage; work units split across the tasks
+read (source)       leaf stage; work units split across the tasks (a
+                    work unit feed: one feed partition per task)
 filter, project     pipelined
 aggregate           partial -> shuffle by keys -> final (coalesce if global);
                     non-decomposable: shuffle raw rows by keys (or coalesce)
@@ -176,7 +177,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                     num_tasks=frag.tasks,
                     fragment=fragment,
                     inputs=tuple(frag.inputs),
-                    scans=self._scans(rel, frag.tasks, frag.replicated),
+                    scans=self._scans(rel, frag.tasks, frag.replicated, frag.chunkable),
                     output=OutputPartitioning(
                         kind=kind,
                         num_partitions=partitions,
@@ -200,11 +201,24 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             table, stage_id, boundary, declared
         )
 
-    def _scans(self, rel: Rel, tasks: int, replicated: frozenset[str]) -> tuple[SourceScan, ...]:
+    def _scans(
+        self,
+        rel: Rel,
+        tasks: int,
+        replicated: frozenset[str],
+        chunkable: frozenset[str] = frozenset(),
+    ) -> tuple[SourceScan, ...]:
         scans = []
+        feeds = [n for n in source_tables(rel, self.sources) if self.sources[n].is_feed]
         for n in source_tables(rel, self.sources):
             units = self.sources[n].units
-            if n in replicated:
+            if self.sources[n].is_feed:
+                # Chunked only when the fragment is linear in its one feed.
+                chunked = n in chunkable and len(feeds) == 1
+                options = {**self.sources[n].options, "chunked": chunked}
+                source = replace(self.sources[n], options=options)
+                scans.append(SourceScan(source, ((),) * tasks))
+            elif n in replicated:
                 scans.append(SourceScan(self.sources[n], (units,) * tasks, replicated=True))
             else:
                 scans.append(SourceScan(self.sources[n], _split_units(units, tasks)))
@@ -274,6 +288,10 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             cols = [all_names[i.field] for i in read.projection.select.struct_items]
         scan_bytes = source.projected_bytes(cols)
         rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
+        if source.is_feed:
+            tasks = _feed_tasks(self.config, source.options.get("tasks"))
+            est = Estimate(rows, scan_bytes)
+            return Fragment(unproject_read(rel), tasks, est, chunkable=frozenset([name]))
         tasks = self.config.estimator.leaf_tasks(scan_bytes, len(source.units), self.config.workers)
         tasks = max(1, min(tasks, self.config.task_cap, len(source.units)))
         return Fragment(unproject_read(rel), tasks, Estimate(rows, scan_bytes))
@@ -287,7 +305,10 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         part = frag.partitioning
         if part is not None:
             part = self._carry(rel, part)
-        return frag.with_rel(set_children(rel, [frag.rel]), frag.est.scale(factor), part)
+        # A filter or a projection (without window functions) is linear in its input.
+        return frag.with_rel(
+            set_children(rel, [frag.rel]), frag.est.scale(factor), part, keep_chunks=True
+        )
 
     def _carry(self, rel: Rel, part: tuple[int, ...]) -> tuple[int, ...] | None:
         """Where the input columns ``part`` of filter or project ``rel`` appear in its output."""
@@ -369,7 +390,8 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 return frag.with_rel(set_children(rel, [frag.rel]), est, part)
         if dagg.is_decomposable(agg, self.registry):
             split = dagg.split_aggregate(rel, self.registry)
-            partial = frag.with_rel(set_children(split.partial, [frag.rel]), est)
+            # Partial states of chunks merge in the final aggregate as those of tasks do.
+            partial = frag.with_rel(set_children(split.partial, [frag.rel]), est, keep_chunks=True)
             n = self.shuffle_tasks(est) if g else 1
             keys = [field_ref(i) for i in range(g)]
             read, inp = self.exchange(partial, n, keys)
@@ -420,6 +442,13 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # repeat (SELECT * over a join); the caller restores them.
         self.seal(frag, RESULT)
         return StageGraph(self.query_id, tuple(self.stages))
+
+
+def _feed_tasks(config: PlannerConfig, desired: int | None) -> int:
+    """Tasks of a leaf stage reading a feed: the estimator's ``feed_tasks``, capped by the workers."""
+    ask = getattr(config.estimator, "feed_tasks", None)
+    wanted = ask(desired, config.workers) if ask is not None else (desired or config.workers)
+    return max(1, min(int(wanted), config.task_cap))
 
 
 def _fetch_limit(fetch) -> int | None:

@@ -11,6 +11,8 @@ coordinator (WorkerQueryRun)                  workers (via a WorkerTransport)
     stage by stage, producers first               from producer tasks, hold output
   run_stages only: wait, measure <──────────── task_stats(task): rows, bytes
                                                   per output partition
+  leaf stage reading a work unit feed:
+    stream_feed(task, units) per task  ─────────> units into the task's bounded inbox
   head stage: read its inputs  <────────────── execute_partition(task, partition)
     run the fragment here, stream batches
   finally: cancel_query on every worker ─────> free whatever is left
@@ -32,8 +34,9 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.errors import QueryCancelled
+from distfusion.errors import DistfusionError, QueryCancelled
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
+from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
@@ -285,6 +288,8 @@ class WorkerQueryRun:
         self._on_close = on_close
         self._closed = False
         self._lock = threading.Lock()
+        # Work unit feeds: a provider's failure tears the query down at once.
+        self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=False)
 
     # ------------------------------------------------------------- QueryRun
     def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
@@ -315,6 +320,10 @@ class WorkerQueryRun:
             self._deliver(graph, new)
             for stage in new:
                 self._stats[stage.stage_id] = self._measure(stage)
+        except DistfusionError as exc:
+            self.close()
+            self._raise_feed_error(exc)
+            raise
         except BaseException:
             self.close()
             raise
@@ -351,9 +360,19 @@ class WorkerQueryRun:
                     out.extend(self.transport.execute_partition(url, producer, part))
                 return out
 
-            yield from stream_head_stage(plan, read_input)
+            yield from stream_head_stage(plan, read_input, self.feeds.local_chunks(head))
+        except DistfusionError as exc:
+            self.close()
+            self._raise_feed_error(exc)
+            raise
         finally:
             self.close()
+
+    def _raise_feed_error(self, exc: DistfusionError) -> None:
+        """Raise the feed failure that tore the query down, rather than what it caused."""
+        err = self.feeds.error
+        if err is not None and exc is not err:
+            raise err from exc
 
     def close(self) -> None:
         """See :meth:`QueryRun.close`: ``cancel_query`` on every worker used. Idempotent."""
@@ -362,6 +381,7 @@ class WorkerQueryRun:
                 return
             self._closed = True
         try:
+            self.feeds.close()
             for url in sorted(set(self.placement.values())):
                 self.transport.cancel_query(url, self.query_id)
         finally:
@@ -424,6 +444,10 @@ class WorkerQueryRun:
                     self.query_id, stage, t, inputs, threads, keep_output=self.keep_outputs
                 )
                 self.transport.set_plan(self.placement[(stage.stage_id, t)], plan)
+            if has_feeds(stage):  # stream each feed partition to its task
+                self.feeds.push(
+                    self.transport, stage, lambda t, sid=stage.stage_id: self.placement[(sid, t)]
+                )
             self._delivered[stage.stage_id] = stage.num_tasks
 
     def _measure(self, stage: Stage) -> StageStats:

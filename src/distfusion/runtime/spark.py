@@ -85,8 +85,11 @@ from distfusion.runtime.base import (
     default_target_partitions,
     task_threads,
 )
+from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
+from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
+from distfusion.worker.worker import pulled_feed_chunks
 
 __all__ = [
     "SparkRuntime",
@@ -265,6 +268,8 @@ class SparkRuntime:
         self.token = secrets.token_hex(16)  # executors' Flight workers accept only this runtime
         self.transport = FlightWorkerTransport(token=self.token)
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
+        self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
+        self._endpoint_lock = threading.Lock()
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
@@ -389,8 +394,29 @@ class SparkRuntime:
                 self.executor_urls.discard(url)
         return stats
 
+    def feed_endpoint(self):
+        """The driver's work unit feed endpoint (started on first use), where tasks pull feeds.
+
+        Local mode: 127.0.0.1. A cluster: every interface, advertised as
+        ``spark.driver.host``.
+
+        Raises:
+            ImportError: pyarrow has no Flight support.
+        """
+        with self._endpoint_lock:
+            if self._feed_endpoint is None:
+                if self.sc.master.startswith("local"):
+                    self._feed_endpoint = FeedEndpoint("127.0.0.1")
+                else:
+                    host = self.sc.getConf().get("spark.driver.host", socket.gethostname())
+                    self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host)
+            return self._feed_endpoint
+
     def close(self) -> None:
         """Stop the SparkSession when this runtime started it."""
+        if self._feed_endpoint is not None:
+            self._feed_endpoint.close()
+            self._feed_endpoint = None
         self.transport.close()
         if self._owns_session:
             self.spark.stop()
@@ -439,6 +465,8 @@ class _SparkQuery:
         self.acc = self.sc.accumulator({}, _merge_param())  # (stage, task, partition) -> (rows, bytes)
         self.finished = False
         self.closed = False
+        # Tasks pull feeds from the driver's endpoint; Spark retries replay a partition.
+        self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=True)
 
     # ------------------------------------------------------------------ QueryRun
     def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
@@ -472,7 +500,9 @@ class _SparkQuery:
         plan = TaskPlan.for_task(
             self.query_id, head, 0, _dummy_workers(head, graph), self.runtime.target_partitions
         )
-        yield from stream_head_stage(plan, lambda i: _decode(inputs[i]))
+        yield from stream_head_stage(
+            plan, lambda i: _decode(inputs[i]), self.feeds.local_chunks(head)
+        )
         self.finished = True
 
     def close(self) -> None:
@@ -480,6 +510,9 @@ class _SparkQuery:
         if self.closed:
             return
         self.closed = True
+        self.feeds.close()
+        if self.runtime._feed_endpoint is not None:
+            self.runtime._feed_endpoint.forget(self.query_id)
         if not self.finished:
             self.sc.cancelJobGroup(self.group)
         for b in self.broadcasts.values():
@@ -549,8 +582,11 @@ class _SparkQuery:
         """Raise when :meth:`close` ran (from another thread) while this run worked.
 
         Raises:
+            FeedError: a work unit feed's provider failed (which closed the run).
             QueryCancelled: the run was closed; nothing more is held or broadcast.
         """
+        if self.feeds.error is not None:
+            raise self.feeds.error
         if self.closed:
             msg = f"query {self.query_id} was cancelled"
             raise QueryCancelled(msg)
@@ -618,6 +654,8 @@ class _SparkQuery:
                 base = base.coalesce(stage.num_tasks)
         else:
             base = self.sc.parallelize(range(stage.num_tasks), stage.num_tasks)
+        if has_feeds(stage):
+            stage = self.feeds.serve(self.runtime.feed_endpoint(), stage)
         fn = _task_function(
             [(stage_id, t) for t in range(stage.num_tasks)],
             "_run_task",
@@ -689,7 +727,12 @@ class _SparkQuery:
         )
         inputs = [self._input_values(i) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
-        parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
+        parts = run_task(
+            plan,
+            lambda i: _decode(inputs[i]),
+            worker=worker,
+            feed_chunks=self.feeds.local_chunks(stage),
+        )
         self.acc.add(_partition_stats(stage.stage_id, 0, parts))
         self.values[stage.stage_id] = [
             (p, 0, ipc) for p, (_, ipc) in _output_records(0, parts, self.runtime.compression)
@@ -736,6 +779,9 @@ class _SparkFlightQuery(WorkerQueryRun):
         self.runtime = runtime
         self.sc = runtime.sc
         self.group = job_group(query_id)
+        # Executors cannot be pushed to: tasks pull their feed partitions from the
+        # driver's endpoint; a retried attempt replays its partition.
+        self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=True)
         self._task_stats: dict[tuple[int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._stages: dict[int, Stage] = {}  # stage id -> stage, for running lost tasks again
         self._rounds: list[list[int]] = []  # stage ids by round, in the order they ran
@@ -760,6 +806,8 @@ class _SparkFlightQuery(WorkerQueryRun):
 
     def _forget(self) -> None:
         self._keepalive.set()
+        if self.runtime._feed_endpoint is not None:
+            self.runtime._feed_endpoint.forget(self.query_id)
         for url in self._used - set(self.placement.values()):  # failed attempts, cancelled jobs
             self.transport.cancel_query(url, self.query_id)
         self.transport.forget_query(self.query_id)
@@ -787,6 +835,8 @@ class _SparkFlightQuery(WorkerQueryRun):
             if not ready:
                 self._input_workers(pending[0])  # raises: reads a stage that never runs
             for stage in ready:
+                if has_feeds(stage):  # sessions open now: discovery starts with the round
+                    stage = self.feeds.serve(self.runtime.feed_endpoint(), stage)
                 self._stages[stage.stage_id] = stage
                 self._started[stage.stage_id] = time.monotonic()
             self._rounds.append([s.stage_id for s in ready])
@@ -1206,7 +1256,12 @@ def _run_task(
         inputs = _group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
-        parts = run_task(plan, lambda i: _decode(inputs[i]), worker=worker)
+        parts = run_task(
+            plan,
+            lambda i: _decode(inputs[i]),
+            worker=worker,
+            feed_chunks=lambda share: pulled_feed_chunks(plan.key, share),
+        )
         out = list(_output_records(task_index, parts, compression))
         if stats is not None:
             stats.add(_partition_stats(stage.stage_id, task_index, parts))

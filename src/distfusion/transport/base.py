@@ -7,6 +7,7 @@ execution never know which transport runs:
 ``set_plan``           deliver one task's plan to a worker; it starts the task
 ``execute_partition``  read one output partition of a task as Arrow batches
 ``task_stats``         wait for a task; rows and bytes of each output partition
+``stream_feed``        stream a work unit feed's partition to the leaf task reading it
 ``cancel_query``       stop every task of a query on a worker, free its state
 ``stats``              live tasks and bytes a worker holds
 =====================  ======================================================
@@ -72,6 +73,24 @@ class WorkerTransport(Protocol):
             QueryCancelled: the query was cancelled.
             TimeoutError: the task did not finish within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached.
+        """
+        ...
+
+    def stream_feed(self, url: str, key: TaskKey, table: str, units: Iterator[bytes]) -> None:
+        """Stream the feed of ``table`` to task ``key`` on the worker at ``url``.
+
+        The coordinator pushes: ``units`` are serialised work units
+        (:meth:`WorkUnit.to_bytes`) of partition ``key.task_index``, read from
+        the coordinator's feed session as the provider yields them. Blocks
+        until ``units`` ends, the worker stops taking units (the task ended),
+        or the worker's bounded inbox applies back-pressure for as long as the
+        task reads slowly. When ``units`` raises a FeedError or
+        QueryCancelled, the stream ends with that error and the task raises it.
+        The worker may get the stream before the task's plan.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+            QueryCancelled: the query was cancelled on the worker.
         """
         ...
 

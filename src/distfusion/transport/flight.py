@@ -10,6 +10,9 @@ served by :class:`~distfusion.worker.flight_server.FlightWorker`)::
       DoAction "task_stats" body {query_id,    ──> wait for the task, answer
              stage_id, task_index, timeout_s}      {"partition_rows": [..],
                                                     "partition_bytes": [..]}
+      DoPut descriptor {feed, query_id,         ──> a leaf task's work unit feed:
+             stage_id, task_index}                  units into its bounded inbox
+             batches of FEED_SCHEMA                 (back-pressure: gRPC flow control)
       DoAction "cancel_query" body: query id   ──> stop tasks, free state
       DoAction "keepalive" body: [query ids]   ──> the coordinator is alive
       DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
@@ -48,11 +51,18 @@ import pyarrow as pa
 
 from distfusion.errors import (
     AuthenticationError,
+    FeedError,
     QueryCancelled,
     TransportError,
     WorkerUnavailableError,
 )
 from distfusion.protocol.errors import KIND, error_from_dict, error_to_dict
+from distfusion.protocol.feed_messages import (
+    FEED_SCHEMA,
+    encode_feed_descriptor,
+    error_batch,
+    unit_batch,
+)
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
@@ -348,6 +358,38 @@ class FlightWorkerTransport:
                     continue
                 msg = f"worker {url}: {task_name(key)} did not finish within {timeout_s} s"
                 raise TimeoutError(msg) from None
+
+    def stream_feed(self, url: str, key: TaskKey, table: str, units: Iterator[bytes]) -> None:
+        """See :meth:`WorkerTransport.stream_feed`: one Flight ``DoPut`` per task and feed.
+
+        The descriptor names the task and the table
+        (:func:`~distfusion.protocol.feed_messages.encode_feed_descriptor`);
+        each unit is a one-row batch of ``FEED_SCHEMA``, written as it comes,
+        so gRPC flow control carries the worker inbox's back-pressure to the
+        coordinator's feed session. A failed feed ends with an error row.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached, or died while streaming.
+            AuthenticationError: the worker rejected the token.
+            TransportError: the worker refused the stream.
+        """
+        what = f"streaming feed {table!r} to {task_name(key)}"
+        client = self._client(url)
+        flight = self._flight
+        descriptor = flight.FlightDescriptor.for_command(encode_feed_descriptor(key, table))
+        try:
+            writer, _ = client.do_put(descriptor, FEED_SCHEMA, self._options(None))
+            try:
+                for raw in units:
+                    writer.write_batch(unit_batch(raw))
+            except (FeedError, QueryCancelled) as exc:
+                writer.write_batch(error_batch(exc))
+            writer.done_writing()
+            writer.close()
+        except flight.FlightError as exc:
+            raise decode_error(url, what, exc) from None
+        except OSError as exc:
+            raise WorkerUnavailableError(url, f"{what}: {exc}") from None
 
     def cancel_query(self, url: str, query_id: str) -> None:
         """See :meth:`WorkerTransport.cancel_query`; waits at most ``cancel_timeout_s``."""

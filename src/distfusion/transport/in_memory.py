@@ -32,6 +32,10 @@ class LocalWorker(Protocol):
         self, key: TaskKey, timeout_s: float | None = None
     ) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
 
+    def receive_feed(  # noqa: D102
+        self, key: TaskKey, table: str, units: Iterator[bytes]
+    ) -> None: ...
+
     def cancel_query(self, query_id: str) -> None: ...  # noqa: D102
 
     def stats(self) -> dict: ...  # noqa: D102
@@ -75,6 +79,10 @@ class InMemoryTransport:
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """See :meth:`WorkerTransport.task_stats`."""
         return self._worker(url).task_stats(key, timeout_s)
+
+    def stream_feed(self, url: str, key: TaskKey, table: str, units: Iterator[bytes]) -> None:
+        """See :meth:`WorkerTransport.stream_feed` (the inbox is a bounded in-process queue)."""
+        self._worker(url).receive_feed(key, table, units)
 
     def cancel_query(self, url: str, query_id: str) -> None:
         """See :meth:`WorkerTransport.cancel_query`."""

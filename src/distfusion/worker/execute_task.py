@@ -31,12 +31,14 @@ from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.hashing import hash_type
-from distfusion.protocol.task_plan import TaskPlan
-from distfusion.sources import register_scan
+from distfusion.protocol.task_plan import ScanShare, TaskPlan
+from distfusion.sources import WorkUnit, register_scan
 from distfusion.stages import SHUFFLE, StageInput
+from distfusion.work_unit_feed.table import rebuild_source
 
 __all__ = [
     "build_dataframe",
+    "feed_dataframes",
     "partition_output",
     "run_task",
     "stream_head_stage",
@@ -211,11 +213,111 @@ def partition_output(
     return parts
 
 
+FeedChunks = Callable[[ScanShare], Iterator[list[WorkUnit]]]
+"""``feed_chunks(share)``: the work units of a feed scan for this task, in chunks
+as they arrive (a worker's :class:`~distfusion.worker.feed_inbox.FeedInbox`)."""
+
+
+def _no_feeds(share: ScanShare) -> Iterator[list[WorkUnit]]:
+    msg = f"table {share.source.name!r} is fed at run time, but this task has no feed"
+    raise TaskError(-1, -1, "", msg)
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s columns (by name) and types."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = []
+    for f in schema:
+        c = batch.column(f.name)
+        columns.append(c if c.type == f.type else c.cast(f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _read_units(source, units: list[WorkUnit], schema: pa.Schema) -> list[pa.RecordBatch]:
+    """Every batch of ``units``, read with the feed-backed ``source`` (its ``read``)."""
+    out = []
+    for unit in units:
+        reader = source.read(unit)
+        for batch in reader:
+            if batch.num_rows:
+                out.append(_conform(batch, schema))
+    return out
+
+
+def _register_feed(
+    ctx: SessionContext, name: str, schema: pa.Schema, batches: list[pa.RecordBatch], n: int
+) -> None:
+    """Register ``batches`` as table ``name``, split into up to ``n`` partitions."""
+    if name in ctx.catalog().schema().names():
+        ctx.deregister_table(name)
+    if not batches:
+        ctx.register_record_batches(name, [[pa.RecordBatch.from_pylist([], schema=schema)]])
+        return
+    n = max(1, min(n, len(batches)))
+    parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
+    for i, b in enumerate(batches):
+        parts[i % n].append(b)
+    ctx.register_record_batches(name, parts)
+
+
+def feed_dataframes(
+    plan: TaskPlan,
+    read_input: Callable[[int], list[pa.RecordBatch]],
+    feed_chunks: FeedChunks,
+) -> Iterator[DataFrame]:
+    """The fragment of a task that reads work unit feeds, as DataFrames to run in turn.
+
+    A fragment linear in its one feed (the planner marks its scan ``chunked``)
+    yields one DataFrame per chunk of units, as the chunk arrives: reading and
+    executing start with the first unit, and the outputs concatenated equal
+    one run over every unit (docs/work-unit-feeds.md). Otherwise each unit is
+    read as it arrives and one DataFrame over all of them is yielded at the end
+    of the feeds. An empty feed yields one DataFrame over an empty table (a
+    global partial aggregate then says "0 rows", as a task without units does).
+
+    Raises:
+        FeedError: a feed's provider failed, or the feed cannot be reached.
+        Exception: DataFusion's error; ``read``'s error.
+    """
+    ctx = task_context(plan.target_partitions)
+    feeds = [s for s in plan.scans if s.source.is_feed]
+    for share in plan.scans:
+        if not share.source.is_feed:
+            register_scan(ctx, share.source, share.units)
+    for i, inp in enumerate(plan.inputs):
+        bind_input(ctx, inp, read_input(i), plan.target_partitions)
+    readers = {}
+    for share in feeds:
+        o = share.source.options
+        readers[share.source.name] = rebuild_source(
+            o["feed_id"], o["reader"], o["state"], share.source.schema
+        )
+    n = plan.target_partitions
+    if len(feeds) == 1 and feeds[0].source.options.get("chunked"):
+        source = feeds[0].source
+        ran = False
+        for chunk in feed_chunks(feeds[0]):
+            batches = _read_units(readers[source.name], chunk, source.schema)
+            _register_feed(ctx, source.name, source.schema, batches, n)
+            ran = True
+            yield ctx.create_dataframe_from_logical_plan(consume_plan(ctx, plan.fragment))
+        if ran:
+            return
+    for share in feeds:
+        batches = []
+        for chunk in feed_chunks(share):
+            batches.extend(_read_units(readers[share.source.name], chunk, share.source.schema))
+        _register_feed(ctx, share.source.name, share.source.schema, batches, n)
+    yield ctx.create_dataframe_from_logical_plan(consume_plan(ctx, plan.fragment))
+
+
 def run_task(
     plan: TaskPlan,
     read_input: Callable[[int], list[pa.RecordBatch]],
     cancelled: Callable[[], bool] = lambda: False,
     worker: str = "local",
+    feed_chunks: FeedChunks = _no_feeds,
 ) -> list[list[pa.RecordBatch]]:
     """Run one task to completion.
 
@@ -224,16 +326,29 @@ def run_task(
         read_input: see :func:`build_dataframe`.
         cancelled: polled between batches; true stops the task.
         worker: the URL of the worker running the task, for error messages.
+        feed_chunks: the units of each feed scan of a leaf task, in chunks as
+            they arrive (see :func:`feed_dataframes`).
 
     Returns:
         One list of RecordBatch per output partition.
 
     Raises:
         TaskError: the fragment failed (DataFusion's message and the traceback
-            kept), or an input's producer task failed (that task's error).
+            kept), an input's producer task failed (that task's error), or a
+            work unit feed failed (its FeedError's message: feed and partition).
         QueryCancelled: the query was cancelled.
     """
     try:
+        if any(s.source.is_feed for s in plan.scans):
+            parts: list[list[pa.RecordBatch]] | None = None
+            for df in feed_dataframes(plan, read_input, feed_chunks):
+                out = partition_output(df, plan, cancelled)
+                if parts is None:
+                    parts = out
+                else:
+                    for mine, more in zip(parts, out, strict=True):
+                        mine.extend(more)
+            return parts or [[] for _ in range(plan.output.num_partitions)]
         _, df = build_dataframe(plan, read_input)
         return partition_output(df, plan, cancelled)
     except (TaskError, QueryCancelled):
@@ -243,18 +358,26 @@ def run_task(
 
 
 def stream_head_stage(
-    plan: TaskPlan, read_input: Callable[[int], list[pa.RecordBatch]]
+    plan: TaskPlan,
+    read_input: Callable[[int], list[pa.RecordBatch]],
+    feed_chunks: FeedChunks = _no_feeds,
 ) -> Iterator[pa.RecordBatch]:
     """Run the head stage's only task on the coordinator, yielding its result batches.
 
-    Every runtime ends a query with this.
+    Every runtime ends a query with this. A head stage that reads a feed
+    (a one-task query) streams each chunk's result as it is computed.
 
     Raises:
         DistfusionError: reading an input failed (a producer's TaskError, a
-            transport error), passed on as it is.
+            transport error) or a feed's provider failed (FeedError), passed on
+            as it is.
         TaskError: the fragment failed here (worker ``coordinator``).
     """
     try:
+        if any(s.source.is_feed for s in plan.scans):
+            for df in feed_dataframes(plan, read_input, feed_chunks):
+                yield from stream_batches(df, lambda: False)
+            return
         _, df = build_dataframe(plan, read_input)
         yield from stream_batches(df, lambda: False)
     except DistfusionError:

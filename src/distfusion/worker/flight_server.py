@@ -8,6 +8,7 @@ whose tasks read their inputs from other workers through a
               ┌──────────── FlightWorker (gRPC threads) ────────────┐
     set_plan ─┼─> TaskPlan.from_json ──> Worker.set_plan (FIFO pool) │
     DoGet ────┼─> Worker.execute_partition ──> Arrow stream          │
+    DoPut ────┼─> Worker.receive_feed: a leaf task's work unit feed  │
     stats of ─┼─> Worker.task_stats ──> rows, bytes per partition   │
     a task    │                                                      │
     cancel ───┼─> Worker.cancel_query                                │
@@ -46,6 +47,7 @@ import time
 import pyarrow as pa
 
 from distfusion.errors import QueryCancelled
+from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
@@ -103,6 +105,12 @@ class _Server(flight.FlightServerBase):
             (ACTION_STATS, "live tasks, bytes held, plans received (JSON)"),
             (ACTION_TASK_STATS, "wait for a task; rows and bytes per output partition (JSON)"),
         ]
+
+    def do_put(self, context, descriptor, reader, writer):
+        try:
+            self._owner._put(descriptor.command, reader)
+        except Exception as exc:
+            raise encode_error(exc) from None
 
     def do_get(self, context, ticket):
         try:
@@ -297,6 +305,13 @@ class FlightWorker:
         schema = batches[0].schema if batches else pa.schema([])
         batches = [b if b.schema.equals(schema) else _conform(b, schema) for b in batches]
         return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+
+    def _put(self, command: bytes, reader) -> None:
+        """A work unit feed pushed by the coordinator: into the task's inbox."""
+        key, table = decode_feed_descriptor(command)
+        self._touch(key.query_id)
+        self.worker.receive_feed(key, table, decode_feed_batches(c.data for c in reader))
+        self._touch(key.query_id)
 
     def _reap(self) -> None:
         interval = max(0.05, min(1.0, self.query_ttl_s / 4))

@@ -16,6 +16,12 @@ Lifecycle of a task on a worker::
     cancel_query(query_id): stops running tasks, drops queued ones and every
     partition of the query.
 
+A leaf task reading a work unit feed takes its units from an inbox per
+(task, table) (:mod:`distfusion.worker.feed_inbox`): filled by
+:meth:`Worker.receive_feed` when the coordinator pushes the feed (local and
+Flight runtimes), or by a thread pulling from the coordinator's feed endpoint
+when the plan names one (Spark).
+
 Tasks run in a FIFO thread pool of ``slots`` threads. A task blocks while it
 reads its inputs from producer tasks; the coordinator submits every task of a
 stage before any task of a later stage, so with FIFO pools the earliest
@@ -27,18 +33,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from distfusion.errors import QueryCancelled, TaskError
+from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.protocol.errors import task_error
-from distfusion.protocol.task_plan import TaskKey, TaskPlan
+from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
+from distfusion.transport.feed_endpoint import pull_feed
+from distfusion.work_unit_feed.unit import WorkUnit
 from distfusion.worker.execute_task import run_task
+from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "pulled_feed_chunks"]
 
 _CANCELLED_KEPT = 4096
 
@@ -77,6 +86,7 @@ class Worker:
         self._tasks: dict[TaskKey, _Task] = {}
         # Recently cancelled query ids (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
+        self._inboxes: dict[tuple[TaskKey, str], FeedInbox] = {}
 
     # ---------------------------------------------------------------- protocol
     def set_plan(self, plan: TaskPlan) -> None:
@@ -145,9 +155,37 @@ class Worker:
                 raise task.error
             return task.partition_rows, task.partition_bytes
 
+    def receive_feed(self, key: TaskKey, table: str, units: Iterable[bytes]) -> None:
+        """Take the feed of ``table`` for task ``key`` as the coordinator streams it.
+
+        Called by a transport (in process, or a Flight ``DoPut``), possibly
+        before the task's plan arrives. Blocks while the task's inbox is full
+        (back-pressure); returns when the stream ended, or early when the task
+        ended. ``units`` raising a FeedError or QueryCancelled ends the stream
+        with that error: the task raises it.
+
+        Raises:
+            QueryCancelled: the query was cancelled while the stream blocked.
+        """
+        inbox = self._inbox(key, table)
+        try:
+            for raw in units:
+                if not inbox.put(raw):
+                    return
+        except DistfusionError as exc:
+            inbox.finish(exc)
+            return
+        except Exception as exc:  # the stream was cut or garbled: never a finished feed
+            cause = f"the feed stream of {table!r} broke: {type(exc).__name__}: {exc}"
+            inbox.finish(TaskError(key.stage_id, key.task_index, self.url, cause))
+            return
+        inbox.finish()
+
     def cancel_query(self, query_id: str) -> None:
         """Stop every task of ``query_id`` and drop all its state on this worker."""
         with self._lock:
+            for k in [k for k in self._inboxes if k[0].query_id == query_id]:
+                self._inboxes.pop(k).close()
             self._cancelled[query_id] = None
             while len(self._cancelled) > _CANCELLED_KEPT:
                 del self._cancelled[next(iter(self._cancelled))]
@@ -194,6 +232,30 @@ class Worker:
         """Whether ``query_id`` was cancelled here (the last 4096 cancelled queries)."""
         return query_id in self._cancelled
 
+    def _inbox(self, key: TaskKey, table: str) -> FeedInbox:
+        """The inbox of ``table``'s feed for task ``key`` (made on first use)."""
+        with self._lock:
+            inbox = self._inboxes.get((key, table))
+            if inbox is None:
+                inbox = FeedInbox(cancelled=lambda: self.is_cancelled(key.query_id))
+                task = self._tasks.get(key)
+                if self.is_cancelled(key.query_id) or (task is not None and task.done.is_set()):
+                    inbox.close()  # nobody will read it
+                    return inbox
+                self._inboxes[(key, table)] = inbox
+            return inbox
+
+    def _feed_chunks(self, plan: TaskPlan, share: ScanShare):
+        """The units of feed scan ``share`` for ``plan``'s task, in chunks as they arrive."""
+        if share.source.options.get("endpoint"):  # pulled: executors cannot be pushed to (Spark)
+            return pulled_feed_chunks(
+                plan.key, share, lambda: self.is_cancelled(plan.key.query_id)
+            )
+        o = share.source.options
+        inbox = self._inbox(plan.key, share.source.name)
+        feed = RemoteWorkUnitFeed(o["feed_id"], share.source.name, plan.key.task_index, inbox)
+        return feed.chunks()
+
     def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
         batches: list[pa.RecordBatch] = []
         for url, producer, part in plan.input_reads(i):
@@ -215,6 +277,7 @@ class Worker:
                 lambda i: self._read_input(plan, i),
                 cancelled=lambda: self.is_cancelled(qid),
                 worker=self.url,
+                feed_chunks=lambda share: self._feed_chunks(plan, share),
             )
             rows = tuple(sum(b.num_rows for b in p) for p in partitions)
             nbytes = tuple(sum(b.nbytes for b in p) for p in partitions)
@@ -227,7 +290,38 @@ class Worker:
             task.error = task_error(plan.key.stage_id, plan.key.task_index, self.url, exc)
         finally:
             with self._lock:
+                for k in [k for k in self._inboxes if k[0] == plan.key]:
+                    self._inboxes.pop(k).close()
                 task.done.set()
                 if self.is_cancelled(qid):
                     self._tasks.pop(plan.key, None)
                 self._lock.notify_all()
+
+
+def pulled_feed_chunks(
+    key: TaskKey, share: ScanShare, cancelled: Callable[[], bool] = lambda: False
+) -> Iterator[list[WorkUnit]]:
+    """Units of feed scan ``share`` for task ``key``, pulled from the coordinator's feed endpoint.
+
+    ``share.source.options`` names the endpoint and the query's secret (set by
+    the Spark runtime). A thread pulls into a bounded inbox; the task takes
+    chunks as they arrive.
+
+    Raises:
+        FeedError: (while iterating) the endpoint cannot be reached or refused
+            the secret (the message names the endpoint, the feed and the
+            partition), or the provider failed.
+    """
+    o = share.source.options
+    inbox = FeedInbox(cancelled=cancelled)
+    feed = RemoteWorkUnitFeed(o["feed_id"], share.source.name, key.task_index, inbox)
+    threading.Thread(
+        target=pull_feed,
+        args=(o["endpoint"], o.get("secret", ""), key, share.source.name, feed),
+        name=f"distfusion-feed-pull-{key}",
+        daemon=True,
+    ).start()
+    try:
+        yield from feed.chunks()
+    finally:
+        inbox.close()
