@@ -94,11 +94,12 @@ def test_first_attempt_failure_is_retried_by_spark(
 
 
 def test_flight_plane_runs_a_failed_attempt_again_and_keeps_the_other_outputs(
-    ctx, runtime, fail_task, spark_session, oracle
+    ctx, runtime, fail_task, spark_session, oracle, monkeypatch
 ):
     # A failed attempt comes back as a record (a raised error would end the
     # PySpark worker process and every output it holds); the runtime runs it again.
     assert runtime.data_plane == "flight"
+    monkeypatch.setattr(runtime, "driver_stage_bytes", 0)  # every stage a Spark job
     sql = tpch.query(3)
     df = ctx.sql(sql)
     leaf = _leaf(df)
@@ -113,6 +114,28 @@ def test_flight_plane_runs_a_failed_attempt_again_and_keeps_the_other_outputs(
         depth[stage.stage_id] = max((depth[i.stage_id] + 1 for i in stage.inputs), default=0)
     jobs = spark_session.sparkContext.statusTracker().getJobIdsForGroup(group)
     assert len(jobs) == max(depth.values()) + 1 + 2
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
+
+
+def test_flight_plane_runs_a_small_one_task_stage_on_the_drivers_worker(
+    runtime, tpch_dir, spark_session, oracle
+):
+    # Measured after the leaf stage ran, the final aggregate's input is a few
+    # KiB: it is coalesced into one task, which needs no Spark job and runs on
+    # the driver's Flight worker; the head stage reads it there.
+    assert runtime.data_plane == "flight"
+    config = DistributedConfig(bytes_per_task=2**20, adaptive_shuffle_bytes=0)  # measured
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    sql = "SELECT o_orderpriority, count(*) AS n FROM orders GROUP BY o_orderpriority"
+    df = ctx.sql(sql)
+    assert_same_result(df.to_arrow_table(), oracle_result(oracle, sql), is_ordered(sql))
+    ran = df.last_run.final
+    leaf, final, head = ran.stages
+    assert (leaf.num_tasks > 1, final.num_tasks, final.scans) == (True, 1, ())
+    jobs = spark_session.sparkContext.statusTracker().getJobIdsForGroup(job_group(ran.query_id))
+    assert len(jobs) == 1  # the leaf stage's round only
+    assert runtime.driver_worker().url in runtime.stats()
     assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
 
 

@@ -269,6 +269,7 @@ class SparkRuntime:
         self.transport = FlightWorkerTransport(token=self.token)
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
         self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
+        self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
         self._endpoint_lock = threading.Lock()
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
@@ -412,11 +413,51 @@ class SparkRuntime:
                     self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host)
             return self._feed_endpoint
 
+    driver_stage_bytes = 16 * 1024 * 1024
+    """On the Flight data plane, a one-task stage that reads no table and at most
+    this many bytes of inputs runs on the driver's own Flight worker
+    (:meth:`driver_worker`) instead of as a Spark job: a job with one Python
+    task costs ~60-130 ms here, the stage itself (a final aggregate or join
+    over a few KiB, say) milliseconds. 0 turns it off."""
+
+    def driver_worker(self):
+        """This runtime's Flight worker in the driver process (started on first use).
+
+        Runs the small one-task stages of the Flight data plane
+        (:attr:`driver_stage_bytes`); executors' tasks and the head stage read
+        their outputs over Flight like any other. Local mode: 127.0.0.1. A
+        cluster: every interface, advertised as ``spark.driver.host``.
+
+        Raises:
+            ImportError: pyarrow has no Flight support.
+        """
+        from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
+
+        with self._endpoint_lock:
+            if self._driver_worker is None:
+                bind, advertise = "127.0.0.1", None
+                if not self.sc.master.startswith("local"):
+                    bind = "0.0.0.0"
+                    advertise = self.sc.getConf().get("spark.driver.host", socket.gethostname())
+                self._driver_worker = FlightWorker(
+                    host=bind,
+                    token=self.token,
+                    slots=self.target_partitions,
+                    query_ttl_s=EXECUTOR_QUERY_TTL_S,
+                    advertise_host=advertise,
+                )
+                self.executor_urls.add(self._driver_worker.url)  # in stats() and idle checks
+            return self._driver_worker
+
     def close(self) -> None:
         """Stop the SparkSession when this runtime started it."""
         if self._feed_endpoint is not None:
             self._feed_endpoint.close()
             self._feed_endpoint = None
+        if self._driver_worker is not None:
+            self.executor_urls.discard(self._driver_worker.url)
+            self._driver_worker.close()
+            self._driver_worker = None
         self.transport.close()
         if self._owns_session:
             self.spark.stop()
@@ -828,7 +869,11 @@ class _SparkFlightQuery(WorkerQueryRun):
         """Nothing: Spark places the tasks; :meth:`_deliver` learns where they ran."""
 
     def _deliver(self, graph: StageGraph, stages: list[Stage]) -> None:
-        """Run ``stages`` round by round, each round a Spark job, and wait for them."""
+        """Run ``stages`` round by round, each round a Spark job, and wait for them.
+
+        A small one-task stage (:meth:`_small`) runs on the driver's Flight
+        worker instead, before its round's Spark job.
+        """
         pending = list(stages)
         while pending:
             ready = [s for s in pending if all(i.stage_id in self._delivered for i in s.inputs)]
@@ -840,13 +885,53 @@ class _SparkFlightQuery(WorkerQueryRun):
                 self._stages[stage.stage_id] = stage
                 self._started[stage.stage_id] = time.monotonic()
             self._rounds.append([s.stage_id for s in ready])
-            self._run_tasks([(s.stage_id, t) for s in ready for t in range(s.num_tasks)])
+            small = [s for s in ready if self._small(s)]
+            for stage in small:
+                self._run_on_driver(stage)
+            rest = [s for s in ready if s not in small]
+            self._run_tasks([(s.stage_id, t) for s in rest for t in range(s.num_tasks)])
             for stage in ready:
                 self._delivered[stage.stage_id] = stage.num_tasks
             pending = [s for s in pending if s not in ready]
 
+    def _small(self, stage: Stage) -> bool:
+        """One task, no table read, and inputs of at most ``driver_stage_bytes`` in all."""
+        limit = self.runtime.driver_stage_bytes
+        if stage.num_tasks != 1 or stage.scans or not limit:
+            return False
+        held = 0
+        for inp in stage.inputs:
+            for (sid, _), (_, nbytes) in self._task_stats.items():
+                if sid == inp.stage_id:
+                    held += sum(nbytes)
+        return held <= limit
+
+    def _run_on_driver(self, stage: Stage) -> None:
+        """Run one-task ``stage`` on the driver's Flight worker, not as a Spark job.
+
+        Raises:
+            TaskError: the fragment failed (named by stage, task and the driver's worker).
+            QueryCancelled: the run was closed meanwhile.
+        """
+        self._check_open()
+        worker = self.runtime.driver_worker()
+        plan = TaskPlan.for_task(
+            self.query_id,
+            stage,
+            0,
+            self._input_workers(stage),
+            self.target_partitions,
+            keep_output=True,
+        )
+        self._used.add(worker.url)
+        rows, nbytes = worker.run_task(plan)
+        self.placement[(stage.stage_id, 0)] = worker.url
+        self._task_stats[(stage.stage_id, 0)] = (tuple(rows), tuple(nbytes))
+
     def _run_tasks(self, tasks: list[tuple[int, int]]) -> None:
         """Run ``tasks`` (``(stage, task)``; their inputs are placed) until each succeeded.
+
+        No task: nothing runs (no Spark job).
 
         Raises:
             TaskError: a task failed ``task_max_failures`` times.
