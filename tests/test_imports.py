@@ -35,6 +35,7 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "distfusion.transport.flight"),
     ("distfusion.runtime.spark", "distfusion.worker.flight_server"),
     ("distfusion.spark", "pyspark.sql.pandas.types"),
+    ("distfusion.spark", "pyspark.sql.types"),
     ("distfusion.transport.flight", "pyarrow.flight"),
     # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.
     ("distfusion.work_unit_feed.table", "fsspec"),

@@ -319,25 +319,41 @@ class DistributedContext:
 
     # ------------------------------------------------------------- registration
     def register_parquet(
-        self, name: str, path: str | os.PathLike, schema: pa.Schema | None = None
+        self,
+        name: str,
+        path: str | os.PathLike,
+        schema: pa.Schema | None = None,
+        table_partition_cols: list[tuple[str, str | pa.DataType]] | None = None,
     ) -> None:
         """Register the Parquet file, directory (recursively) or glob at ``path`` as ``name``.
 
         Each file becomes one work unit; its footer gives row counts and sizes.
 
+        ``table_partition_cols`` (as DataFusion's ``register_parquet``): the table
+        is partitioned by directory, Hive style, as Spark's ``partitionBy``
+        writes it (``path/dt=2024-01-01/part-0.parquet``); each ``(column,
+        Arrow type)`` is a column of the table, read from the directory names.
+        A filter on those columns skips the other directories' files when the
+        query is planned (``explain()`` says how many files remain).
+
         Raises:
-            PlanningError: no Parquet file at ``path``, or DataFusion cannot read
-                its schema.
+            PlanningError: no Parquet file at ``path``, DataFusion cannot read
+                its schema, or a file is not below a ``column=value`` directory
+                of every partition column.
         """
         path = os.fspath(path)
         _check_path(name, path, ".parquet")
+        cols = [(c, t) for c, t in (table_partition_cols or [])]
         try:
-            self.ctx.register_parquet(name, path, schema=schema)
+            self.ctx.register_parquet(name, path, schema=schema, table_partition_cols=cols or None)
             table_schema = self.ctx.table(name).schema()
+            source = parquet_source(name, path, table_schema, tuple(c for c, _ in cols))
         except Exception as exc:
             self._forget(name)
+            if isinstance(exc, PlanningError):
+                raise
             raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
-        self._add(parquet_source(name, path, table_schema))
+        self._add(source)
 
     def register_csv(
         self,

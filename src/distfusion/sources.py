@@ -22,10 +22,11 @@ import base64
 import glob
 import os
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datafusion import SessionContext
+from datafusion import SessionContext, col, lit
 
 from distfusion.errors import PlanningError
 from distfusion.work_unit_feed.table import (
@@ -139,13 +140,24 @@ def list_files(path: str, extension: str) -> list[str]:
     return files
 
 
-def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> TableSource:
+def parquet_source(
+    name: str,
+    path: str | os.PathLike,
+    schema: pa.Schema,
+    partition_cols: tuple[str, ...] = (),
+) -> TableSource:
     """Describe the Parquet files at ``path`` (a file, a directory, or a glob).
 
     Reads every file's footer (not its data) for row counts and column sizes.
+    ``partition_cols``: the table is partitioned by directory, Hive style
+    (``path/dt=2024-01-01/region=EU/part-0.parquet``): ``schema`` ends with
+    these columns, which are not in the files; each file's unit carries their
+    values, read from its path below ``path`` (``WorkUnit.partition_values``).
 
     Raises:
-        PlanningError: no ``.parquet`` file at ``path``, or a footer cannot be read.
+        PlanningError: no ``.parquet`` file at ``path``; a footer cannot be
+            read; a file of a partitioned table is not below a ``col=value``
+            directory for every partition column.
     """
     # Parquet's encodings (dictionary, RLE) can make a column's uncompressed size far
     # smaller than its Arrow form; sizes are never estimated below rows x Arrow width.
@@ -167,11 +179,49 @@ def parquet_source(name: str, path: str | os.PathLike, schema: pa.Schema) -> Tab
                 column_bytes[top] = column_bytes.get(top, 0) + cc.total_uncompressed_size
                 size += cc.total_uncompressed_size
         size = max(size, md.num_rows * row_width)
-        units.append(WorkUnit(path=os.path.abspath(f), size_bytes=size, num_rows=md.num_rows))
+        values = _partition_values(name, os.fspath(path), f, partition_cols)
+        units.append(
+            WorkUnit(
+                path=os.path.abspath(f),
+                size_bytes=size,
+                num_rows=md.num_rows,
+                partition_values=values,
+            )
+        )
     rows = sum(u.num_rows for u in units)
     for f in schema:
         column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * _arrow_width(f.type))
-    return TableSource(name, "parquet", schema, tuple(units), column_bytes)
+    options = {"partition_cols": list(partition_cols)} if partition_cols else {}
+    return TableSource(name, "parquet", schema, tuple(units), column_bytes, options)
+
+
+def _partition_values(
+    name: str, root: str, file: str, partition_cols: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The ``col=value`` directory values of ``file`` below ``root``, in ``partition_cols`` order.
+
+    Values are URL-unquoted as Spark and Hive escape them (``%3A`` is ``:``).
+
+    Raises:
+        PlanningError: a partition column has no ``col=value`` directory in the path.
+    """
+    if not partition_cols:
+        return ()
+    base = root if os.path.isdir(root) else os.path.dirname(root)
+    found: dict[str, str] = {}
+    for part in os.path.relpath(file, base).split(os.sep)[:-1]:
+        key, sep, value = part.partition("=")
+        if sep and key in partition_cols and key not in found:
+            found[key] = unquote(value)
+    missing = [c for c in partition_cols if c not in found]
+    if missing:
+        msg = (
+            f"table {name!r} is partitioned by {list(partition_cols)}, but {file} is not "
+            f"below a {missing[0]}=<value> directory of {base}: give the table's root "
+            "directory, or leave out table_partition_cols"
+        )
+        raise PlanningError(msg)
+    return tuple(found[c] for c in partition_cols)
 
 
 def _arrow_width(dtype: pa.DataType) -> int:
@@ -274,8 +324,14 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
         ctx.register_record_batches(sql_name(source.name), [batches])
         return
     frames = []
+    partition_cols = source.options.get("partition_cols") or []
+    if partition_cols:
+        file_schema = pa.schema([f for f in source.schema if f.name not in partition_cols])
     for u in units:
-        if source.format == "parquet":
+        if partition_cols:
+            frame = _with_partition_values(ctx, u, source.schema, file_schema, partition_cols)
+            frames.append(frame)
+        elif source.format == "parquet":
             frames.append(ctx.read_parquet(u.path, schema=source.schema))
         else:
             frames.append(
@@ -290,3 +346,26 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     for other in frames[1:]:
         df = df.union(other)
     ctx.register_view(sql_name(source.name), df)
+
+
+def _with_partition_values(
+    ctx: SessionContext,
+    unit: WorkUnit,
+    schema: pa.Schema,
+    file_schema: pa.Schema,
+    partition_cols: list[str],
+):
+    """One file of a directory-partitioned table, with its partition columns as constants.
+
+    Each value is the directory's text cast to the column's type, as DataFusion's
+    listing table reads it.
+    """
+    df = ctx.read_parquet(unit.path, schema=file_schema)
+    values = dict(zip(partition_cols, unit.partition_values, strict=True))
+    exprs = []
+    for f in schema:
+        if f.name in values:
+            exprs.append(lit(values[f.name]).cast(f.type).alias(f.name))
+        else:
+            exprs.append(col(f'"{f.name}"'))
+    return df.select(*exprs)

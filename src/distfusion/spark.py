@@ -15,7 +15,7 @@ with DataFusion inside a Spark task. Table names resolve from Spark's catalog
 (temp views and tables of the current database): a table whose optimized plan
 is a plain scan of Parquet or CSV files becomes a distfusion source, its files
 from ``DataFrame.inputFiles()`` and its schema from Spark. Anything else (a view
-with a filter or a join, a JDBC table, a table partitioned by directory) is
+with a filter or a join, a JDBC table, a CSV table partitioned by directory) is
 not read: using it in the query raises a :class:`~distfusion.errors.PlanningError`
 naming it.
 
@@ -164,7 +164,9 @@ def register_spark_table(
 
     The table must be a plain scan of Parquet or CSV files: Spark's optimized
     plan of ``spark.table(name)`` is a ``LogicalRelation`` over a
-    ``HadoopFsRelation`` with no partition columns. Its files come from
+    ``HadoopFsRelation``; a Parquet table partitioned by directory
+    (``partitionBy``) is registered with its partition columns, pruned by the
+    query's filters as Spark prunes them. Its files come from
     ``DataFrame.inputFiles()`` (local paths or ``file://`` URIs), its schema
     from Spark (converted to Arrow), CSV options (``header``, ``sep``) from the
     relation.
@@ -178,8 +180,8 @@ def register_spark_table(
 
     Raises:
         PlanningError: ``name`` is unknown to Spark, is not a plain file scan, is
-            partitioned by directory, is neither Parquet nor CSV, or has files
-            that are not local.
+            neither Parquet nor CSV, is CSV partitioned by directory, or has
+            files that are not local.
     """
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
 
@@ -208,7 +210,8 @@ def register_spark_table(
     if fmt is None:
         raise unreadable(f"its format is {relation.fileFormat().toString()}, not Parquet or CSV")
     if relation.partitionSchema().nonEmpty():
-        raise unreadable("it is partitioned by directory (partition columns are not in the files)")
+        _register_partitioned(ctx, relation, fmt, as_name, unreadable)
+        return
     files = []
     for uri in df.inputFiles():
         parsed = urlparse(uri)
@@ -234,6 +237,42 @@ def register_spark_table(
         header = option("header", "false").lower() == "true"
         delimiter = option("sep", option("delimiter", ","))
         ctx.register_csv(as_name, path, schema=schema, has_header=header, delimiter=delimiter)
+
+
+def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: str, unreadable):
+    """Register a Parquet table Spark partitions by directory (``partitionBy``).
+
+    The table's root directory is registered with Spark's partition columns
+    and types (``table_partition_cols``): distfusion lists the files, reads
+    each file's partition values from its path and prunes directories by the
+    query's filters, as Spark does.
+
+    Raises:
+        PlanningError: the table is not Parquet, has several root paths, or
+            its root is not on a local file system.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
+    from pyspark.sql.types import _parse_datatype_json_string  # optional dependency
+
+    if fmt != "parquet":
+        raise unreadable(f"it is {fmt.upper()} partitioned by directory (only Parquet is read so)")
+    roots = relation.location().rootPaths()
+    if roots.size() != 1:
+        raise unreadable(f"it has {roots.size()} root paths; distfusion reads one directory tree")
+    parsed = urlparse(str(roots.apply(0).toUri().toString()))
+    if parsed.scheme not in ("", "file"):
+        raise unreadable(f"its root {parsed.geturl()} is not on a local file system")
+    try:
+        data = to_arrow_schema(_parse_datatype_json_string(relation.dataSchema().json()))
+        parts = to_arrow_schema(_parse_datatype_json_string(relation.partitionSchema().json()))
+    except Exception as exc:
+        raise unreadable(f"its schema has a type Arrow cannot express ({exc})") from exc
+    ctx.register_parquet(
+        as_name,
+        unquote(parsed.path),
+        schema=data,
+        table_partition_cols=[(f.name, f.type) for f in parts],
+    )
 
 
 def _common_path(files: list[str], fmt: str) -> str:

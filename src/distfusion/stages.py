@@ -226,6 +226,8 @@ class StageGraph:
                 )
             for scan in s.scans:
                 n = len(scan.source.units)
+                if "all_units" in scan.source.options:  # a read pruned by partition values
+                    n = f"{n} of {scan.source.options['all_units']}"
                 if scan.source.is_feed:
                     chunked = scan.source.options.get("chunked")
                     how = "chunks as units arrive" if chunked else "whole"
@@ -241,8 +243,12 @@ class StageGraph:
                     )
                 else:
                     counts = [len(u) for u in scan.task_units]
+                    pruned = ""
+                    if "all_units" in scan.source.options:
+                        pruned = f" as {scan.source.name}, partitions pruned"
                     lines.append(
-                        f"  <- scan {scan.source.name} ({n} work units, per task {counts})"
+                        f"  <- scan {scan.source.options.get('table', scan.source.name)} "
+                        f"({n} work units{pruned}, per task {counts})"
                     )
             lines.extend("    " + ln for ln in s.plan_text.rstrip().splitlines())
         return "\n".join(lines)

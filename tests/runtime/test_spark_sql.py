@@ -97,3 +97,27 @@ def test_csv_temp_view(spark, tmp_path, tpch_dir):
         assert [tuple(r) for r in got.collect()] == [tuple(r) for r in spark.sql(sql).collect()]
     finally:
         spark.catalog.dropTempView("nation_csv")
+
+
+def test_table_partitioned_by_directory(spark, tmp_path):
+    # Written by Spark's partitionBy: the partition columns are in the paths only.
+    out = str(tmp_path / "orders_by_status")
+    spark.table("orders").where("o_orderkey < 20000").write.partitionBy(
+        "o_orderstatus", "o_orderpriority"
+    ).parquet(out)
+    spark.read.parquet(out).createOrReplaceTempView("orders_parts")
+    try:
+        sql = (
+            "SELECT o_orderstatus, o_orderpriority, count(*) AS n, sum(o_totalprice) AS total "
+            "FROM orders_parts WHERE o_orderstatus <> 'P' AND o_orderpriority < '3' "
+            "GROUP BY 1, 2 ORDER BY 1, 2"
+        )
+        df = distfusion.spark.sql(spark, sql)
+        got = df.to_spark()
+        assert [tuple(r) for r in got.collect()] == [tuple(r) for r in spark.sql(sql).collect()]
+        # Only the matching directories' files are read: 2 statuses x 2 priorities.
+        read = [u.path for st in df.stage_graph().stages for s in st.scans for u in s.source.units]
+        assert read and all("o_orderstatus=P" not in p for p in read)
+        assert {p.split("o_orderpriority=")[1][:1] for p in read} == {"1", "2"}
+    finally:
+        spark.catalog.dropTempView("orders_parts")

@@ -58,6 +58,7 @@ from distfusion.planner.plan_subqueries import (
     has_own_subquery,
     pipelines_subqueries,
 )
+from distfusion.planner.prune_partitions import prune_partitions
 from distfusion.planner.push_dimension_joins import push_dimension_joins
 from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
@@ -102,7 +103,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         first_stage_id: int = 1,
     ) -> None:
         self.plan = plan
-        self.sources = sources
+        self.sources = dict(sources)  # and the pruned reads' tables (prune_partitions)
         self.config = config
         self.registry = FunctionRegistry(plan)
         self.oracle = oracle
@@ -282,6 +283,12 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 f"table {name!r} is not registered with distfusion (register_parquet/register_csv)"
             )
             raise NotDistributableError(msg)
+        if source.options.get("partition_cols"):
+            rel, source = prune_partitions(rel, source, self.registry, self.oracle)
+            if source.name != name:  # a table of its own: the files this read keeps
+                self.sources[source.name] = source
+                self.oracle.register_empty(source.name, source.schema)
+                read, name = rel.read, source.name
         cols = None
         if read.HasField("projection"):
             all_names = list(source.schema.names)

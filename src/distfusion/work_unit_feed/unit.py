@@ -30,6 +30,10 @@ class WorkUnit:
         ipc: an Arrow IPC stream of the unit's rows (in-memory units only).
         data: an opaque payload for a user's feed-backed table source (a page
             token, a JSON request); ``b""`` when unused.
+        partition_values: a file of a directory-partitioned table
+            (``.../dt=2024-01-01/region=EU/part-0.parquet``): the raw text of
+            each partition column's directory value, in the table's
+            ``partition_cols`` order; ``()`` otherwise.
 
     Example:
         >>> u = WorkUnit(path="/data/part-0.parquet", data=b"page=3")
@@ -42,6 +46,7 @@ class WorkUnit:
     num_rows: int | None = None
     ipc: bytes = b""
     data: bytes = b""
+    partition_values: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         """The unit as JSON-able data (bytes fields as hex; ``data`` only when set)."""
@@ -53,6 +58,8 @@ class WorkUnit:
         }
         if self.data:
             d["data"] = base64.b64encode(self.data).decode()
+        if self.partition_values:
+            d["partition_values"] = list(self.partition_values)
         return d
 
     @classmethod
@@ -64,7 +71,8 @@ class WorkUnit:
             ValueError: a bytes field is not valid hex or base64.
         """
         data = base64.b64decode(d["data"]) if d.get("data") else b""
-        return cls(d["path"], d["size_bytes"], d["num_rows"], bytes.fromhex(d["ipc"]), data)
+        values = tuple(d.get("partition_values", ()))
+        return cls(d["path"], d["size_bytes"], d["num_rows"], bytes.fromhex(d["ipc"]), data, values)
 
     def to_bytes(self) -> bytes:
         """The unit as UTF-8 JSON bytes: what a feed streams to a worker."""
