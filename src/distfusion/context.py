@@ -457,7 +457,8 @@ class DistributedContext:
           ``t``, split across tasks like :meth:`register_table`'s;
         - ``CREATE TABLE t (columns)`` makes an empty memory table;
         - ``CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 'path'`` is
-          :meth:`register_parquet`; other formats, partitioned or remote
+          :meth:`register_parquet` (``PARTITIONED BY`` columns as its
+          ``table_partition_cols``); other formats or remote
           locations are read by DataFusion on the coordinator;
         - ``INSERT INTO`` a memory table (and ``UPDATE``/``DELETE`` where
           DataFusion supports them, ``COPY``) runs on the coordinator, when
@@ -524,10 +525,15 @@ class DistributedContext:
             self._memory_source(st.table)
         elif st.kind == "external":
             self.sources.pop(st.table, None)  # replaced, or read on the coordinator
-            if st.stored_as == "PARQUET" and st.location and not st.partitioned:
+            if st.stored_as == "PARQUET" and st.location and (
+                st.partition_cols or not st.partitioned
+            ):
                 try:
                     source = parquet_source(
-                        st.table, st.location, self.ctx.table(sql_name(st.table)).schema()
+                        st.table,
+                        st.location,
+                        self.ctx.table(sql_name(st.table)).schema(),
+                        st.partition_cols,
                     )
                 except PlanningError:  # remote or no local file: DataFusion reads it
                     return

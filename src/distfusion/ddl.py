@@ -17,9 +17,10 @@ statement                                 what distfusion does
                                           result; ``t`` is a memory table
 ``CREATE TABLE t (columns)``              a memory table (empty)
 ``CREATE EXTERNAL TABLE t STORED AS       a Parquet source: its files are work
-PARQUET LOCATION 'dir'``                  units, as ``register_parquet``
+PARQUET [PARTITIONED BY (cols)]           units, as ``register_parquet`` (with
+LOCATION 'dir'``                          ``table_partition_cols``)
 other external tables (CSV, JSON,         read by DataFusion on the
-partitioned, remote)                      coordinator (no source)
+remote)                                   coordinator (no source)
 ``INSERT INTO t ...``, ``UPDATE``,        run by DataFusion on the coordinator;
 ``DELETE``                                memory tables are read again after
 ``DROP TABLE t``                          the source is dropped
@@ -60,6 +61,7 @@ class Statement:
         stored_as: for ``external``, the format in upper case (``"PARQUET"``).
         location: for ``external``, the ``LOCATION`` string.
         partitioned: for ``external``, it has ``PARTITIONED BY``.
+        partition_cols: for ``external``, the ``PARTITIONED BY`` columns, folded.
         options: for ``external``, it has an ``OPTIONS (...)`` clause.
     """
 
@@ -71,6 +73,7 @@ class Statement:
     stored_as: str = ""
     location: str = ""
     partitioned: bool = False
+    partition_cols: tuple[str, ...] = ()
     options: bool = False
 
 
@@ -86,6 +89,25 @@ def _name(tokens: list[Token], i: int) -> tuple[str, bool, int]:
             continue
         break
     return (parts[-1] if parts else ""), len(parts) > 1, i
+
+
+def _partition_cols(tokens: list[Token]) -> tuple[str, ...]:
+    """The column names of ``PARTITIONED BY (a, b TYPE, ...)``, folded; ``()`` without one."""
+    at = next((i for i, t in enumerate(tokens) if t.token_type == TokenType.PARTITION_BY), None)
+    if at is None or at + 1 >= len(tokens) or tokens[at + 1].token_type != TokenType.L_PAREN:
+        return ()
+    names, depth, expect = [], 0, True
+    for tok in tokens[at + 1 :]:
+        tt = tok.token_type
+        depth += (tt == TokenType.L_PAREN) - (tt == TokenType.R_PAREN)
+        if depth == 0:
+            break
+        if depth == 1 and tt == TokenType.COMMA:
+            expect = True
+        elif expect and depth == 1 and tt != TokenType.L_PAREN:
+            names.append(fold_identifier(tok.text, tt == TokenType.IDENTIFIER))
+            expect = False
+    return tuple(names)
 
 
 def parse_statement(sql: str) -> Statement:
@@ -131,6 +153,7 @@ def parse_statement(sql: str) -> Statement:
             stored_as=stored_as,
             location=location,
             partitioned=any(t.token_type == TokenType.PARTITION_BY for t in tokens),
+            partition_cols=_partition_cols(tokens),
             options="OPTIONS" in words,
         )
     depth = 0

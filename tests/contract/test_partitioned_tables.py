@@ -131,3 +131,18 @@ def test_partition_values_are_typed_and_unescaped(contexts):
     ]
     expected = oracle.sql(sql).to_arrow_table().schema
     assert [f.type for f in got.schema] == [f.type for f in expected]
+
+
+def test_create_external_table_partitioned_by_is_a_partitioned_source(runtime, workers, table_dir):
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=workers))
+    oracle = SessionContext()
+    ddl = (
+        "CREATE EXTERNAL TABLE ev (id BIGINT, amount BIGINT, tag VARCHAR, dt DATE, region VARCHAR) "
+        f"STORED AS PARQUET PARTITIONED BY (dt, region) LOCATION '{table_dir}/'"
+    )
+    sql = "SELECT region, sum(amount) AS s FROM ev WHERE dt = DATE '2024-01-03' GROUP BY region"
+    df = ctx.sql(f"{ddl}; {sql}")
+    oracle.sql(ddl)
+    assert_same_result(df.to_arrow_table(), oracle.sql(sql).to_arrow_table(), is_ordered(sql))
+    assert ctx.sources["ev"].options["partition_cols"] == ["dt", "region"]
+    assert "3 of 9 work units" in df.explain()  # one day's three regions
