@@ -32,6 +32,7 @@ from distfusion.runtime.spark import SparkRuntime
 from distfusion.stages import StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.transport.in_memory import InMemoryTransport
+from distfusion.udfs import udf
 from distfusion.work_unit_feed import (
     FeedContext,
     FeedPartitionMetrics,
@@ -77,6 +78,7 @@ __all__ = [
     "WorkUnitFeed",
     "WorkUnitFeedProvider",
     "WorkerUnavailableError",
+    "udf",
 ]
 
 __version__ = "0.1.0"

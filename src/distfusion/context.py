@@ -26,13 +26,14 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
-from datafusion import DataFrame, SessionContext
+from datafusion import DataFrame, ScalarUDF, SessionContext
 from datafusion.substrait import Producer
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
+from distfusion import udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
@@ -379,6 +380,25 @@ class DistributedContext:
             self._forget(name)
             raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
         self._add(csv_source(name, path, table_schema, has_header, delimiter))
+
+    def register_udf(self, udf: ScalarUDF) -> None:
+        """Register a Python scalar UDF for SQL on this context and in every task.
+
+        ``udf`` is a :class:`datafusion.ScalarUDF`. Local runtime: any, as
+        DataFusion's ``udf()`` makes it. Spark: made by
+        :func:`distfusion.udf` (DataFusion's arguments), so that its Python
+        function travels with each Spark job. Flight: the workers load it at
+        start (``distfusion worker --udf package.module:name``). See
+        :mod:`distfusion.udfs`.
+
+        Raises:
+            TypeError: ``udf`` is not a ``datafusion.ScalarUDF``.
+        """
+        if not isinstance(udf, ScalarUDF):
+            msg = f"register_udf takes a datafusion ScalarUDF (see distfusion.udf), got {udf!r}"
+            raise TypeError(msg)
+        self.ctx.register_udf(udf)
+        udfs.register(udf)
 
     def register_record_batches(self, name: str, partitions: list[list[pa.RecordBatch]]) -> None:
         """Register in-memory batches as ``name``; each batch is one work unit.

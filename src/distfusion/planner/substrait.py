@@ -36,6 +36,7 @@ from substrait.proto import (
     Type,
 )
 
+from distfusion import udfs
 from distfusion.errors import NotDistributableError
 from distfusion.planner.walk import (
     child_fields,
@@ -296,6 +297,7 @@ class SchemaOracle:
     def __init__(self, plan: Plan, source_schemas: dict[str, pa.Schema]) -> None:
         self._plan = plan
         self.ctx = SessionContext()
+        udfs.add_to(self.ctx)  # a fragment may call a registered Python UDF
         # Serialized subtree -> schema: tables are only ever added, so a
         # subtree's schema never changes while one query is planned.
         self._schemas: dict[bytes, pa.Schema] = {}

@@ -237,7 +237,9 @@ class FlightRuntime:
         return {url: self.transport.stats(url) for url in self.resolver.get_urls()}
 
     @classmethod
-    def with_local_workers(cls, workers: int = 3, *, slots: int = 1, **kwargs) -> FlightRuntime:
+    def with_local_workers(
+        cls, workers: int = 3, *, slots: int = 1, udfs: tuple[str, ...] = (), **kwargs
+    ) -> FlightRuntime:
         """A runtime on ``workers`` new worker processes on 127.0.0.1 (free ports).
 
         The processes are stopped by :meth:`close`; for one machine and benchmarks.
@@ -245,6 +247,8 @@ class FlightRuntime:
         Args:
             workers: worker processes to start.
             slots: tasks each worker runs at the same time.
+            udfs: ``package.module:name`` references of Python UDFs each worker
+                loads (``distfusion worker --udf``).
             **kwargs: passed to :class:`FlightRuntime`; ``token`` is given to
                 the workers too.
 
@@ -253,6 +257,8 @@ class FlightRuntime:
         """
         token = kwargs.get("token")
         args = ["--slots", str(slots)]
+        for reference in udfs:
+            args += ["--udf", reference]
         env = {"DISTFUSION_TOKEN": token} if token else None
         procs = start_local_workers(workers, args, env=env)
         runtime = cls([url for _, url in procs], **kwargs)

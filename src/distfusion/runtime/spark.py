@@ -68,6 +68,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from distfusion import udfs
 from distfusion.errors import (
     PlanningError,
     QueryCancelled,
@@ -1252,6 +1253,9 @@ def _task_function(tasks, entry, *args):
             ``entry(partition index, records, *args)``.
         *args: the rest of ``entry``'s arguments (pickled with the closure).
 
+    The driver's Python UDFs made by :func:`distfusion.udf` travel with the
+    closure too and are registered on the executor before the task runs.
+
     It is a closure, so cloudpickle ships it by value, and it refers to nothing
     of distfusion until it runs: an executor that cannot import distfusion or
     datafusion then fails with a message saying so, naming the stage and task,
@@ -1260,6 +1264,7 @@ def _task_function(tasks, entry, *args):
     executor needs only the standard library to fill in the task.
     """
     report = error_to_dict(TaskError(-1, -1, "", ""))
+    shipped = udfs.specs()  # the driver's Python UDFs, pickled with this closure
 
     def run(index, records):
         try:
@@ -1281,6 +1286,8 @@ def _task_function(tasks, entry, *args):
             failed.update(worker=worker, cause=cause)
             failed["message"] = f"stage {stage_id} task {task_index} failed: {cause}"
             raise RuntimeError(ERROR_MARKER + _json.dumps(failed)) from None
+        if shipped:
+            spark_runtime.udfs.install(shipped)
         out = getattr(spark_runtime, entry)(index, records, *args)
         spark_runtime.freeze_heap_once()
         return out

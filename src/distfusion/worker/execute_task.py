@@ -27,6 +27,7 @@ import pyarrow as pa
 from datafusion import DataFrame, SessionConfig, SessionContext, col, lit
 from datafusion.functions import spark as spark_functions
 
+from distfusion import udfs
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
@@ -52,9 +53,14 @@ COORDINATOR = "coordinator"
 
 
 def task_context(target_partitions: int) -> SessionContext:
-    """A fresh DataFusion context for one task, using ``target_partitions`` threads."""
+    """A fresh DataFusion context for one task, using ``target_partitions`` threads.
+
+    Every UDF of this process's registry is registered in it (:mod:`distfusion.udfs`).
+    """
     config = SessionConfig().with_target_partitions(max(1, target_partitions))
-    return SessionContext(config)
+    ctx = SessionContext(config)
+    udfs.add_to(ctx)  # the Python UDFs this process knows (distfusion.udfs)
+    return ctx
 
 
 def _as_declared(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
@@ -110,8 +116,28 @@ def build_dataframe(
         register_scan(ctx, share.source, share.units)
     for i, inp in enumerate(plan.inputs):
         bind_input(ctx, inp, read_input(i), plan.target_partitions)
-    logical = consume_plan(ctx, plan.fragment)
-    return ctx, ctx.create_dataframe_from_logical_plan(logical)
+    return ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
+
+
+_UDF_HINT = (
+    " -- if it is a Python UDF, this worker does not know it: register it with "
+    "ctx.register_udf(distfusion.udf(...)) (local and Spark runtimes), or start "
+    "Flight workers with --udf package.module:name"
+)
+
+
+def _consume(ctx: SessionContext, fragment: bytes):
+    """DataFusion's logical plan of ``fragment``; an unknown function's error says how to add a UDF.
+
+    Raises:
+        Exception: DataFusion's error (with :data:`_UDF_HINT` for an unknown function).
+    """
+    try:
+        return consume_plan(ctx, fragment)
+    except Exception as exc:
+        if "Unsupported function name" in str(exc):
+            raise type(exc)(f"{exc}{_UDF_HINT}") from exc
+        raise
 
 
 def stream_batches(df: DataFrame, cancelled: Callable[[], bool]) -> Iterator[pa.RecordBatch]:
@@ -301,7 +327,7 @@ def feed_dataframes(
             batches = _read_units(readers[source.name], chunk, source.schema)
             _register_feed(ctx, source.name, source.schema, batches, n)
             ran = True
-            yield ctx.create_dataframe_from_logical_plan(consume_plan(ctx, plan.fragment))
+            yield ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
         if ran:
             return
     for share in feeds:
@@ -309,7 +335,7 @@ def feed_dataframes(
         for chunk in feed_chunks(share):
             batches.extend(_read_units(readers[share.source.name], chunk, share.source.schema))
         _register_feed(ctx, share.source.name, share.source.schema, batches, n)
-    yield ctx.create_dataframe_from_logical_plan(consume_plan(ctx, plan.fragment))
+    yield ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
 
 
 def run_task(

@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 
+from distfusion import udfs
 from distfusion.protocol.messages import DEFAULT_QUERY_TTL_S, TOKEN_ENV
 
 __all__ = ["add_arguments", "main", "run"]
@@ -53,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--advertise-url", default=None, help="URL this worker names itself by in errors"
     )
+    parser.add_argument(
+        "--udf",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="load Python UDFs for SQL from a module (a datafusion ScalarUDF or a list "
+        "of them); repeatable",
+    )
 
 
 def _read(path: str | None) -> bytes | None:
@@ -70,11 +79,15 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         OSError: a certificate file cannot be read.
         pyarrow.ArrowException: the port cannot be bound.
+        ImportError, ValueError: a ``--udf`` module or name cannot be loaded.
     """
     # optional dependency: the server imports pyarrow.flight
     from distfusion.worker.flight_server import FlightWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for reference in args.udf:
+        names = udfs.load(reference)
+        logging.getLogger("distfusion.worker").info("UDFs from %s: %s", reference, names)
     worker = FlightWorker(
         args.host,
         args.port,
