@@ -19,19 +19,26 @@ any order: a mismatch is a bug, never rounding. ``LIMIT`` only follows an
 
 Run ``python -m tests.fuzz_sql --queries 1000 --seed 0`` (``make fuzz``) for a
 report; tests/test_fuzz.py runs a fast seeded profile in the default suite.
+With ``--keep``, each finding is shrunk (fewer rows, fewer clauses) and saved
+under ``tests/fuzz_regressions/``, which tests/test_fuzz_regressions.py replays.
 """
 
 from __future__ import annotations
 
 import argparse
 import decimal
+import hashlib
 import random
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
+import sqlglot
 from datafusion import SessionContext
+from sqlglot import exp
 
 from distfusion import DistributedConfig, DistributedContext
 from tests.compare import assert_same_result, is_ordered
@@ -408,14 +415,137 @@ def check(
     return None
 
 
-def run(seed: int, queries: int, runtime_for, tables_every: int = 50) -> Report:
-    """Fuzz ``queries`` queries from ``seed``; new tables every ``tables_every`` queries."""
+# ---------------------------------------------------------- shrink and keep
+REGRESSIONS = Path(__file__).parent / "fuzz_regressions"
+"""Shrunk findings, one directory each, replayed by tests/test_fuzz_regressions.py."""
+
+
+def shrink(
+    tables: dict[str, pa.Table],
+    sql: str,
+    fails: Callable[[dict[str, pa.Table], str], bool],
+    budget_s: float = 120.0,
+) -> tuple[dict[str, pa.Table], str]:
+    """A smaller failing case: fewer rows, then a smaller query, while ``fails`` holds.
+
+    Rows: each table is cut by delta debugging (drop halves, quarters, ...
+    single rows) as long as ``fails(tables, sql)`` stays true. Query: parsed
+    with sqlglot, clauses are dropped (WHERE, HAVING, ORDER BY, LIMIT, OFFSET,
+    DISTINCT, one conjunct of an AND, one select item, one side of a set
+    operation) greedily while it still fails. Stops after ``budget_s``
+    seconds with the smallest case so far.
+    """
+    deadline = time.monotonic() + budget_s
+    tables = dict(tables)
+    for name in list(tables):
+        chunk = max(1, tables[name].num_rows // 2)
+        while chunk >= 1 and time.monotonic() < deadline:
+            t, start, cut = tables[name], 0, False
+            while start < t.num_rows and time.monotonic() < deadline:
+                rest = pa.concat_tables([t.slice(0, start), t.slice(start + chunk)])
+                if fails({**tables, name: rest}, sql):
+                    tables[name], t, cut = rest, rest, True
+                else:
+                    start += chunk
+            if not cut:
+                chunk //= 2
+    changed = True
+    while changed and time.monotonic() < deadline:
+        changed = False
+        for candidate in _smaller_queries(sql):
+            if time.monotonic() >= deadline:
+                break
+            if fails(tables, candidate):
+                sql, changed = candidate, True
+                break
+    return tables, sql
+
+
+def _smaller_queries(sql: str) -> Iterator[str]:
+    """``sql`` with one clause less, each way sqlglot can write it (invalid ones fail to run)."""
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except sqlglot.errors.ParseError:
+        return
+    removable = (exp.Where, exp.Having, exp.Order, exp.Limit, exp.Offset, exp.Distinct)
+    for i, node in enumerate(list(tree.walk())):
+        variants = []
+        if isinstance(node, removable):
+            variants.append(None)
+        elif isinstance(node, exp.And):
+            variants += [node.left, node.right]
+        elif isinstance(node, exp.Union | exp.Intersect | exp.Except):
+            variants += [node.left, node.this if node.this is not node.left else node.right]
+        for variant in variants:
+            copy = tree.copy()
+            target = list(copy.walk())[i]
+            if variant is None:
+                target.pop()
+            else:
+                target.replace(variant.copy())
+            yield copy.sql(dialect="postgres")
+        if isinstance(node, exp.Select) and len(node.expressions) > 1:
+            for j in range(len(node.expressions)):
+                copy = tree.copy()
+                list(copy.walk())[i].expressions[j].pop()
+                yield copy.sql(dialect="postgres")
+
+
+def save_case(tables: dict[str, pa.Table], sql: str, config: int, what: str) -> Path:
+    """Keep a (shrunk) finding under :data:`REGRESSIONS`; returns its directory.
+
+    Files: ``query.sql``, ``config.txt`` (the :data:`CONFIGS` index), ``finding.txt``
+    and one Arrow IPC file per table.
+    """
+    digest = hashlib.sha1(sql.encode()).hexdigest()[:10]
+    case = REGRESSIONS / f"case-{digest}"
+    case.mkdir(parents=True, exist_ok=True)
+    (case / "query.sql").write_text(sql + "\n")
+    (case / "config.txt").write_text(f"{config}\n")
+    (case / "finding.txt").write_text(what + "\n")
+    for name, t in tables.items():
+        with pa.OSFile(str(case / f"{name}.arrow"), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+            w.write_table(t)
+    return case
+
+
+def load_case(case: Path) -> tuple[dict[str, pa.Table], str, int]:
+    """``(tables, sql, config index)`` of a case :func:`save_case` wrote."""
+    tables = {}
+    for f in sorted(case.glob("*.arrow")):
+        with pa.memory_map(str(f)) as source:
+            tables[f.stem] = pa.ipc.open_file(source).read_all()
+    sql = (case / "query.sql").read_text().strip()
+    return tables, sql, int((case / "config.txt").read_text())
+
+
+def fails_with(config: int, runtime_for) -> Callable[[dict[str, pa.Table], str], bool]:
+    """``fails(tables, sql)``: distfusion with :data:`CONFIGS` ``[config]`` disagrees with DataFusion."""
+
+    def fails(tables: dict[str, pa.Table], sql: str) -> bool:
+        oracle, dist = contexts(tables, runtime_for)
+        try:
+            return check(oracle, dist[config], sql) is not None
+        except ValueError:  # DataFusion rejects the smaller query: not the same failure
+            return False
+
+    return fails
+
+
+def run(seed: int, queries: int, runtime_for, tables_every: int = 50, keep: bool = False) -> Report:
+    """Fuzz ``queries`` queries from ``seed``; new tables every ``tables_every`` queries.
+
+    ``keep``: each finding is shrunk (:func:`shrink`) and saved as a regression
+    case (:func:`save_case`), replayed by every ``make test`` from then on.
+    """
     report = Report()
+    tables: dict[str, pa.Table] = {}
     gen = QueryGen(seed)
     oracle = dist = None
     for i in range(queries):
         if i % tables_every == 0:
-            oracle, dist = contexts(make_tables(seed * 100_003 + i), runtime_for)
+            tables = make_tables(seed * 100_003 + i)
+            oracle, dist = contexts(tables, runtime_for)
         sql = gen.query()
         try:
             sql = _order_all(sql, oracle)
@@ -428,6 +558,10 @@ def run(seed: int, queries: int, runtime_for, tables_every: int = 50) -> Report:
             report.agreed += 1
         else:
             report.mismatches.append((i, sql, finding))
+            if keep:
+                config = i % len(dist)
+                small, small_sql = shrink(tables, sql, fails_with(config, runtime_for))
+                print(f"kept as {save_case(small, small_sql, config, finding)}")
     return report
 
 
@@ -435,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--keep", action="store_true", help="shrink each finding and save it under tests/"
+    )
     args = parser.parse_args(argv)
     from distfusion import LocalRuntime
 
@@ -446,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         return runtimes[workers]
 
     start = time.perf_counter()
-    report = run(args.seed, args.queries, runtime_for)
+    report = run(args.seed, args.queries, runtime_for, keep=args.keep)
     for i, sql, finding in report.mismatches:
         print(f"--- query {i}: {sql}\n    {finding}")
     print(

@@ -2,8 +2,9 @@
 
 A fast seeded profile runs in every ``make test`` (local runtime, a few
 seconds); ``make fuzz`` (the ``slow`` marker) runs thousands of queries on the
-local runtime and a sample on Flight and Spark. A finding prints the query, so
-it can be shrunk by hand and kept as a regression test in tests/contract/.
+local runtime and a sample on Flight and Spark. A finding of the local runs is
+shrunk and saved under tests/fuzz_regressions/ (tests/test_fuzz_regressions.py
+replays every saved case); the test still fails and prints it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from tests import fuzz_sql
 
-FAST_QUERIES = 80
+FAST_QUERIES = 200
 SLOW_QUERIES = int(os.environ.get("DISTFUSION_FUZZ_QUERIES", "2000"))
 SAMPLE_QUERIES = 40
 
@@ -33,7 +34,7 @@ def test_fuzz_fast_profile(runtime_for):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fuzz_local(runtime_for, seed):
-    report = fuzz_sql.run(seed, SLOW_QUERIES // 2, lambda w: runtime_for("local", w))
+    report = fuzz_sql.run(seed, SLOW_QUERIES // 2, lambda w: runtime_for("local", w), keep=True)
     _assert_agrees(report)
 
 
