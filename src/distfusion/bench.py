@@ -173,6 +173,11 @@ def static_config():
     return DistributedConfig(), False
 
 
+def _memory_config(args) -> DistributedConfig:
+    """``DistributedConfig`` with ``--memory-per-task`` (``args.memory_per_task``, bytes)."""
+    return DistributedConfig(memory_per_task_bytes=getattr(args, "memory_per_task", None))
+
+
 def _peer_runners(
     peers: list[str], args, runtime, stack: ExitStack, console: Console
 ) -> dict[str, Runner]:
@@ -189,7 +194,9 @@ def _peer_runners(
             runners[peer] = _spark_sql_runner(runtime.spark, args.data)
         elif peer == "local":
             local = stack.enter_context(
-                DistributedContext(runtime=runtime_from_name("local", args.workers))
+                DistributedContext(
+                    runtime=runtime_from_name("local", args.workers), config=_memory_config(args)
+                )
             )
             tpch.register_tpch(local, args.data)
             runners[peer] = DistfusionRunner(local)
@@ -200,6 +207,8 @@ def _peer_runners(
                     "[yellow]note: DistributedConfig has no `adaptive` field in this build; "
                     "the static peer runs the same plans as distfusion[/]"
                 )
+            if getattr(args, "memory_per_task", None):
+                config = dataclasses.replace(config, memory_per_task_bytes=args.memory_per_task)
             static = DistributedContext(runtime=runtime, config=config)
             tpch.register_tpch(static, args.data)
             runners[peer] = DistfusionRunner(static)
@@ -438,6 +447,7 @@ def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
         "runs": args.runs,
         "queries": queries,
         "peers": peers,
+        "memory_per_task_bytes": getattr(args, "memory_per_task", None),
         "argv": sys.argv[1:],
     }
 
@@ -546,7 +556,8 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
 
             {"format": 1, "started_at": ISO time, "git": {"commit", "dirty"} | None,
              "settings": {data, runtime, workers, num_workers, master, runs,
-                          queries, peers, argv, static_adaptive_field},
+                          queries, peers, memory_per_task_bytes, argv,
+                          static_adaptive_field},
              "environment": {python, platform, cpus, versions},
              "queries": {"1": {"rows": n,
                                "engines": {engine: {"runs_s": [s, ...], "median_s": s}},
@@ -571,7 +582,7 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     runtime = runtime_from_name(args.runtime, args.workers, **runtime_options(args))
     with ExitStack() as stack:
-        ctx = stack.enter_context(DistributedContext(runtime=runtime))
+        ctx = stack.enter_context(DistributedContext(runtime=runtime, config=_memory_config(args)))
         tpch.register_tpch(ctx, args.data)
         engines: dict[str, Runner] = {
             "distfusion": DistfusionRunner(ctx),

@@ -438,8 +438,10 @@ class FlightWorkerTransport:
 
         Returns:
             ``{"live_tasks": int, "bytes_held": int, "plans_received": int,
-            "live_queries": int}`` (bytes of held output partitions; plans
-            accepted since the worker started; queries with state).
+            "live_queries": int, "pid": int, ...}`` (bytes of held output
+            partitions; plans accepted since the worker started; queries with
+            state; the worker's process id; the spill figures of
+            :meth:`~distfusion.worker.worker.Worker.stats`).
 
         Raises:
             WorkerUnavailableError: the worker cannot be reached within

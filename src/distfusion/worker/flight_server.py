@@ -148,6 +148,10 @@ class FlightWorker:
             ``grpc://host:port``).
         advertise_host: the host of the URL this worker reports, with the port
             bound (for ``host="0.0.0.0"`` and ``port=0``); ignored with ``advertise_url``.
+        memory_per_task_bytes: DataFusion memory pool of a task whose plan
+            sets none, bytes (see :class:`~distfusion.worker.worker.Worker`).
+        spill_dir: where this worker makes its spill directory; None: the
+            system's temp directory.
 
     Raises:
         ImportError: pyarrow has no Flight support.
@@ -169,6 +173,8 @@ class FlightWorker:
         input_timeout_s: float | None = None,
         advertise_url: str | None = None,
         advertise_host: str | None = None,
+        memory_per_task_bytes: int | None = None,
+        spill_dir: str | None = None,
     ) -> None:
         if (tls_cert_chain is None) != (tls_private_key is None):
             msg = "TLS needs both tls_cert_chain and tls_private_key"
@@ -191,6 +197,8 @@ class FlightWorker:
             self.transport,
             slots=slots,
             input_timeout_s=input_timeout_s,
+            memory_per_task_bytes=memory_per_task_bytes,
+            spill_dir=spill_dir,
         )
         self._lock = threading.Lock()
         self._seen: dict[str, float] = {}  # query id -> monotonic time of the last call about it
@@ -291,6 +299,7 @@ class FlightWorker:
             with self._lock:
                 stats["plans_received"] = self._plans_received
                 stats["live_queries"] = len(self._seen)
+            stats["pid"] = os.getpid()
             return [json.dumps(stats).encode()]
         msg = f"unknown action {name!r}"
         raise KeyError(msg)
