@@ -519,6 +519,29 @@ def _exhausted(exc: BaseException) -> bool:
     return "Resources exhausted" in str(exc)
 
 
+def _attempts(memory: TaskMemory | None) -> list[tuple[TaskMemory | None, dict[str, str] | None]]:
+    """How a task runs, in turn, while DataFusion says "Resources exhausted".
+
+    Within ``memory``; then with sort-merge joins instead of hash joins (they
+    spill); then with an unbounded pool. Without a bounded pool: one run only.
+    """
+    attempts: list[tuple[TaskMemory | None, dict[str, str] | None]] = [(memory, None)]
+    if memory is not None and memory.pool_bytes is not None:
+        attempts.append((memory, _SORT_MERGE))
+        attempts.append((TaskMemory(None, memory.spill_dir), None))
+    return attempts
+
+
+def _warn_again(plan: TaskPlan, memory: TaskMemory | None, n: int, exc: Exception) -> None:
+    log.warning(
+        "%s: over its memory budget of %s bytes (%s); running it again %s",
+        task_name(plan.key),
+        memory.pool_bytes if memory else None,
+        str(exc).splitlines()[0][:200],
+        "with sort-merge joins" if n == 0 else "with an unbounded pool",
+    )
+
+
 class _Resettable(PartitionSink, Protocol):
     def reset(self) -> None: ...
 
@@ -572,14 +595,12 @@ def run_task_into(
         inputs: dict[int, list[pa.RecordBatch]] = {}
 
         def read_once(i: int) -> list[pa.RecordBatch]:
+            # Kept for a run again, as bound (views cast once, not held twice).
             if i not in inputs:
-                inputs[i] = read_input(i)
+                inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
             return inputs[i]
 
-        attempts: list[tuple[TaskMemory | None, dict[str, str] | None]] = [(memory, None)]
-        if memory is not None and memory.pool_bytes is not None:
-            attempts.append((memory, _SORT_MERGE))
-            attempts.append((TaskMemory(None, memory.spill_dir), None))
+        attempts = _attempts(memory)
         for n, (mem, settings) in enumerate(attempts):
             try:
                 ctx, df = build_dataframe(plan, read_once, mem, settings)
@@ -591,13 +612,7 @@ def run_task_into(
                 if n + 1 == len(attempts) or not _exhausted(exc):
                     raise
                 sink.reset()
-                log.warning(
-                    "%s: over its memory budget of %s bytes (%s); running it again %s",
-                    task_name(plan.key),
-                    memory.pool_bytes if memory else None,
-                    str(exc).splitlines()[0][:200],
-                    "with sort-merge joins" if n == 0 else "with an unbounded pool",
-                )
+                _warn_again(plan, memory, n, exc)
         raise AssertionError("unreachable")  # pragma: no cover
     except (TaskError, QueryCancelled):
         raise
@@ -639,8 +654,9 @@ def stream_head_stage(
 
     Every runtime ends a query with this. A head stage that reads a feed
     (a one-task query) streams each chunk's result as it is computed. It runs
-    within ``memory`` (no second run: its batches may be out already);
-    closing the iterator stops its DataFusion work.
+    within ``memory``; over it before its first batch, it runs again as
+    :func:`run_task_into` says (after a batch went out, the error is raised).
+    Closing the iterator stops its DataFusion work.
 
     Raises:
         DistfusionError: reading an input failed (a producer's TaskError, a
@@ -654,8 +670,29 @@ def stream_head_stage(
             for ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
                 yield from stream_batches(df, cancelled, ctx)
             return
-        ctx, df = build_dataframe(plan, read_input, memory)
-        yield from stream_batches(df, cancelled, ctx)
+        inputs: dict[int, list[pa.RecordBatch]] = {}
+
+        def read_once(i: int) -> list[pa.RecordBatch]:
+            # Kept for a run again, as bound (views cast once, not held twice).
+            if i not in inputs:
+                inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
+            return inputs[i]
+
+        attempts = _attempts(memory)
+        for n, (mem, settings) in enumerate(attempts):
+            yielded = False
+            try:
+                ctx, df = build_dataframe(plan, read_once, mem, settings)
+                for batch in stream_batches(df, cancelled, ctx):
+                    yielded = True
+                    yield batch
+                return
+            except DistfusionError:
+                raise
+            except Exception as exc:
+                if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+                    raise
+                _warn_again(plan, memory, n, exc)
     except DistfusionError:
         raise
     except Exception as exc:
