@@ -22,7 +22,7 @@ import os
 import sys
 
 from distfusion.protocol.messages import DEFAULT_QUERY_TTL_S, TOKEN_ENV
-from distfusion.worker.memory import default_memory_per_task_bytes, parse_bytes
+from distfusion.worker.memory import parse_bytes
 
 WORKER_TOKEN_ENV = "DISTFUSION_WORKER_TOKEN"
 """Environment variable a worker reads its token from (before ``DISTFUSION_TOKEN``)."""
@@ -142,9 +142,8 @@ def run(args: argparse.Namespace) -> int:
         token = resolve_token(args)
         slots = max(1, args.slots)
         memory = getattr(args, "memory", None)
-        per_task = (
-            default_memory_per_task_bytes(slots, parse_bytes(memory)) if memory else None
-        )
+        # Given explicitly: split as is (the default budget has a floor, this does not).
+        per_task = max(1, parse_bytes(memory) // slots) if memory else None
         worker = FlightWorker(
             args.host,
             args.port,
