@@ -350,15 +350,24 @@ class FlightWorker:
         raise KeyError(msg)
 
     def _get(self, ticket: bytes):
+        """A partition as a stream: batches converted one at a time as gRPC sends them."""
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
-        batches = [
-            without_views(b) for b in self.worker.execute_partition(key, partition, timeout_s)
-        ]
+        batches = iter(self.worker.execute_partition(key, partition, timeout_s))
         self._touch(key.query_id)
-        schema = batches[0].schema if batches else pa.schema([])
-        batches = [b if b.schema.equals(schema) else _conform(b, schema) for b in batches]
-        return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+        first = next(batches, None)
+        if first is None:
+            return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(pa.schema([]), []))
+        first = without_views(first)
+        schema = first.schema
+
+        def rest():
+            yield first
+            for b in batches:
+                b = without_views(b)
+                yield b if b.schema.equals(schema) else _conform(b, schema)
+
+        return flight.GeneratorStream(schema, rest())
 
     def _put(self, command: bytes, reader) -> None:
         """A work unit feed pushed by the coordinator: into the task's inbox."""
