@@ -37,6 +37,7 @@ def test_json_holds_every_run_median_and_shape(tpch_dir, tmp_path):
         for engine in q["engines"].values():
             assert len(engine["runs_s"]) == 1
             assert engine["median_s"] == engine["runs_s"][0] > 0
+            assert engine["peak_extra_bytes"] is None or engine["peak_extra_bytes"] >= 0
         shape = q["shapes"]["distfusion"]
         assert shape["stages"] == len(shape["tasks_per_stage"])
         assert shape["tasks"] == sum(shape["tasks_per_stage"])
@@ -131,3 +132,17 @@ def test_adaptive_decisions_from_the_frame_or_the_explain_difference():
     assert bench.adaptive_decisions(reported, before) == ["stage 3: 8 -> 2 tasks"]
     rendered = _Frame("final graph\nAdaptive decisions:\n  - stage 3: 8 -> 2 tasks\nmore")
     assert bench.adaptive_decisions(rendered, before) == ["stage 3: 8 -> 2 tasks"]
+
+
+def test_peak_memory_sees_what_a_block_allocates():
+    with bench.PeakMemory(interval_s=0.05) as peak:
+        block = bytearray(400 * 1024 * 1024)  # touched: zero-filled pages count
+        block[::4096] = b"x" * len(block[::4096])
+    del block
+    assert bench.used_memory_bytes() is not None
+    assert peak.extra_bytes > 200 * 1024 * 1024  # wide: other processes move too
+
+
+def test_memory_per_task_reaches_the_settings(tpch_dir, tmp_path):
+    doc = _bench(tpch_dir, tmp_path, "--memory-per-task", "64MiB")
+    assert doc["settings"]["memory_per_task_bytes"] == 64 * 1024 * 1024

@@ -3,7 +3,8 @@
 For every query, each engine runs once to warm up (file caches, JIT-free but
 allocator and OS caches), then ``runs`` timed runs, interleaved engine by engine
 so that machine noise hits all of them alike. Reported: the median wall time
-(seconds) per query and engine, the sum of medians as the total, and each
+(seconds) per query and engine with the machine's peak extra memory during
+its timed runs (:class:`PeakMemory`), the sum of medians as the total, and each
 peer's ratio to distfusion (``ratio = distfusion / peer``; below 1 means
 distfusion is faster).
 
@@ -31,6 +32,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -53,10 +55,12 @@ __all__ = [
     "PEERS",
     "SLOWER_TOLERANCE",
     "BaselineRow",
+    "PeakMemory",
     "compare_to_baseline",
     "load_baseline",
     "parse_peers",
     "run_tpch_bench",
+    "used_memory_bytes",
 ]
 
 Runner = Callable[[str], int]
@@ -173,6 +177,11 @@ def static_config():
     return DistributedConfig(), False
 
 
+def _memory_config(args) -> DistributedConfig:
+    """``DistributedConfig`` with ``--memory-per-task`` (``args.memory_per_task``, bytes)."""
+    return DistributedConfig(memory_per_task_bytes=getattr(args, "memory_per_task", None))
+
+
 def _peer_runners(
     peers: list[str], args, runtime, stack: ExitStack, console: Console
 ) -> dict[str, Runner]:
@@ -189,7 +198,9 @@ def _peer_runners(
             runners[peer] = _spark_sql_runner(runtime.spark, args.data)
         elif peer == "local":
             local = stack.enter_context(
-                DistributedContext(runtime=runtime_from_name("local", args.workers))
+                DistributedContext(
+                    runtime=runtime_from_name("local", args.workers), config=_memory_config(args)
+                )
             )
             tpch.register_tpch(local, args.data)
             runners[peer] = DistfusionRunner(local)
@@ -200,6 +211,8 @@ def _peer_runners(
                     "[yellow]note: DistributedConfig has no `adaptive` field in this build; "
                     "the static peer runs the same plans as distfusion[/]"
                 )
+            if getattr(args, "memory_per_task", None):
+                config = dataclasses.replace(config, memory_per_task_bytes=args.memory_per_task)
             static = DistributedContext(runtime=runtime, config=config)
             tpch.register_tpch(static, args.data)
             runners[peer] = DistfusionRunner(static)
@@ -421,10 +434,63 @@ def _print_baseline(
 
 
 # ------------------------------------------------------------------ the run
-def _time(run: Runner, sql: str) -> float:
-    start = time.perf_counter()
-    run(sql)
-    return time.perf_counter() - start
+def used_memory_bytes() -> int | None:
+    """Memory in use on this machine now (``MemTotal - MemAvailable``), bytes; None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemTotal"] - info["MemAvailable"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+class PeakMemory:
+    """The machine's peak extra memory while a block runs, sampled every ``interval_s``.
+
+    ``with PeakMemory() as peak: ...`` then ``peak.extra_bytes``: the highest
+    :func:`used_memory_bytes` seen minus its value at the start (bytes, at least
+    0; None where the platform does not say). Every process counts, as in the
+    issue's measurements (#14): the workers, Spark's JVM and its Python workers.
+    """
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.extra_bytes: int | None = None
+        self._stop = threading.Event()
+        self._peak: int | None = None
+        self._base: int | None = None
+
+    def _sample(self) -> None:
+        used = used_memory_bytes()
+        if used is not None and (self._peak is None or used > self._peak):
+            self._peak = used
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> PeakMemory:
+        self._base = used_memory_bytes()
+        self._peak = self._base
+        self._thread = threading.Thread(target=self._loop, name="distfusion-peak", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        if self._base is not None and self._peak is not None:
+            self.extra_bytes = max(0, self._peak - self._base)
+
+
+def _time(run: Runner, sql: str) -> tuple[float, int | None]:
+    """Wall seconds of one run of ``sql``, and the machine's peak extra memory meanwhile (bytes)."""
+    with PeakMemory() as peak:
+        start = time.perf_counter()
+        run(sql)
+        elapsed = time.perf_counter() - start
+    return elapsed, peak.extra_bytes
 
 
 def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
@@ -438,6 +504,7 @@ def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
         "runs": args.runs,
         "queries": queries,
         "peers": peers,
+        "memory_per_task_bytes": getattr(args, "memory_per_task", None),
         "argv": sys.argv[1:],
     }
 
@@ -489,6 +556,10 @@ def _print_results(results: dict, engines: list[str], peers: list[str], console:
     console.print(table)
 
 
+def _gib(nbytes: int | None) -> str:
+    return "" if nbytes is None else f" (+{nbytes / 2**30:.1f} GiB)"
+
+
 def _measure_query(
     q: int, engines: dict[str, Runner], runs: int, console: Console
 ) -> dict:
@@ -513,16 +584,29 @@ def _measure_query(
         msg = f"Q{q}: engines disagree on the row count: {rows}"
         raise RuntimeError(msg)
     times: dict[str, list[float]] = {e: [] for e in engines}
+    peaks: dict[str, list[int | None]] = {e: [] for e in engines}
     for _ in range(runs):
         for e, run in engines.items():
-            times[e].append(_time(run, sql))
+            elapsed, peak = _time(run, sql)
+            times[e].append(elapsed)
+            peaks[e].append(peak)
     result = {
         "rows": rows["distfusion"],
-        "engines": {e: {"runs_s": t, "median_s": statistics.median(t)} for e, t in times.items()},
+        "engines": {
+            e: {
+                "runs_s": t,
+                "median_s": statistics.median(t),
+                "peak_extra_bytes": max((p for p in peaks[e] if p is not None), default=None),
+            }
+            for e, t in times.items()
+        },
         "shapes": shapes,
         "adaptive_decisions": {e: d for e, d in decisions.items() if d},
     }
-    line = "  ".join(f"{e} {v['median_s']:.3f}" for e, v in result["engines"].items())
+    line = "  ".join(
+        f"{e} {v['median_s']:.3f}" + _gib(v["peak_extra_bytes"])
+        for e, v in result["engines"].items()
+    )
     console.print(f"Q{q:<2} {line}  ({describe_shape(shapes['distfusion'])})")
     for e, lines in result["adaptive_decisions"].items():
         if len(lines) == 1:
@@ -546,10 +630,12 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
 
             {"format": 1, "started_at": ISO time, "git": {"commit", "dirty"} | None,
              "settings": {data, runtime, workers, num_workers, master, runs,
-                          queries, peers, argv, static_adaptive_field},
+                          queries, peers, memory_per_task_bytes, argv,
+                          static_adaptive_field},
              "environment": {python, platform, cpus, versions},
              "queries": {"1": {"rows": n,
-                               "engines": {engine: {"runs_s": [s, ...], "median_s": s}},
+                               "engines": {engine: {"runs_s": [s, ...], "median_s": s,
+                                                    "peak_extra_bytes": bytes | None}},
                                "shapes": {engine: {stages, tasks, tasks_per_stage, boundaries}},
                                "adaptive_decisions": {engine: [line, ...]}}, ...},
              "total_s": {engine: sum of medians},
@@ -557,7 +643,10 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
              "baseline": {"path", "commit", "slower": [q, ...],
                           "queries": {"1": {"now_s", "baseline_s", "slower"}}}}  # with --baseline
 
-        Times are wall-clock seconds; ``engine`` is ``distfusion`` or a peer name.
+        Times are wall-clock seconds; ``engine`` is ``distfusion`` or a peer name;
+        ``peak_extra_bytes`` is the machine's highest extra memory in use during
+        the engine's timed runs of the query (:class:`PeakMemory`, every
+        process counted; None off Linux).
 
     Raises:
         RuntimeError: an engine returned a different row count than the others.
@@ -571,7 +660,7 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     runtime = runtime_from_name(args.runtime, args.workers, **runtime_options(args))
     with ExitStack() as stack:
-        ctx = stack.enter_context(DistributedContext(runtime=runtime))
+        ctx = stack.enter_context(DistributedContext(runtime=runtime, config=_memory_config(args)))
         tpch.register_tpch(ctx, args.data)
         engines: dict[str, Runner] = {
             "distfusion": DistfusionRunner(ctx),

@@ -35,6 +35,7 @@ from distfusion.errors import DistfusionError
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.registry import RUNTIMES, runtime_from_name, runtime_options
 from distfusion.worker import flight_cli
+from distfusion.worker.memory import parse_bytes
 
 __all__ = ["main", "make_runtime"]
 
@@ -76,6 +77,24 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
         "--token", default=None, help="workers' shared secret (default: $DISTFUSION_TOKEN)"
     )
     f.add_argument("--tls-root-certs", default=None, help="PEM file verifying grpc+tls:// workers")
+    p.add_argument(
+        "--memory-per-task",
+        type=_size_type(),
+        default=None,
+        metavar="SIZE",
+        help="DataFusion memory pool of every task, e.g. 256MiB or 2g; past it sorts, "
+        "aggregates and joins spill to disk (default: the runtime's, from the machine's "
+        "or Spark's executor memory)",
+    )
+
+
+def _size_type():
+    """``--memory-per-task``'s type: bytes from ``256MiB``/``4g``; argparse reports errors."""
+
+    def size(text: str) -> int:
+        return parse_bytes(text)
+
+    return size
 
 
 def _register_tables(ctx, args) -> None:
@@ -103,7 +122,9 @@ def cmd_query(args) -> int:
     if not sql:
         print("error: give the SQL as an argument or with --file", file=sys.stderr)
         return 2
-    config = DistributedConfig(tasks_per_stage=args.tasks_per_stage)
+    config = DistributedConfig(
+        tasks_per_stage=args.tasks_per_stage, memory_per_task_bytes=args.memory_per_task
+    )
     with DistributedContext(
         runtime=lambda: make_runtime(args), config=config
     ) as ctx:

@@ -183,10 +183,14 @@ class StageGraph:
         query_id: a UUID naming the query on every worker.
         stages: all stages; ``stages[-1]`` is the head stage (1 task, its output is
             the result).
+        memory_per_task_bytes: every task's DataFusion memory pool, bytes
+            (``DistributedConfig.memory_per_task_bytes``); None: the runtime's
+            default.
     """
 
     query_id: str
     stages: tuple[Stage, ...]
+    memory_per_task_bytes: int | None = None
 
     @property
     def head(self) -> Stage:

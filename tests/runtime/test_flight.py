@@ -34,6 +34,7 @@ from distfusion.resolver import DynamicWorkerResolver
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.transport.flight import FlightWorkerTransport
 from tests.compare import assert_same_result, oracle_result
+from tests.cpu import wait_until_idle
 from tests.flight_cluster import REPO, start_worker, start_workers, stop_workers
 
 # Runs for seconds on every worker (a self-join on a low-cardinality key): long
@@ -130,15 +131,26 @@ def _coordinator_running_heavy_query(tpch_dir, urls, probe, capture: bool) -> su
     return coordinator
 
 
-def test_interrupting_the_coordinator_cancels_running_tasks_within_1s(own_workers, tpch_dir, probe):
-    urls = [w.url for w in own_workers(2)]
+def test_interrupting_the_coordinator_stops_the_workers_datafusion_work(
+    own_workers, tpch_dir, probe
+):
+    """Events and CPU time, not wall time: a busy machine slows the cancellation down.
+
+    The workers free the query (an event, waited for with a wide bound), then
+    use almost no CPU: their DataFusion work stopped, not only the bookkeeping.
+    """
+    workers = own_workers(2)
+    urls = [w.url for w in workers]
     coordinator = _coordinator_running_heavy_query(tpch_dir, urls, probe, capture=True)
     try:
         time.sleep(0.5)  # let the tasks get deep into the join
         assert _busy(probe, urls), "the query ended before it could be interrupted"
         coordinator.send_signal(signal.SIGINT)  # what Ctrl-C does
-        took = _wait_until(lambda: _idle(probe, urls), timeout_s=5.0)
-        assert took < 1.0, f"workers freed the query after {took:.2f} s"
+        _wait_until(lambda: _idle(probe, urls), timeout_s=30.0)
+        _wait_until(
+            lambda: not any(probe.stats(u)["running_tasks"] for u in urls), timeout_s=30.0
+        )
+        wait_until_idle([w.proc.pid for w in workers], timeout_s=30.0)
         assert coordinator.wait(timeout=10) != 0
         assert "KeyboardInterrupt" in coordinator.stderr.read()
     finally:

@@ -60,6 +60,22 @@ class DistributedConfig:
             here) runs before its consumers are planned, so they get as many
             tasks as its measured bytes need. Smaller shuffles run with their
             consumers: planning again (~30 ms) would cost more than it saves.
+        memory_per_task_bytes: the memory pool each task runs DataFusion
+            with, bytes (a fair spill pool: sorts, aggregates and sort-merge
+            joins spill to disk past it; a task whose hash join does not fit
+            runs again with sort-merge joins). Also the output a task keeps
+            in memory before its partitions spill to Arrow IPC files. None
+            (default): the runtime's own -- local and Flight workers: half of
+            the machine's memory (or the cgroup's limit) shared by the task
+            slots of the process (a Flight worker's ``--memory`` sets its
+            total); Spark: ``spark.executor.pyspark.memory``, else
+            ``spark.executor.memory`` (local mode: ``spark.driver.memory``)
+            divided by an executor's task slots; the head stage on the
+            coordinator: a quarter of the machine's memory. See
+            :mod:`distfusion.worker.memory`.
+
+    Raises:
+        ValueError: ``memory_per_task_bytes`` is not a positive integer or None.
     """
 
     bytes_per_task: int | None = None
@@ -71,6 +87,13 @@ class DistributedConfig:
     estimator: TaskEstimator | None = None
     adaptive: bool = True
     adaptive_shuffle_bytes: int = 256 * 1024 * 1024
+    memory_per_task_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        m = self.memory_per_task_bytes
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
+            msg = f"memory_per_task_bytes must be a positive number of bytes or None, got {m!r}"
+            raise ValueError(msg)
 
     def task_estimator(self, runtime: object = None) -> TaskEstimator:
         """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
@@ -108,6 +131,7 @@ class PlannerConfig(DistributedConfig):
     broadcast_copies: int | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.estimator is None:
             object.__setattr__(self, "estimator", self.task_estimator())
 

@@ -448,7 +448,9 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # Columns are named c0.. like every stage's: the query's own names may
         # repeat (SELECT * over a join); the caller restores them.
         self.seal(frag, RESULT)
-        return StageGraph(self.query_id, tuple(self.stages))
+        return StageGraph(
+            self.query_id, tuple(self.stages), self.config.memory_per_task_bytes
+        )
 
 
 def _feed_tasks(config: PlannerConfig, desired: int | None) -> int:

@@ -72,6 +72,9 @@ class TaskPlan:
             (:class:`~distfusion.runtime.base.QueryRun`): a later plan of the
             query may read a finished stage again, differently (its shuffle
             output as a broadcast, its partitions coalesced).
+        memory_per_task_bytes: the task's DataFusion memory pool, bytes
+            (``DistributedConfig.memory_per_task_bytes``); None: the worker's
+            own default (see :mod:`distfusion.worker.memory`).
     """
 
     key: TaskKey
@@ -82,6 +85,7 @@ class TaskPlan:
     output: OutputPartitioning
     target_partitions: int = 1
     keep_output: bool = False
+    memory_per_task_bytes: int | None = None
 
     @classmethod
     def for_task(
@@ -92,6 +96,7 @@ class TaskPlan:
         input_workers: tuple[tuple[str, ...], ...],
         target_partitions: int,
         keep_output: bool = False,
+        memory_per_task_bytes: int | None = None,
     ) -> TaskPlan:
         """The plan of task ``task_index`` of ``stage``.
 
@@ -102,6 +107,7 @@ class TaskPlan:
             input_workers: one tuple of producer-task URLs per ``stage.inputs``.
             target_partitions: threads the task may use (>= 1).
             keep_output: see :attr:`keep_output`.
+            memory_per_task_bytes: see :attr:`memory_per_task_bytes`.
         """
         scans = tuple(
             ScanShare(_without_units(s.source), s.task_units[task_index]) for s in stage.scans
@@ -115,6 +121,7 @@ class TaskPlan:
             output=stage.output,
             target_partitions=max(1, target_partitions),
             keep_output=keep_output,
+            memory_per_task_bytes=memory_per_task_bytes,
         )
 
     def input_reads(self, i: int) -> list[tuple[str, TaskKey, int]]:
@@ -168,6 +175,7 @@ class TaskPlan:
                 },
                 "target_partitions": self.target_partitions,
                 "keep_output": self.keep_output,
+                "memory_per_task_bytes": self.memory_per_task_bytes,
             }
         )
 
@@ -215,10 +223,21 @@ class TaskPlan:
                 ),
                 target_partitions=d["target_partitions"],
                 keep_output=bool(d.get("keep_output", False)),
+                memory_per_task_bytes=_budget(d.get("memory_per_task_bytes")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"not a distfusion task plan: {exc}"
             raise ValueError(msg) from exc
+
+
+def _budget(value) -> int | None:
+    """A plan's memory budget: None or a positive int (anything else is not a plan)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        msg = f"memory_per_task_bytes must be a positive integer or null, got {value!r}"
+        raise ValueError(msg)
+    return value
 
 
 def _without_units(source: TableSource) -> TableSource:

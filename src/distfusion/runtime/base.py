@@ -26,6 +26,8 @@ kept until the query is closed). Both are one :class:`WorkerQueryRun`.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +42,7 @@ from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
+from distfusion.worker.memory import TaskMemory, machine_memory_bytes
 
 __all__ = [
     "Runtime",
@@ -256,6 +259,10 @@ class WorkerQueryRun:
             readers, as a graph run at once needs.
         on_close: called once by :meth:`close`, after the workers were told
             (the Flight runtime ends the query's keepalives there).
+        head_memory_bytes: the head stage's memory pool when the graph sets
+            no ``memory_per_task_bytes``, bytes; None: a quarter of the
+            machine's memory. It spills to a temporary directory of the
+            query, deleted by :meth:`close`.
 
     Raises:
         ValueError: ``urls`` is empty.
@@ -270,6 +277,7 @@ class WorkerQueryRun:
         target_partitions: int | None = None,
         keep_outputs: bool = True,
         on_close: Callable[[], None] | None = None,
+        head_memory_bytes: int | None = None,
     ) -> None:
         if not urls:
             msg = f"query {query_id} needs at least one worker URL"
@@ -286,6 +294,8 @@ class WorkerQueryRun:
         self._started: dict[int, float] = {}  # stage id -> monotonic time of delivery
         self._stats: dict[int, StageStats] = {}
         self._on_close = on_close
+        self.head_memory_bytes = head_memory_bytes
+        self._head_spill_dir: str | None = None
         self._closed = False
         self._lock = threading.Lock()
         # Work unit feeds: a provider's failure tears the query down at once.
@@ -351,8 +361,21 @@ class WorkerQueryRun:
             self._before_head()
             head = graph.head
             plan = TaskPlan.for_task(
-                self.query_id, head, 0, self._input_workers(head), self.target_partitions
+                self.query_id,
+                head,
+                0,
+                self._input_workers(head),
+                self.target_partitions,
+                memory_per_task_bytes=graph.memory_per_task_bytes,
             )
+            prefix = f"distfusion-head-{self.query_id[:8]}-"
+            self._head_spill_dir = tempfile.mkdtemp(prefix=prefix)
+            budget = (
+                graph.memory_per_task_bytes
+                or self.head_memory_bytes
+                or machine_memory_bytes() // 4
+            )
+            memory = TaskMemory(budget, self._head_spill_dir)
 
             def read_input(i: int) -> list[pa.RecordBatch]:
                 out: list[pa.RecordBatch] = []
@@ -360,7 +383,13 @@ class WorkerQueryRun:
                     out.extend(self.transport.execute_partition(url, producer, part))
                 return out
 
-            yield from stream_head_stage(plan, read_input, self.feeds.local_chunks(head))
+            yield from stream_head_stage(
+                plan,
+                read_input,
+                self.feeds.local_chunks(head),
+                memory,
+                cancelled=lambda: self._closed,
+            )
         except DistfusionError as exc:
             self.close()
             self._raise_feed_error(exc)
@@ -385,6 +414,8 @@ class WorkerQueryRun:
             for url in sorted(set(self.placement.values())):
                 self.transport.cancel_query(url, self.query_id)
         finally:
+            if self._head_spill_dir is not None:
+                shutil.rmtree(self._head_spill_dir, ignore_errors=True)
             if self._on_close is not None:
                 self._on_close()
 
@@ -441,7 +472,13 @@ class WorkerQueryRun:
             self._started[stage.stage_id] = time.monotonic()
             for t in range(stage.num_tasks):
                 plan = TaskPlan.for_task(
-                    self.query_id, stage, t, inputs, threads, keep_output=self.keep_outputs
+                    self.query_id,
+                    stage,
+                    t,
+                    inputs,
+                    threads,
+                    keep_output=self.keep_outputs,
+                    memory_per_task_bytes=graph.memory_per_task_bytes,
                 )
                 self.transport.set_plan(self.placement[(stage.stage_id, t)], plan)
             if has_feeds(stage):  # stream each feed partition to its task

@@ -46,6 +46,7 @@ from distfusion.resolver import StaticWorkerResolver, WorkerResolver
 from distfusion.runtime.base import QueryRun, Routing, StageStats, WorkerQueryRun, round_robin
 from distfusion.stages import StageGraph
 from distfusion.transport.flight import FlightWorkerTransport
+from distfusion.worker.memory import default_memory_per_task_bytes
 
 __all__ = ["FlightRuntime", "start_local_workers", "stop_local_workers"]
 
@@ -238,7 +239,13 @@ class FlightRuntime:
 
     @classmethod
     def with_local_workers(
-        cls, workers: int = 3, *, slots: int = 1, udfs: tuple[str, ...] = (), **kwargs
+        cls,
+        workers: int = 3,
+        *,
+        slots: int = 1,
+        memory_per_task_bytes: int | None = None,
+        udfs: tuple[str, ...] = (),
+        **kwargs,
     ) -> FlightRuntime:
         """A runtime on ``workers`` new worker processes on 127.0.0.1 (free ports).
 
@@ -247,6 +254,9 @@ class FlightRuntime:
         Args:
             workers: worker processes to start.
             slots: tasks each worker runs at the same time.
+            memory_per_task_bytes: each worker's default task budget (its
+                ``--memory`` is this times ``slots``), bytes; None: half of the
+                machine's memory shared by every slot of the workers started.
             udfs: ``package.module:name`` references of Python UDFs each worker
                 loads (``distfusion worker --udf``).
             **kwargs: passed to :class:`FlightRuntime`; ``token`` is given to
@@ -256,7 +266,8 @@ class FlightRuntime:
             RuntimeError: a worker did not start within 60 s.
         """
         token = kwargs.get("token")
-        args = ["--slots", str(slots)]
+        per_task = memory_per_task_bytes or default_memory_per_task_bytes(workers * slots)
+        args = ["--slots", str(slots), "--memory", str(per_task * slots)]
         for reference in udfs:
             args += ["--udf", reference]
         env = {"DISTFUSION_TOKEN": token} if token else None

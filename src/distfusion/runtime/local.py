@@ -10,6 +10,7 @@ import pyarrow as pa
 from distfusion.runtime.base import Routing, WorkerQueryRun, execute_graph, round_robin
 from distfusion.stages import StageGraph
 from distfusion.transport.in_memory import InMemoryTransport
+from distfusion.worker.memory import default_memory_per_task_bytes
 from distfusion.worker.worker import Worker
 
 __all__ = ["LocalRuntime"]
@@ -29,9 +30,17 @@ class LocalRuntime:
         slots: tasks one worker runs at the same time.
         target_partitions: DataFusion threads per task (default: the cores).
         routing: assigns tasks to workers (default round-robin).
+        memory_per_task_bytes: DataFusion memory pool of a task whose query
+            sets none (``DistributedConfig.memory_per_task_bytes``), bytes;
+            None: half of the machine's memory shared by every slot of every
+            worker (:func:`~distfusion.worker.memory.default_memory_per_task_bytes`).
+            Each worker also keeps at most ``memory_per_task_bytes * slots``
+            of task outputs in memory; more spills to disk.
+        spill_dir: where the workers make their spill directories (one each;
+            deleted by :meth:`close`); None: the system's temp directory.
 
     Raises:
-        ValueError: ``workers`` or ``slots`` is below 1.
+        ValueError: ``workers`` or ``slots`` is below 1, or a budget is not positive.
     """
 
     name = "local"
@@ -42,15 +51,27 @@ class LocalRuntime:
         slots: int = 1,
         target_partitions: int | None = None,
         routing: Routing = round_robin,
+        memory_per_task_bytes: int | None = None,
+        spill_dir: str | None = None,
     ) -> None:
         workers = workers if workers is not None else (os.cpu_count() or 1)
         if workers < 1 or slots < 1:
             msg = f"LocalRuntime needs workers >= 1 and slots >= 1, got {workers} and {slots}"
             raise ValueError(msg)
+        self.memory_per_task_bytes = memory_per_task_bytes or default_memory_per_task_bytes(
+            workers * slots
+        )
         self.transport = InMemoryTransport()
         self.urls = [f"local://{i}" for i in range(workers)]
         for url in self.urls:
-            self.transport.add_worker(Worker(url, self.transport, slots=slots))
+            worker = Worker(
+                url,
+                self.transport,
+                slots=slots,
+                memory_per_task_bytes=self.memory_per_task_bytes,
+                spill_dir=spill_dir,
+            )
+            self.transport.add_worker(worker)
         self.target_partitions = target_partitions
         self.routing = routing
 

@@ -62,6 +62,7 @@ import re
 import secrets
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -90,6 +91,7 @@ from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
+from distfusion.worker.memory import TaskMemory, spark_memory_per_task_bytes
 from distfusion.worker.worker import pulled_feed_chunks
 
 __all__ = [
@@ -272,6 +274,7 @@ class SparkRuntime:
         self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
         self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
         self._endpoint_lock = threading.Lock()
+        self._memory_per_task_bytes: int | None = None
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
@@ -317,6 +320,28 @@ class SparkRuntime:
     """Most tasks a stage gets: on Spark, slots limit how many tasks run at once,
     not how many a stage has (the scheduler queues them), so task counts follow
     the data size (``bytes_per_task``) up to this."""
+
+    @property
+    def memory_per_task_bytes(self) -> int:
+        """Default DataFusion memory pool of one task, in bytes.
+
+        Used when ``DistributedConfig.memory_per_task_bytes`` is None.
+
+        From the application's settings
+        (:func:`~distfusion.worker.memory.spark_memory_per_task_bytes`):
+        ``spark.executor.pyspark.memory``, else ``spark.executor.memory`` (local
+        mode: ``spark.driver.memory``), divided by one executor's task slots
+        (``spark.executor.cores``; local mode: the master's threads).
+        """
+        if self._memory_per_task_bytes is None:
+            conf = dict(self.sc.getConf().getAll())
+            conf["spark.master"] = self.sc.master
+            if self.sc.master.startswith("local"):
+                slots = self.sc.defaultParallelism
+            else:
+                slots = int(conf.get("spark.executor.cores", "1"))
+            self._memory_per_task_bytes = spark_memory_per_task_bytes(conf, slots)
+        return self._memory_per_task_bytes
 
     @property
     def broadcast_copies(self) -> int:
@@ -366,15 +391,16 @@ class SparkRuntime:
             return _SparkFlightQuery(self, query_id)
         return _SparkQuery(self, query_id)
 
-    def executor_worker_args(self) -> tuple[str, str | None, str]:
-        """``(bind host, advertised host, token)`` of the executors' Flight workers.
+    def executor_worker_args(self) -> tuple[str, str | None, str, int]:
+        """``(bind host, advertised host, token, task memory)`` of the executors' Flight workers.
 
         Local mode: 127.0.0.1. A cluster: every interface, advertised under the
-        executor's own address (``None``: resolved on the executor).
+        executor's own address (``None``: resolved on the executor). Memory:
+        :attr:`memory_per_task_bytes`, for plans that set none.
         """
         if self.sc.master.startswith("local"):
-            return "127.0.0.1", None, self.token
-        return "0.0.0.0", None, self.token
+            return "127.0.0.1", None, self.token, self.memory_per_task_bytes
+        return "0.0.0.0", None, self.token, self.memory_per_task_bytes
 
     def stats(self) -> dict[str, dict]:
         """Live tasks and bytes held for queries, under the Spark master's URL.
@@ -542,8 +568,13 @@ class _SparkQuery:
         plan = TaskPlan.for_task(
             self.query_id, head, 0, _dummy_workers(head, graph), self.runtime.target_partitions
         )
+        budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
         yield from stream_head_stage(
-            plan, lambda i: _decode(inputs[i]), self.feeds.local_chunks(head)
+            plan,
+            lambda i: _decode(inputs[i]),
+            self.feeds.local_chunks(head),
+            TaskMemory(budget, None),
+            cancelled=lambda: self.closed,
         )
         self.finished = True
 
@@ -710,6 +741,7 @@ class _SparkQuery:
             ),
             self.runtime.compression,
             self.acc,
+            self.graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes,
         )
         rdd = base.mapPartitionsWithIndex(fn)
         rdd.setName(f"distfusion {self.query_id[:8]} stage {stage_id}")
@@ -769,12 +801,15 @@ class _SparkQuery:
         )
         inputs = [self._input_values(i) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
-        parts = run_task(
-            plan,
-            lambda i: _decode(inputs[i]),
-            worker=worker,
-            feed_chunks=self.feeds.local_chunks(stage),
-        )
+        budget = self.graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
+        with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
+            parts = run_task(
+                plan,
+                lambda i: _decode(inputs[i]),
+                worker=worker,
+                feed_chunks=self.feeds.local_chunks(stage),
+                memory=TaskMemory(budget, spill_dir),
+            )
         self.acc.add(_partition_stats(stage.stage_id, 0, parts))
         self.values[stage.stage_id] = [
             (p, 0, ipc) for p, (_, ipc) in _output_records(0, parts, self.runtime.compression)
@@ -830,6 +865,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._used: set[str] = set()  # every worker URL a task of this query ran on
         self._recoveries = 0  # times lost outputs were computed again (at most task_max_failures)
         self._running = False
+        self._memory: int | None = None  # the graph's memory_per_task_bytes
         self._keepalive = threading.Event()
         threading.Thread(
             target=self._keep_alive, name=f"distfusion-keepalive-{query_id[:8]}", daemon=True
@@ -875,6 +911,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         A small one-task stage (:meth:`_small`) runs on the driver's Flight
         worker instead, before its round's Spark job.
         """
+        self._memory = graph.memory_per_task_bytes
         pending = list(stages)
         while pending:
             ready = [s for s in pending if all(i.stage_id in self._delivered for i in s.inputs)]
@@ -923,6 +960,7 @@ class _SparkFlightQuery(WorkerQueryRun):
             self._input_workers(stage),
             self.target_partitions,
             keep_output=True,
+            memory_per_task_bytes=self._memory,
         )
         self._used.add(worker.url)
         rows, nbytes = worker.run_task(plan)
@@ -970,7 +1008,13 @@ class _SparkFlightQuery(WorkerQueryRun):
             stage = self._stages[sid]
             threads = task_threads(self.target_partitions, stage.num_tasks, slots)
             plan = TaskPlan.for_task(
-                self.query_id, stage, t, self._input_workers(stage), threads, keep_output=True
+                self.query_id,
+                stage,
+                t,
+                self._input_workers(stage),
+                threads,
+                keep_output=True,
+                memory_per_task_bytes=self._memory,
             )
             plans.append((attempts[(sid, t)], plan.to_json()))
         fn = _task_function(tasks, "_run_flight_task", *self.runtime.executor_worker_args())
@@ -1325,8 +1369,12 @@ def _run_task(
     target_partitions,
     compression,
     stats=None,
+    memory_per_task_bytes=None,
 ):
     """Run task ``task_index`` of the pickled stage inside a Spark task.
+
+    DataFusion runs within ``memory_per_task_bytes`` (None: unbounded),
+    spilling to a temporary directory deleted when the task ends.
 
     Yields records ``(consumer partition, (task_index, ipc bytes))``
     (:func:`_output_records`); adds each output partition's rows and Arrow
@@ -1348,12 +1396,14 @@ def _run_task(
         inputs = _group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
-        parts = run_task(
-            plan,
-            lambda i: _decode(inputs[i]),
-            worker=worker,
-            feed_chunks=lambda share: pulled_feed_chunks(plan.key, share),
-        )
+        with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
+            parts = run_task(
+                plan,
+                lambda i: _decode(inputs[i]),
+                worker=worker,
+                feed_chunks=lambda share: pulled_feed_chunks(plan.key, share),
+                memory=TaskMemory(memory_per_task_bytes, spill_dir),
+            )
         out = list(_output_records(task_index, parts, compression))
         if stats is not None:
             stats.add(_partition_stats(stage.stage_id, task_index, parts))
@@ -1369,7 +1419,9 @@ _EXECUTOR_WORKERS: dict[str, object] = {}
 """This Python worker process's Flight worker, by the runtime's token (executor side)."""
 
 
-def _executor_worker(bind_host: str, advertise_host: str | None, token: str):
+def _executor_worker(
+    bind_host: str, advertise_host: str | None, token: str, memory_per_task_bytes: int | None
+):
     """The FlightWorker of this process for the runtime with ``token``; started on first use."""
     from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
 
@@ -1383,12 +1435,13 @@ def _executor_worker(bind_host: str, advertise_host: str | None, token: str):
             slots=1,
             query_ttl_s=EXECUTOR_QUERY_TTL_S,
             advertise_host=advertise_host,
+            memory_per_task_bytes=memory_per_task_bytes,
         )
         _EXECUTOR_WORKERS[token] = worker
     return worker
 
 
-def _run_flight_task(index, records, bind_host, advertise_host, token):
+def _run_flight_task(index, records, bind_host, advertise_host, token, memory_per_task_bytes):
     """Run the task plan of this Spark partition on this process's Flight worker.
 
     The record is ``(attempt, task plan JSON)``. Returns one record
@@ -1403,7 +1456,7 @@ def _run_flight_task(index, records, bind_host, advertise_host, token):
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     try:
-        worker = _executor_worker(bind_host, advertise_host, token)
+        worker = _executor_worker(bind_host, advertise_host, token, memory_per_task_bytes)
         url = worker.url
         _maybe_inject_failure(key.stage_id, key.task_index, attempt)
         rows, nbytes = worker.run_task(plan)

@@ -104,7 +104,7 @@ def import_flight():
 
 
 # ---------------------------------------------------------------------- errors
-def encode_error(exc: BaseException):
+def encode_error(exc: BaseException, with_traceback: bool = True):
     """``exc`` as a ``pyarrow.flight`` error a server handler raises.
 
     The error travels as the dict of :func:`distfusion.protocol.errors.error_to_dict`,
@@ -113,6 +113,8 @@ def encode_error(exc: BaseException):
 
     Args:
         exc: the error a worker request raised.
+        with_traceback: send the remote traceback; False (a worker whose
+            callers are not authenticated) sends ``remote_traceback`` empty.
 
     Returns:
         A ``pyarrow.flight.FlightError`` subclass instance: cancelled for
@@ -126,7 +128,10 @@ def encode_error(exc: BaseException):
         cls = flight.FlightTimedOutError
     else:
         cls = flight.FlightServerError
-    return cls(str(exc), extra_info=json.dumps(error_to_dict(exc)).encode())
+    info = error_to_dict(exc)
+    if not with_traceback and "remote_traceback" in info:
+        info["remote_traceback"] = ""
+    return cls(str(exc), extra_info=json.dumps(info).encode())
 
 
 def decode_error(url: str, what: str, exc: Exception) -> Exception:
@@ -438,8 +443,10 @@ class FlightWorkerTransport:
 
         Returns:
             ``{"live_tasks": int, "bytes_held": int, "plans_received": int,
-            "live_queries": int}`` (bytes of held output partitions; plans
-            accepted since the worker started; queries with state).
+            "live_queries": int, "pid": int, ...}`` (bytes of held output
+            partitions; plans accepted since the worker started; queries with
+            state; the worker's process id; the spill figures of
+            :meth:`~distfusion.worker.worker.Worker.stats`).
 
         Raises:
             WorkerUnavailableError: the worker cannot be reached within

@@ -20,11 +20,16 @@ Arrow type (the rule the planner shares: :mod:`distfusion.protocol.hashing`).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-from datafusion import DataFrame, SessionConfig, SessionContext, col, lit
+from datafusion import DataFrame, RuntimeEnvBuilder, SessionConfig, SessionContext, col, lit
 from datafusion.functions import spark as spark_functions
 
 from distfusion import udfs
@@ -32,16 +37,20 @@ from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.hashing import hash_type
-from distfusion.protocol.task_plan import ScanShare, TaskPlan
+from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
 from distfusion.sources import WorkUnit, register_scan
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
+from distfusion.worker.memory import TaskMemory
 
 __all__ = [
+    "PartitionSink",
+    "SpillMetrics",
     "build_dataframe",
     "feed_dataframes",
     "partition_output",
     "run_task",
+    "run_task_into",
     "stream_head_stage",
     "task_context",
     "without_views",
@@ -52,15 +61,69 @@ COORDINATOR = "coordinator"
 """The worker name in errors of tasks run on the coordinator (the head stage)."""
 
 
-def task_context(target_partitions: int) -> SessionContext:
-    """A fresh DataFusion context for one task, using ``target_partitions`` threads.
+log = logging.getLogger("distfusion.worker")
 
-    Every UDF of this process's registry is registered in it (:mod:`distfusion.udfs`).
+CANCEL_POLL_S = 0.05
+"""How often a running task checks its cancel flag while DataFusion computes, seconds."""
+
+
+def task_context(
+    target_partitions: int,
+    memory: TaskMemory | None = None,
+    settings: dict[str, str] | None = None,
+) -> SessionContext:
+    """A fresh DataFusion context for one task, with every UDF of this process (:mod:`distfusion.udfs`).
+
+    Args:
+        target_partitions: threads (DataFusion partitions) the task may use.
+        memory: its memory pool and spill directory; None: unbounded, as
+            DataFusion's default (the system's temp directory for spills).
+        settings: more DataFusion settings (``{"datafusion.optimizer.prefer_hash_join": "false"}``).
     """
     config = SessionConfig().with_target_partitions(max(1, target_partitions))
-    ctx = SessionContext(config)
-    udfs.add_to(ctx)  # the Python UDFs this process knows (distfusion.udfs)
+    if memory is not None and memory.pool_bytes is not None:
+        # A sort keeps this much back to merge its spill files (DataFusion's default
+        # 10 MiB): more than a small pool holds, which would fail sorts, not spill them.
+        reserve = min(10 * 1024 * 1024, max(64 * 1024, memory.pool_bytes // 8))
+        config = config.set("datafusion.execution.sort_spill_reservation_bytes", str(reserve))
+    for key, value in (settings or {}).items():
+        config = config.set(key, value)
+    if memory is None or (memory.pool_bytes is None and memory.spill_dir is None):
+        ctx = SessionContext(config)
+        udfs.add_to(ctx)
+        return ctx
+    runtime = RuntimeEnvBuilder()
+    if memory.pool_bytes is not None:
+        runtime = runtime.with_fair_spill_pool(int(memory.pool_bytes))
+    if memory.spill_dir is not None:
+        runtime = runtime.with_disk_manager_specified(memory.spill_dir)
+    else:
+        runtime = runtime.with_disk_manager_os()
+    ctx = SessionContext(config, runtime)
+    udfs.add_to(ctx)  # the Python UDFs this process knows
     return ctx
+
+
+@dataclass
+class SpillMetrics:
+    """What DataFusion's operators spilled while a task ran (summed over its operators).
+
+    Attributes:
+        spilled_bytes: bytes written to spill files.
+        spill_count: spill events.
+    """
+
+    spilled_bytes: int = 0
+    spill_count: int = 0
+
+    def add_plan(self, plan) -> None:
+        """Add the spill metrics of every operator of ``plan`` (an executed ExecutionPlan)."""
+        try:
+            for _, ms in plan.collect_metrics():
+                self.spilled_bytes += ms.spilled_bytes or 0
+                self.spill_count += ms.spill_count or 0
+        except Exception:  # metrics are a report, never a reason to fail the task
+            log.debug("no metrics from the executed plan", exc_info=True)
 
 
 def _as_declared(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.RecordBatch]:
@@ -98,7 +161,10 @@ def bind_input(
 
 
 def build_dataframe(
-    plan: TaskPlan, read_input: Callable[[int], list[pa.RecordBatch]]
+    plan: TaskPlan,
+    read_input: Callable[[int], list[pa.RecordBatch]],
+    memory: TaskMemory | None = None,
+    settings: dict[str, str] | None = None,
 ) -> tuple[SessionContext, DataFrame]:
     """The task's fragment as a DataFusion DataFrame, inputs bound.
 
@@ -106,12 +172,14 @@ def build_dataframe(
         plan: the task plan.
         read_input: ``read_input(i)`` returns the batches of ``plan.inputs[i]`` this
             task reads (its partition from every producer task).
+        memory: the task's memory pool and spill directory (see :func:`task_context`).
+        settings: more DataFusion settings.
 
     Raises:
         Exception: DataFusion's error (file unreadable, fragment rejected); the
             caller wraps it with the task's identity.
     """
-    ctx = task_context(plan.target_partitions)
+    ctx = task_context(plan.target_partitions, memory, settings)
     for share in plan.scans:
         register_scan(ctx, share.source, share.units)
     for i, inp in enumerate(plan.inputs):
@@ -140,18 +208,91 @@ def _consume(ctx: SessionContext, fragment: bytes):
         raise
 
 
-def stream_batches(df: DataFrame, cancelled: Callable[[], bool]) -> Iterator[pa.RecordBatch]:
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop | None:
+    """This thread's private event loop, or None when the thread runs one already (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+        return None
+    except RuntimeError:
+        pass
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _loops.loop = loop
+    return loop
+
+
+async def _next_batch(stream):
+    return await stream.__anext__()
+
+
+def stream_batches(
+    df: DataFrame,
+    cancelled: Callable[[], bool],
+    ctx: SessionContext | None = None,
+    metrics: SpillMetrics | None = None,
+) -> Iterator[pa.RecordBatch]:
     """Execute ``df``, yielding Arrow batches; stops with QueryCancelled when asked.
+
+    With ``ctx`` (the context ``df`` belongs to) every partition of the physical
+    plan runs as its own stream and this thread waits for the next batch of
+    any of them at most :data:`CANCEL_POLL_S` seconds at a time, checking
+    ``cancelled()`` in between: a cancelled task drops its streams at once,
+    which stops DataFusion's work (its operators' tokio tasks are aborted when
+    their stream is dropped) even inside a hash join's build or an aggregate
+    that yields nothing for a long time. ``metrics`` then gets what the
+    operators spilled. Without ``ctx`` (or on a thread already running an
+    event loop), ``cancelled()`` is checked between batches only.
 
     Raises:
         QueryCancelled: ``cancelled()`` became true.
+        Exception: DataFusion's error while executing.
     """
-    for rb in df.execute_stream():
+    loop = _thread_loop() if ctx is not None else None
+    if loop is None:
+        for rb in df.execute_stream():
+            if cancelled():
+                raise QueryCancelled("query cancelled")
+            batch = rb.to_pyarrow()
+            if batch.num_rows:
+                yield batch
+        return
+    physical = df.execution_plan()
+    streams = [ctx.execute(physical, i) for i in range(physical.partition_count)]
+    pending: dict[asyncio.Future, int] = {}
+    try:
         if cancelled():
             raise QueryCancelled("query cancelled")
-        batch = rb.to_pyarrow()
-        if batch.num_rows:
-            yield batch
+        for i, stream in enumerate(streams):
+            pending[loop.create_task(_next_batch(stream))] = i
+        while pending:
+            done, _ = loop.run_until_complete(
+                asyncio.wait(pending, timeout=CANCEL_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            )
+            if cancelled():
+                raise QueryCancelled("query cancelled")
+            for fut in done:
+                i = pending.pop(fut)
+                try:
+                    rb = fut.result()
+                except StopAsyncIteration:
+                    continue
+                pending[loop.create_task(_next_batch(streams[i]))] = i
+                batch = rb.to_pyarrow()
+                if batch.num_rows:
+                    yield batch
+        if metrics is not None:
+            metrics.add_plan(physical)
+    finally:
+        if pending:
+            for fut in pending:
+                fut.cancel()
+            # Deliver the cancellations: DataFusion drops the futures polling its streams.
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        streams.clear()  # dropping the streams aborts the operators' tasks
 
 
 def _hash_key(expr, dtype: pa.DataType):
@@ -183,33 +324,87 @@ def without_views(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
+class PartitionSink(Protocol):
+    """Where :func:`partition_output` puts each output batch.
+
+    A worker's :class:`~distfusion.worker.task_output.TaskOutput`, or plain lists.
+    """
+
+    def add(self, partition: int, batch: pa.RecordBatch) -> None: ...  # noqa: D102
+
+
+class _Lists:
+    """A :class:`PartitionSink` keeping one list of batches per partition."""
+
+    def __init__(self, n: int) -> None:
+        self.parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
+
+    def add(self, partition: int, batch: pa.RecordBatch) -> None:
+        self.parts[partition].append(batch)
+
+    def reset(self) -> None:
+        self.parts = [[] for _ in self.parts]
+
+
 def partition_output(
-    df: DataFrame, plan: TaskPlan, cancelled: Callable[[], bool]
-) -> list[list[pa.RecordBatch]]:
-    """Execute ``df`` and split its rows into ``plan.output.num_partitions`` lists.
+    df: DataFrame,
+    plan: TaskPlan,
+    cancelled: Callable[[], bool],
+    sink: PartitionSink | None = None,
+    ctx: SessionContext | None = None,
+    metrics: SpillMetrics | None = None,
+) -> list[list[pa.RecordBatch]] | None:
+    """Execute ``df`` and split its rows into ``plan.output.num_partitions`` partitions.
+
+    Args:
+        df: the task's fragment.
+        plan: the task plan (its ``output`` says how to split).
+        cancelled: polled while executing (see :func:`stream_batches`).
+        sink: receives ``(partition, batch)`` as batches are produced; None:
+            lists, returned.
+        ctx: the context of ``df``; enables prompt cancellation and ``metrics``.
+        metrics: gets what DataFusion spilled.
 
     Returns:
-        One list of RecordBatch per output partition (columns ``c0..``, the
-        declared ``num_columns`` only).
+        Without ``sink``: one list of RecordBatch per output partition (columns
+        ``c0..``, the declared ``num_columns`` only). With one: None.
 
     Raises:
         QueryCancelled: ``cancelled()`` became true.
         Exception: DataFusion's error while executing.
     """
+    lists = _Lists(plan.output.num_partitions) if sink is None else None
+    _partition_into(df, plan, cancelled, sink or lists, ctx, metrics)
+    return lists.parts if lists is not None else None
+
+
+def _partition_into(
+    df: DataFrame,
+    plan: TaskPlan,
+    cancelled: Callable[[], bool],
+    sink: PartitionSink,
+    ctx: SessionContext | None,
+    metrics: SpillMetrics | None,
+) -> None:
     out = plan.output
     n = out.num_partitions
     schema = df.schema()
     keep = [col(f'"{name}"') for name in schema.names[: out.num_columns]]
+
+    def batches(frame: DataFrame) -> Iterator[pa.RecordBatch]:
+        return stream_batches(frame, cancelled, ctx, metrics)
+
     if out.kind != SHUFFLE or n == 1:
         if len(keep) != len(schema):
             df = df.select(*keep)
-        return [list(stream_batches(df, cancelled))]
-    parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
+        for b in batches(df):
+            sink.add(0, b)
+        return
     if not out.key_columns:
         df = df.select(*keep) if len(keep) != len(schema) else df
-        for i, b in enumerate(stream_batches(df, cancelled)):
-            parts[i % n].append(b)
-        return parts
+        for i, b in enumerate(batches(df)):
+            sink.add(i % n, b)
+        return
     keys = [_hash_key(col(f'"{schema.names[k]}"'), schema.field(k).type) for k in out.key_columns]
     pid = spark_functions.pmod(spark_functions.xxhash64(*keys), lit(n))
     # pyarrow has no take kernel for string_view or binary_view: views become plain
@@ -223,20 +418,19 @@ def partition_output(
         for i, c in enumerate(keep)
     ]
     df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
-    for b in stream_batches(df, cancelled):
+    for b in batches(df):
         ids = b.column(len(keep)).to_numpy()
         counts = np.bincount(ids, minlength=n)
         rows = b.drop_columns([PARTITION_ID])
         if np.count_nonzero(counts) == 1:
-            parts[int(ids[0])].append(rows)
+            sink.add(int(ids[0]), rows)
             continue
         rows = rows.take(pa.array(np.argsort(ids, kind="stable")))
         offset = 0
         for p in range(n):
             if counts[p]:
-                parts[p].append(rows.slice(offset, counts[p]))
+                sink.add(p, rows.slice(offset, counts[p]))
                 offset += counts[p]
-    return parts
 
 
 FeedChunks = Callable[[ScanShare], Iterator[list[WorkUnit]]]
@@ -291,8 +485,12 @@ def feed_dataframes(
     plan: TaskPlan,
     read_input: Callable[[int], list[pa.RecordBatch]],
     feed_chunks: FeedChunks,
-) -> Iterator[DataFrame]:
+    memory: TaskMemory | None = None,
+) -> Iterator[tuple[SessionContext, DataFrame]]:
     """The fragment of a task that reads work unit feeds, as DataFrames to run in turn.
+
+    Yields ``(context, DataFrame)`` pairs (one context for the whole task,
+    bounded by ``memory``).
 
     A fragment linear in its one feed (the planner marks its scan ``chunked``)
     yields one DataFrame per chunk of units, as the chunk arrives: reading and
@@ -306,7 +504,7 @@ def feed_dataframes(
         FeedError: a feed's provider failed, or the feed cannot be reached.
         Exception: DataFusion's error; ``read``'s error.
     """
-    ctx = task_context(plan.target_partitions)
+    ctx = task_context(plan.target_partitions, memory)
     feeds = [s for s in plan.scans if s.source.is_feed]
     for share in plan.scans:
         if not share.source.is_feed:
@@ -327,7 +525,7 @@ def feed_dataframes(
             batches = _read_units(readers[source.name], chunk, source.schema)
             _register_feed(ctx, source.name, source.schema, batches, n)
             ran = True
-            yield ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
+            yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
         if ran:
             return
     for share in feeds:
@@ -335,7 +533,116 @@ def feed_dataframes(
         for chunk in feed_chunks(share):
             batches.extend(_read_units(readers[share.source.name], chunk, share.source.schema))
         _register_feed(ctx, share.source.name, share.source.schema, batches, n)
-    yield ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
+    yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
+
+
+_SORT_MERGE = {"datafusion.optimizer.prefer_hash_join": "false"}
+
+
+def _exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is DataFusion's "Resources exhausted" (the memory pool said no)."""
+    return "Resources exhausted" in str(exc)
+
+
+def _attempts(memory: TaskMemory | None) -> list[tuple[TaskMemory | None, dict[str, str] | None]]:
+    """How a task runs, in turn, while DataFusion says "Resources exhausted".
+
+    Within ``memory``; then with sort-merge joins instead of hash joins (they
+    spill); then with an unbounded pool. Without a bounded pool: one run only.
+    """
+    attempts: list[tuple[TaskMemory | None, dict[str, str] | None]] = [(memory, None)]
+    if memory is not None and memory.pool_bytes is not None:
+        attempts.append((memory, _SORT_MERGE))
+        attempts.append((TaskMemory(None, memory.spill_dir), None))
+    return attempts
+
+
+def _warn_again(plan: TaskPlan, memory: TaskMemory | None, n: int, exc: Exception) -> None:
+    log.warning(
+        "%s: over its memory budget of %s bytes (%s); running it again %s",
+        task_name(plan.key),
+        memory.pool_bytes if memory else None,
+        str(exc).splitlines()[0][:200],
+        "with sort-merge joins" if n == 0 else "with an unbounded pool",
+    )
+
+
+class _Resettable(PartitionSink, Protocol):
+    def reset(self) -> None: ...
+
+
+def run_task_into(
+    sink: _Resettable,
+    plan: TaskPlan,
+    read_input: Callable[[int], list[pa.RecordBatch]],
+    cancelled: Callable[[], bool] = lambda: False,
+    worker: str = "local",
+    feed_chunks: FeedChunks = _no_feeds,
+    memory: TaskMemory | None = None,
+) -> SpillMetrics:
+    """Run one task to completion, its output partitions into ``sink``.
+
+    The fragment runs within ``memory`` (a fair spill pool: sorts, aggregates
+    and sort-merge joins spill to ``memory.spill_dir``). An operator that cannot
+    spill and needs more than the pool (a hash join's build side) fails with
+    DataFusion's "Resources exhausted"; the task then runs again, its output
+    ``sink.reset()``, with sort-merge joins instead of hash joins (they spill),
+    and, failing again, with an unbounded pool (logged as a warning: correct
+    first). A task reading a work unit feed runs once (its feed is consumed).
+
+    Args:
+        sink: gets ``(partition, batch)`` as batches are produced; ``reset()``
+            forgets them before a run again.
+        plan: what to run.
+        read_input: see :func:`build_dataframe`; called once per input.
+        cancelled: polled while DataFusion runs (every :data:`CANCEL_POLL_S`
+            seconds); true stops the task's DataFusion work at once.
+        worker: the URL of the worker running the task, for error messages.
+        feed_chunks: the units of each feed scan of a leaf task, in chunks as
+            they arrive (see :func:`feed_dataframes`).
+        memory: the task's memory pool and spill directory; None: unbounded.
+
+    Returns:
+        What DataFusion's operators spilled, summed over the runs.
+
+    Raises:
+        TaskError: the fragment failed (DataFusion's message and the traceback
+            kept), an input's producer task failed (that task's error), or a
+            work unit feed failed (its FeedError's message: feed and partition).
+        QueryCancelled: the query was cancelled.
+    """
+    metrics = SpillMetrics()
+    try:
+        if any(s.source.is_feed for s in plan.scans):
+            for ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
+                _partition_into(df, plan, cancelled, sink, ctx, metrics)
+            return metrics
+        inputs: dict[int, list[pa.RecordBatch]] = {}
+
+        def read_once(i: int) -> list[pa.RecordBatch]:
+            # Kept for a run again, as bound (views cast once, not held twice).
+            if i not in inputs:
+                inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
+            return inputs[i]
+
+        attempts = _attempts(memory)
+        for n, (mem, settings) in enumerate(attempts):
+            try:
+                ctx, df = build_dataframe(plan, read_once, mem, settings)
+                _partition_into(df, plan, cancelled, sink, ctx, metrics)
+                return metrics
+            except (TaskError, QueryCancelled):
+                raise
+            except Exception as exc:
+                if n + 1 == len(attempts) or not _exhausted(exc):
+                    raise
+                sink.reset()
+                _warn_again(plan, memory, n, exc)
+        raise AssertionError("unreachable")  # pragma: no cover
+    except (TaskError, QueryCancelled):
+        raise
+    except Exception as exc:
+        raise task_error(plan.key.stage_id, plan.key.task_index, worker, exc) from exc
 
 
 def run_task(
@@ -344,68 +651,73 @@ def run_task(
     cancelled: Callable[[], bool] = lambda: False,
     worker: str = "local",
     feed_chunks: FeedChunks = _no_feeds,
+    memory: TaskMemory | None = None,
 ) -> list[list[pa.RecordBatch]]:
-    """Run one task to completion.
-
-    Args:
-        plan: what to run.
-        read_input: see :func:`build_dataframe`.
-        cancelled: polled between batches; true stops the task.
-        worker: the URL of the worker running the task, for error messages.
-        feed_chunks: the units of each feed scan of a leaf task, in chunks as
-            they arrive (see :func:`feed_dataframes`).
+    """Run one task to completion; its output as lists (see :func:`run_task_into`).
 
     Returns:
         One list of RecordBatch per output partition.
 
     Raises:
-        TaskError: the fragment failed (DataFusion's message and the traceback
-            kept), an input's producer task failed (that task's error), or a
-            work unit feed failed (its FeedError's message: feed and partition).
+        TaskError: the fragment failed, an input's producer task failed, or a
+            work unit feed failed (see :func:`run_task_into`).
         QueryCancelled: the query was cancelled.
     """
-    try:
-        if any(s.source.is_feed for s in plan.scans):
-            parts: list[list[pa.RecordBatch]] | None = None
-            for df in feed_dataframes(plan, read_input, feed_chunks):
-                out = partition_output(df, plan, cancelled)
-                if parts is None:
-                    parts = out
-                else:
-                    for mine, more in zip(parts, out, strict=True):
-                        mine.extend(more)
-            return parts or [[] for _ in range(plan.output.num_partitions)]
-        _, df = build_dataframe(plan, read_input)
-        return partition_output(df, plan, cancelled)
-    except (TaskError, QueryCancelled):
-        raise
-    except Exception as exc:
-        raise task_error(plan.key.stage_id, plan.key.task_index, worker, exc) from exc
+    lists = _Lists(plan.output.num_partitions)
+    run_task_into(lists, plan, read_input, cancelled, worker, feed_chunks, memory)
+    return lists.parts
 
 
 def stream_head_stage(
     plan: TaskPlan,
     read_input: Callable[[int], list[pa.RecordBatch]],
     feed_chunks: FeedChunks = _no_feeds,
+    memory: TaskMemory | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Iterator[pa.RecordBatch]:
     """Run the head stage's only task on the coordinator, yielding its result batches.
 
     Every runtime ends a query with this. A head stage that reads a feed
-    (a one-task query) streams each chunk's result as it is computed.
+    (a one-task query) streams each chunk's result as it is computed. It runs
+    within ``memory``; over it before its first batch, it runs again as
+    :func:`run_task_into` says (after a batch went out, the error is raised).
+    Closing the iterator stops its DataFusion work.
 
     Raises:
         DistfusionError: reading an input failed (a producer's TaskError, a
             transport error) or a feed's provider failed (FeedError), passed on
             as it is.
+        QueryCancelled: ``cancelled()`` became true.
         TaskError: the fragment failed here (worker ``coordinator``).
     """
     try:
         if any(s.source.is_feed for s in plan.scans):
-            for df in feed_dataframes(plan, read_input, feed_chunks):
-                yield from stream_batches(df, lambda: False)
+            for ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
+                yield from stream_batches(df, cancelled, ctx)
             return
-        _, df = build_dataframe(plan, read_input)
-        yield from stream_batches(df, lambda: False)
+        inputs: dict[int, list[pa.RecordBatch]] = {}
+
+        def read_once(i: int) -> list[pa.RecordBatch]:
+            # Kept for a run again, as bound (views cast once, not held twice).
+            if i not in inputs:
+                inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
+            return inputs[i]
+
+        attempts = _attempts(memory)
+        for n, (mem, settings) in enumerate(attempts):
+            yielded = False
+            try:
+                ctx, df = build_dataframe(plan, read_once, mem, settings)
+                for batch in stream_batches(df, cancelled, ctx):
+                    yielded = True
+                    yield batch
+                return
+            except DistfusionError:
+                raise
+            except Exception as exc:
+                if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+                    raise
+                _warn_again(plan, memory, n, exc)
     except DistfusionError:
         raise
     except Exception as exc:

@@ -2,6 +2,13 @@
 
 Also ``python -m distfusion.worker.flight_cli --port 0``.
 
+Safe defaults: a worker runs any task plan it is given, and plans read any
+file the worker can. It binds 127.0.0.1 unless told otherwise, and refuses a
+non-loopback ``--host`` without a token unless ``--insecure`` (then warns).
+The token comes from ``--token-file`` or ``$DISTFUSION_WORKER_TOKEN`` (or
+``$DISTFUSION_TOKEN``, shared with the coordinator) rather than ``--token``,
+which any user of the machine can read in ``ps``.
+
 Kept apart from the server (:mod:`distfusion.worker.flight_server`) so that
 building the parser does not import ``pyarrow.flight``, an optional
 dependency; it is imported when a worker actually starts.
@@ -11,12 +18,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from distfusion import udfs
 from distfusion.protocol.messages import DEFAULT_QUERY_TTL_S, TOKEN_ENV
+from distfusion.worker.memory import parse_bytes
 
-__all__ = ["add_arguments", "main", "run"]
+WORKER_TOKEN_ENV = "DISTFUSION_WORKER_TOKEN"
+"""Environment variable a worker reads its token from (before ``DISTFUSION_TOKEN``)."""
+
+__all__ = ["WORKER_TOKEN_ENV", "add_arguments", "main", "resolve_token", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +45,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=None,
-        help=f"shared secret every call must carry (default: ${TOKEN_ENV}; unset: accept all)",
+        help="shared secret every call must carry (visible in ps: prefer --token-file; "
+        f"default: ${WORKER_TOKEN_ENV}, then ${TOKEN_ENV}; unset: accept all, loopback only)",
+    )
+    parser.add_argument(
+        "--token-file", default=None, help="read the shared secret from this file (stripped)"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without a token (anyone reaching it runs plans)",
+    )
+    parser.add_argument(
+        "--memory",
+        default=None,
+        help="memory for this worker's tasks, e.g. 8g (split between --slots; "
+        "default: half of the machine's memory)",
+    )
+    parser.add_argument(
+        "--spill-dir",
+        default=None,
+        help="directory for spill files (default: the system's temp directory)",
     )
     parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve grpc+tls://")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -71,34 +103,77 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
+def resolve_token(args: argparse.Namespace, environ=os.environ) -> str:
+    """The worker's token; ``""`` when none is set.
+
+    The first set of ``--token``, ``--token-file``, ``$DISTFUSION_WORKER_TOKEN``
+    and ``$DISTFUSION_TOKEN``.
+
+    Raises:
+        ValueError: both ``--token`` and ``--token-file``, or the file is empty.
+        OSError: the token file cannot be read.
+    """
+    token_file = getattr(args, "token_file", None)
+    if args.token is not None and token_file:
+        msg = "give the token with --token or --token-file, not both"
+        raise ValueError(msg)
+    if args.token is not None:
+        return args.token
+    if token_file:
+        with open(token_file) as f:
+            token = f.read().strip()
+        if not token:
+            msg = f"the token file {token_file} is empty"
+            raise ValueError(msg)
+        return token
+    return environ.get(WORKER_TOKEN_ENV) or environ.get(TOKEN_ENV) or ""
+
+
 def run(args: argparse.Namespace) -> int:
     """Start a worker from :func:`add_arguments` options; serve until SIGINT/SIGTERM.
 
     Prints ``distfusion worker listening on URL`` once it accepts calls.
 
+    Returns:
+        0 after serving; 2 when the options are refused (a non-loopback
+        ``--host`` without a token and without ``--insecure``, an unreadable
+        or empty token file, an unreadable certificate, a bad ``--memory``,
+        a ``--udf`` module or name that cannot be loaded): the reason is
+        printed to stderr.
+
     Raises:
-        OSError: a certificate file cannot be read.
         pyarrow.ArrowException: the port cannot be bound.
-        ImportError, ValueError: a ``--udf`` module or name cannot be loaded.
     """
     # optional dependency: the server imports pyarrow.flight
     from distfusion.worker.flight_server import FlightWorker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for reference in args.udf:
-        names = udfs.load(reference)
-        logging.getLogger("distfusion.worker").info("UDFs from %s: %s", reference, names)
-    worker = FlightWorker(
-        args.host,
-        args.port,
-        token=args.token,
-        tls_cert_chain=_read(args.tls_cert),
-        tls_private_key=_read(args.tls_key),
-        tls_root_certs=_read(args.tls_root_certs),
-        slots=args.slots,
-        query_ttl_s=args.query_ttl,
-        advertise_url=args.advertise_url,
-    )
+    try:
+        for reference in args.udf:
+            names = udfs.load(reference)
+            logging.getLogger("distfusion.worker").info("UDFs from %s: %s", reference, names)
+        token = resolve_token(args)
+        slots = max(1, args.slots)
+        memory = getattr(args, "memory", None)
+        # Given explicitly: split as is (the default budget has a floor, this does not).
+        per_task = max(1, parse_bytes(memory) // slots) if memory else None
+        worker = FlightWorker(
+            args.host,
+            args.port,
+            token=token,
+            tls_cert_chain=_read(args.tls_cert),
+            tls_private_key=_read(args.tls_key),
+            tls_root_certs=_read(args.tls_root_certs),
+            slots=slots,
+            query_ttl_s=args.query_ttl,
+            advertise_url=args.advertise_url,
+            memory_per_task_bytes=per_task,
+            spill_dir=getattr(args, "spill_dir", None),
+            insecure=getattr(args, "insecure", False),
+        )
+    except (ValueError, OSError, ImportError, AttributeError) as exc:
+        print(f"distfusion worker: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(f"distfusion worker listening on {worker.url}", flush=True)
     try:
         worker.serve()

@@ -20,7 +20,11 @@ whose tasks read their inputs from other workers through a
 
 Binds ``127.0.0.1`` unless told otherwise. With a ``token``, a middleware
 rejects every call whose ``authorization`` header is not ``Bearer <token>``
-before any handler runs. With ``tls_cert_chain``/``tls_private_key`` it serves
+before any handler runs (so before any plan is read). A worker reads any file
+a task plan names: it refuses to listen on a non-loopback address without a
+token unless ``insecure=True`` (then it logs a warning, and its errors carry
+no remote traceback: its callers are not authenticated).
+With ``tls_cert_chain``/``tls_private_key`` it serves
 ``grpc+tls://``; a self-signed certificate for tests and one machine::
 
     openssl req -x509 -newkey rsa:2048 -nodes -days 365 -subj /CN=localhost \\
@@ -38,9 +42,11 @@ listening on grpc://127.0.0.1:PORT`` once it accepts calls.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import socket
 import threading
 import time
 
@@ -64,10 +70,28 @@ from distfusion.transport.flight import FlightWorkerTransport, encode_error, imp
 from distfusion.worker.execute_task import without_views
 from distfusion.worker.worker import Worker
 
-__all__ = ["FlightWorker"]
+__all__ = ["FlightWorker", "is_loopback"]
 
 flight = import_flight()
 log = logging.getLogger("distfusion.worker")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) reaches only this machine.
+
+    A name counts when every address it resolves to is a loopback address;
+    one that does not resolve does not count.
+    """
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    addresses = {info[4][0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
@@ -95,7 +119,7 @@ class _Server(flight.FlightServerBase):
         try:
             return self._owner._action(action.type, action.body.to_pybytes())
         except Exception as exc:
-            raise encode_error(exc) from None
+            raise encode_error(exc, self._owner.sends_tracebacks) from None
 
     def list_actions(self, context):
         return [
@@ -110,13 +134,13 @@ class _Server(flight.FlightServerBase):
         try:
             self._owner._put(descriptor.command, reader)
         except Exception as exc:
-            raise encode_error(exc) from None
+            raise encode_error(exc, self._owner.sends_tracebacks) from None
 
     def do_get(self, context, ticket):
         try:
             return self._owner._get(ticket.ticket)
         except Exception as exc:
-            raise encode_error(exc) from None
+            raise encode_error(exc, self._owner.sends_tracebacks) from None
 
 
 class FlightWorker:
@@ -135,6 +159,8 @@ class FlightWorker:
         token: shared secret every call must carry; default the
             ``DISTFUSION_TOKEN`` environment variable; None or ``""`` accepts all.
             Also sent when this worker reads inputs from other workers.
+        insecure: allow a non-loopback ``host`` without a token (callers are
+            then not authenticated: errors go without remote tracebacks).
         tls_cert_chain: PEM certificate chain; with ``tls_private_key``, serve TLS.
         tls_private_key: PEM private key of ``tls_cert_chain``.
         tls_root_certs: PEM roots to verify other TLS workers this worker reads
@@ -148,11 +174,16 @@ class FlightWorker:
             ``grpc://host:port``).
         advertise_host: the host of the URL this worker reports, with the port
             bound (for ``host="0.0.0.0"`` and ``port=0``); ignored with ``advertise_url``.
+        memory_per_task_bytes: DataFusion memory pool of a task whose plan
+            sets none, bytes (see :class:`~distfusion.worker.worker.Worker`).
+        spill_dir: where this worker makes its spill directory; None: the
+            system's temp directory.
 
     Raises:
         ImportError: pyarrow has no Flight support.
         OSError / pyarrow.ArrowException: the port cannot be bound.
-        ValueError: only one of ``tls_cert_chain`` and ``tls_private_key`` given.
+        ValueError: only one of ``tls_cert_chain`` and ``tls_private_key`` given,
+            or a non-loopback ``host`` without a token and without ``insecure``.
     """
 
     def __init__(
@@ -169,11 +200,31 @@ class FlightWorker:
         input_timeout_s: float | None = None,
         advertise_url: str | None = None,
         advertise_host: str | None = None,
+        memory_per_task_bytes: int | None = None,
+        spill_dir: str | None = None,
+        insecure: bool = False,
     ) -> None:
         if (tls_cert_chain is None) != (tls_private_key is None):
             msg = "TLS needs both tls_cert_chain and tls_private_key"
             raise ValueError(msg)
         token = os.environ.get(TOKEN_ENV) if token is None else token
+        loopback = is_loopback(host)
+        if not token and not loopback:
+            if not insecure:
+                msg = (
+                    f"refusing to listen on {host} without a token: any machine that can "
+                    "reach it could run task plans, which read any file the worker can. "
+                    "Give a token (--token-file, $DISTFUSION_WORKER_TOKEN), bind 127.0.0.1, "
+                    "or pass --insecure (insecure=True) on a trusted network"
+                )
+                raise ValueError(msg)
+            log.warning(
+                "worker on %s accepts calls from anyone who can reach it (insecure: no "
+                "token); task plans can read any file this process can",
+                host,
+            )
+        self.sends_tracebacks = bool(token) or loopback
+        """Errors carry remote tracebacks: callers are authenticated, or local."""
         tls = tls_cert_chain is not None
         scheme = "grpc+tls" if tls else "grpc"
         kwargs: dict = {}
@@ -191,6 +242,8 @@ class FlightWorker:
             self.transport,
             slots=slots,
             input_timeout_s=input_timeout_s,
+            memory_per_task_bytes=memory_per_task_bytes,
+            spill_dir=spill_dir,
         )
         self._lock = threading.Lock()
         self._seen: dict[str, float] = {}  # query id -> monotonic time of the last call about it
@@ -291,20 +344,30 @@ class FlightWorker:
             with self._lock:
                 stats["plans_received"] = self._plans_received
                 stats["live_queries"] = len(self._seen)
+            stats["pid"] = os.getpid()
             return [json.dumps(stats).encode()]
         msg = f"unknown action {name!r}"
         raise KeyError(msg)
 
     def _get(self, ticket: bytes):
+        """A partition as a stream: batches converted one at a time as gRPC sends them."""
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
-        batches = [
-            without_views(b) for b in self.worker.execute_partition(key, partition, timeout_s)
-        ]
+        batches = iter(self.worker.execute_partition(key, partition, timeout_s))
         self._touch(key.query_id)
-        schema = batches[0].schema if batches else pa.schema([])
-        batches = [b if b.schema.equals(schema) else _conform(b, schema) for b in batches]
-        return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(schema, batches))
+        first = next(batches, None)
+        if first is None:
+            return flight.RecordBatchStream(pa.RecordBatchReader.from_batches(pa.schema([]), []))
+        first = without_views(first)
+        schema = first.schema
+
+        def rest():
+            yield first
+            for b in batches:
+                b = without_views(b)
+                yield b if b.schema.equals(schema) else _conform(b, schema)
+
+        return flight.GeneratorStream(schema, rest())
 
     def _put(self, command: bytes, reader) -> None:
         """A work unit feed pushed by the coordinator: into the task's inbox."""

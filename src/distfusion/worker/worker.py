@@ -22,6 +22,21 @@ A leaf task reading a work unit feed takes its units from an inbox per
 Flight runtimes), or by a thread pulling from the coordinator's feed endpoint
 when the plan names one (Spark).
 
+Memory: each task runs DataFusion within a memory budget (the plan's
+``memory_per_task_bytes``, else the worker's), spilling to a directory of its
+query (:mod:`distfusion.worker.memory`). Its output partitions are a
+:class:`~distfusion.worker.task_output.TaskOutput`: in memory while small,
+Arrow IPC files in the query's directory once the task's output passes the
+task's budget or the outputs held together pass ``output_memory_bytes``. The
+query's directory is deleted by :meth:`Worker.cancel_query` (every runtime
+calls it when a query ends, fails or is cancelled) and by the task that
+notices the cancellation last.
+
+Cancellation: a task polls its query's cancel flag every
+:data:`~distfusion.worker.execute_task.CANCEL_POLL_S` seconds while DataFusion
+runs and drops its streams when it is set, which stops DataFusion's work;
+the slot is free again at once. :meth:`Worker.close` does not wait for it.
+
 Tasks run in a FIFO thread pool of ``slots`` threads. A task blocks while it
 reads its inputs from producer tasks; the coordinator submits every task of a
 stage before any task of a later stage, so with FIFO pools the earliest
@@ -31,6 +46,8 @@ with one slot.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -44,23 +61,28 @@ from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
 from distfusion.transport.feed_endpoint import pull_feed
 from distfusion.work_unit_feed.unit import WorkUnit
-from distfusion.worker.execute_task import run_task
+from distfusion.worker.execute_task import run_task_into
 from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
+from distfusion.worker.memory import SpillDirs, TaskMemory, default_memory_per_task_bytes
+from distfusion.worker.task_output import TaskOutput
 
 __all__ = ["Worker", "pulled_feed_chunks"]
 
 _CANCELLED_KEPT = 4096
+
+log = logging.getLogger("distfusion.worker")
 
 
 @dataclass
 class _Task:
     plan: TaskPlan
     done: threading.Event = field(default_factory=threading.Event)
-    partitions: list[list[pa.RecordBatch]] | None = None
+    output: TaskOutput | None = None
     reads_left: list[int] = field(default_factory=list)
     error: BaseException | None = None
     partition_rows: tuple[int, ...] = ()
     partition_bytes: tuple[int, ...] = ()
+    spilled_bytes: int = 0
 
 
 class Worker:
@@ -73,20 +95,59 @@ class Worker:
         slots: tasks run at the same time (threads in the pool).
         input_timeout_s: longest a task waits for a producer partition before
             failing; None waits as long as the producer runs.
+        memory_per_task_bytes: DataFusion memory pool of a task whose plan
+            sets none, bytes; None: :func:`~distfusion.worker.memory.default_memory_per_task_bytes`
+            of ``slots`` (half the machine's memory shared by the slots).
+        output_memory_bytes: outputs held in memory by this worker past which
+            finished outputs spill to disk, bytes; None:
+            ``memory_per_task_bytes * slots``.
+        spill_dir: the directory this worker makes its spill directory in;
+            None: the system's temp directory.
+
+    Raises:
+        ValueError: a budget is not positive.
     """
 
-    def __init__(self, url: str, transport, slots: int = 1, input_timeout_s: float | None = None):
+    def __init__(
+        self,
+        url: str,
+        transport,
+        slots: int = 1,
+        input_timeout_s: float | None = None,
+        memory_per_task_bytes: int | None = None,
+        output_memory_bytes: int | None = None,
+        spill_dir: str | None = None,
+    ):
+        for name, value in (
+            ("memory_per_task_bytes", memory_per_task_bytes),
+            ("output_memory_bytes", output_memory_bytes),
+        ):
+            if value is not None and value <= 0:
+                msg = f"{name} must be positive, got {value}"
+                raise ValueError(msg)
         self.url = url
         self.transport = transport
         self.input_timeout_s = input_timeout_s
+        self.slots = max(1, slots)
+        self.memory_per_task_bytes = memory_per_task_bytes or default_memory_per_task_bytes(
+            self.slots
+        )
+        self.output_memory_bytes = output_memory_bytes or self.memory_per_task_bytes * self.slots
+        self.spill = SpillDirs(spill_dir)
         self._pool = ThreadPoolExecutor(
-            max_workers=max(1, slots), thread_name_prefix=f"distfusion-{url}"
+            max_workers=self.slots, thread_name_prefix=f"distfusion-{url}"
         )
         self._lock = threading.Condition()
         self._tasks: dict[TaskKey, _Task] = {}
         # Recently cancelled query ids (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
         self._inboxes: dict[tuple[TaskKey, str], FeedInbox] = {}
+        self._closed = False
+        self._running = 0
+        # Cumulative since start: what DataFusion spilled, and outputs written to disk.
+        self._spilled_bytes = 0
+        self._spill_count = 0
+        self._output_spilled_bytes = 0
 
     # ---------------------------------------------------------------- protocol
     def set_plan(self, plan: TaskPlan) -> None:
@@ -116,21 +177,25 @@ class Worker:
         with self._lock:
             if task.error is not None:
                 raise task.error
+            output = task.output
             if (
-                task.partitions is None
-                or not 0 <= partition < len(task.partitions)
+                output is None
+                or not 0 <= partition < output.num_partitions
                 or task.reads_left[partition] <= 0
             ):
                 msg = f"partition {partition} of task {key} is not held by worker {self.url}"
                 raise KeyError(msg)
-            batches = task.partitions[partition]
-            if task.plan.keep_output:
-                return iter(batches)
-            task.reads_left[partition] -= 1
-            if task.reads_left[partition] == 0:
-                task.partitions[partition] = []
-            if not any(task.reads_left):
-                self._tasks.pop(key, None)
+            batches = output.read(partition) if not output.is_spilled(partition) else None
+            last = False
+            if not task.plan.keep_output:
+                task.reads_left[partition] -= 1
+                last = task.reads_left[partition] == 0
+                if not any(task.reads_left):
+                    self._tasks.pop(key, None)
+        if batches is None:  # a file: read (memory-mapped) outside the lock
+            batches = output.read(partition)
+        if last:
+            output.free(partition)
         return iter(batches)
 
     def task_stats(
@@ -182,7 +247,13 @@ class Worker:
         inbox.finish()
 
     def cancel_query(self, query_id: str) -> None:
-        """Stop every task of ``query_id`` and drop all its state on this worker."""
+        """Stop every task of ``query_id`` and drop all its state on this worker.
+
+        Running tasks stop their DataFusion work within about
+        :data:`~distfusion.worker.execute_task.CANCEL_POLL_S` seconds; their
+        outputs and the query's spill directory are deleted.
+        """
+        outputs = []
         with self._lock:
             for k in [k for k in self._inboxes if k[0].query_id == query_id]:
                 self._inboxes.pop(k).close()
@@ -193,31 +264,67 @@ class Worker:
                 task = self._tasks.pop(key)
                 if not task.done.is_set():
                     task.error = QueryCancelled(f"query {query_id} was cancelled")
+                if task.output is not None:
+                    outputs.append(task.output)
             self._lock.notify_all()
+        for output in outputs:
+            output.close()
+        self.spill.remove_query(query_id)
 
     def stats(self) -> dict:
-        """``{"live_tasks": tasks held (queued, running or with unread output), "bytes_held": bytes}``."""
+        """What this worker holds now, and what it spilled since it started.
+
+        Returns:
+            ``{"live_tasks": tasks held (queued, running or with unread output),
+            "running_tasks": tasks running now, "bytes_held": bytes of outputs
+            held (in memory and on disk), "bytes_on_disk": bytes of the spilled
+            outputs held, "spill_files": files under its spill directory now,
+            "spilled_bytes": bytes DataFusion's operators spilled (cumulative),
+            "spill_count": their spill events (cumulative),
+            "output_spilled_bytes": bytes of outputs written to disk (cumulative),
+            "memory_per_task_bytes": the default task budget}``.
+        """
         with self._lock:
-            held = sum(
-                b.nbytes for t in self._tasks.values() for p in (t.partitions or []) for b in p
-            )
-            return {"live_tasks": len(self._tasks), "bytes_held": held}
+            outputs = [t.output for t in self._tasks.values() if t.output is not None]
+            on_disk = sum(o.spilled_bytes for o in outputs)
+            in_memory = sum(o.held_bytes for o in outputs)
+            stats = {
+                "live_tasks": len(self._tasks),
+                "running_tasks": self._running,
+                "bytes_held": in_memory + on_disk,
+                "bytes_on_disk": on_disk,
+                "spilled_bytes": self._spilled_bytes,
+                "spill_count": self._spill_count,
+                "output_spilled_bytes": self._output_spilled_bytes,
+                "memory_per_task_bytes": self.memory_per_task_bytes,
+            }
+        stats["spill_files"] = len(self.spill.files())
+        return stats
 
     def close(self) -> None:
-        """Cancel everything and stop the thread pool."""
+        """Cancel everything, stop the thread pool and delete the spill directory.
+
+        Does not wait for running tasks: they see the cancellation within
+        about :data:`~distfusion.worker.execute_task.CANCEL_POLL_S` seconds and end.
+        """
         with self._lock:
+            self._closed = True
             for qid in {k.query_id for k in self._tasks}:
                 self._cancelled[qid] = None
+            outputs = [t.output for t in self._tasks.values() if t.output is not None]
             self._tasks.clear()
             self._lock.notify_all()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for output in outputs:
+            output.close()
+        self.spill.close()
 
     # ---------------------------------------------------------------- internals
     def _wait(self, key: TaskKey, timeout_s: float | None) -> _Task:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             while True:
-                if key.query_id in self._cancelled:
+                if key.query_id in self._cancelled or self._closed:
                     raise QueryCancelled(f"query {key.query_id} was cancelled")
                 task = self._tasks.get(key)
                 if task is not None and task.done.is_set():
@@ -229,8 +336,8 @@ class Worker:
                 self._lock.wait(0.5 if remaining is None else min(0.5, remaining))
 
     def is_cancelled(self, query_id: str) -> bool:
-        """Whether ``query_id`` was cancelled here (the last 4096 cancelled queries)."""
-        return query_id in self._cancelled
+        """Whether ``query_id`` was cancelled here (one of the last 4096), or the worker closed."""
+        return self._closed or query_id in self._cancelled
 
     def _inbox(self, key: TaskKey, table: str) -> FeedInbox:
         """The inbox of ``table``'s feed for task ``key`` (made on first use)."""
@@ -266,36 +373,84 @@ class Worker:
             )
         return batches
 
+    def _task_memory(self, plan: TaskPlan) -> TaskMemory:
+        budget = plan.memory_per_task_bytes or self.memory_per_task_bytes
+        return TaskMemory(budget, self.spill.query_dir(plan.key.query_id))
+
     def _run(self, task: _Task) -> None:
         plan = task.plan
-        qid = plan.key.query_id
+        key = plan.key
+        qid = key.query_id
+        output = None
+        with self._lock:
+            self._running += 1
         try:
             if self.is_cancelled(qid):
                 raise QueryCancelled(f"query {qid} was cancelled")
-            partitions = run_task(
+            memory = self._task_memory(plan)
+            spill_dir = memory.spill_dir
+
+            def spill_path(p: int) -> str:
+                return os.path.join(spill_dir, f"s{key.stage_id}-t{key.task_index}-p{p}.arrow")
+
+            output = TaskOutput(plan.output.num_partitions, spill_path, memory.pool_bytes)
+            metrics = run_task_into(
+                output,
                 plan,
                 lambda i: self._read_input(plan, i),
                 cancelled=lambda: self.is_cancelled(qid),
                 worker=self.url,
                 feed_chunks=lambda share: self._feed_chunks(plan, share),
+                memory=memory,
             )
-            rows = tuple(sum(b.num_rows for b in p) for p in partitions)
-            nbytes = tuple(sum(b.nbytes for b in p) for p in partitions)
+            output.finish()
             with self._lock:
-                task.partitions = partitions
-                task.partition_rows, task.partition_bytes = rows, nbytes
+                task.output = output
+                task.partition_rows = tuple(output.rows)
+                task.partition_bytes = tuple(output.nbytes)
+                task.spilled_bytes = metrics.spilled_bytes
+                self._spilled_bytes += metrics.spilled_bytes
+                self._spill_count += metrics.spill_count
+                self._output_spilled_bytes += output.spilled_bytes
         except (TaskError, QueryCancelled) as exc:
             task.error = exc
         except Exception as exc:  # reading an input failed, or a bug: name the task
-            task.error = task_error(plan.key.stage_id, plan.key.task_index, self.url, exc)
+            task.error = task_error(key.stage_id, key.task_index, self.url, exc)
         finally:
             with self._lock:
-                for k in [k for k in self._inboxes if k[0] == plan.key]:
+                self._running -= 1
+                for k in [k for k in self._inboxes if k[0] == key]:
                     self._inboxes.pop(k).close()
                 task.done.set()
-                if self.is_cancelled(qid):
-                    self._tasks.pop(plan.key, None)
+                cancelled = self.is_cancelled(qid)
+                if cancelled:
+                    self._tasks.pop(key, None)
                 self._lock.notify_all()
+            if output is not None and (task.error is not None or cancelled):
+                output.close()
+            if cancelled:  # cancel_query may have run while this task still wrote
+                self.spill.remove_query(qid)
+            elif task.error is None:
+                self._limit_outputs_held()
+
+    def _limit_outputs_held(self) -> None:
+        """Spill finished outputs, largest first, while those held in memory pass the budget."""
+        with self._lock:
+            outputs = [t.output for t in self._tasks.values() if t.output is not None]
+        held = sum(o.held_bytes for o in outputs)
+        if held <= self.output_memory_bytes:
+            return
+        for output in sorted(outputs, key=lambda o: o.held_bytes, reverse=True):
+            try:
+                before = output.spilled_bytes
+                held -= output.spill()
+                with self._lock:
+                    self._output_spilled_bytes += output.spilled_bytes - before
+            except OSError as exc:  # disk full: keep it in memory
+                log.warning("worker %s: cannot spill a task output: %s", self.url, exc)
+                return
+            if held <= self.output_memory_bytes:
+                return
 
 
 def pulled_feed_chunks(

@@ -1,0 +1,228 @@
+"""Memory budgets with spill (issue #14): DataFusion's pool per task, exchange buffers on disk.
+
+Budgets and their defaults, the task plan carrying them, a task output
+spilling to Arrow IPC files and reading back, and TPC-H on the local runtime
+with a budget small enough to make sorts, aggregates and the outputs held by
+the workers spill: the answers equal single-node DataFusion, the workers say
+they spilled, and no spill file is left afterwards. The same on Flight and
+Spark is in ``tests/runtime/test_memory_runtimes.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from distfusion import DistributedConfig, DistributedContext, tpch
+from distfusion.protocol.task_plan import TaskPlan
+from distfusion.runtime.local import LocalRuntime
+from distfusion.worker.memory import (
+    MIN_TASK_MEMORY_BYTES,
+    default_memory_per_task_bytes,
+    parse_bytes,
+    spark_memory_per_task_bytes,
+)
+from distfusion.worker.task_output import TaskOutput
+from tests.compare import assert_same_result, is_ordered, oracle_result
+
+MIB = 1024 * 1024
+TINY = 8 * MIB
+"""A task budget far below what the TPC-H SF0.1 queries use: their sorts,
+aggregates and held outputs spill."""
+
+# Many groups with string keys: the final aggregate's state is far past TINY.
+MANY_GROUPS = (
+    "SELECT l_comment, count(*) AS n, sum(l_quantity) AS q FROM lineitem "
+    "GROUP BY l_comment ORDER BY n DESC, l_comment LIMIT 20"
+)
+# A sort of every lineitem row in one task (a window over the whole table; a
+# LIMIT would make it a top-k, which keeps only its rows): every 50,000th row.
+BIG_SORT = (
+    "SELECT rn, l_orderkey, l_linenumber, l_comment FROM ("
+    "SELECT l_orderkey, l_linenumber, l_comment, "
+    "row_number() OVER (ORDER BY l_comment, l_orderkey, l_linenumber) AS rn FROM lineitem"
+    ") WHERE rn % 50000 = 0 ORDER BY rn"
+)
+
+
+# ------------------------------------------------------------------ budgets
+def test_sizes_parse_with_binary_units_and_bad_ones_are_refused():
+    assert parse_bytes("256MiB") == 256 * MIB
+    assert parse_bytes("4g") == 4 * 1024 * MIB
+    assert parse_bytes("1.5k") == 1536
+    assert parse_bytes(1024) == 1024
+    assert parse_bytes("512", default_unit="m") == 512 * MIB
+    for bad in ("", "12 parsecs", "-1", "0", "g"):
+        with pytest.raises(ValueError, match="size"):
+            parse_bytes(bad)
+
+
+def test_spark_budgets_come_from_the_executor_memory_settings():
+    local = {"spark.master": "local[2]", "spark.driver.memory": "4g"}
+    assert spark_memory_per_task_bytes(local, 2) == 2 * 1024 * MIB
+    cluster = {"spark.master": "spark://h:7077", "spark.executor.memory": "8g"}
+    assert spark_memory_per_task_bytes(cluster, 4) == 2 * 1024 * MIB
+    pyspark = {**cluster, "spark.executor.pyspark.memory": "2048"}  # bare numbers are MiB
+    assert spark_memory_per_task_bytes(pyspark, 4) == 512 * MIB
+    assert spark_memory_per_task_bytes({"spark.master": "local[64]"}, 64) == MIN_TASK_MEMORY_BYTES
+
+
+def test_the_default_budget_shares_half_the_machine_between_the_slots():
+    assert default_memory_per_task_bytes(4, total_bytes=1024 * MIB) == 256 * MIB
+    assert default_memory_per_task_bytes(1000, total_bytes=1024 * MIB) == MIN_TASK_MEMORY_BYTES
+    assert default_memory_per_task_bytes(1) > MIN_TASK_MEMORY_BYTES
+
+
+def test_config_refuses_a_budget_that_is_not_a_positive_number_of_bytes():
+    for bad in (0, -5, 1.5, "1g"):
+        with pytest.raises(ValueError, match="memory_per_task_bytes"):
+            DistributedConfig(memory_per_task_bytes=bad)
+
+
+def test_the_budget_reaches_every_task_plan_and_survives_json(tpch_dir):
+    runtime = LocalRuntime(workers=2)
+    try:
+        config = DistributedConfig(tasks_per_stage=2, memory_per_task_bytes=TINY)
+        ctx = DistributedContext(runtime=runtime, config=config)
+        tpch.register_tpch(ctx, tpch_dir)
+        graph = ctx.sql(tpch.query(3)).stage_graph()
+        assert graph.memory_per_task_bytes == TINY
+        stage = graph.stages[0]
+        plan = TaskPlan.for_task("q", stage, 0, (), 1, memory_per_task_bytes=TINY)
+        assert TaskPlan.from_json(plan.to_json()).memory_per_task_bytes == TINY
+        doc = plan.to_json().replace(
+            f'"memory_per_task_bytes": {TINY}', '"memory_per_task_bytes": -1'
+        )
+        with pytest.raises(ValueError, match="memory_per_task_bytes"):
+            TaskPlan.from_json(doc)
+    finally:
+        runtime.close()
+
+
+# ------------------------------------------------------------------ exchange buffers
+def _batch(i: int, rows: int = 1000) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "k": pa.array(range(i * rows, (i + 1) * rows), pa.int64()),
+            "s": pa.array([f"row {j} of batch {i}" for j in range(rows)], pa.string_view()),
+        }
+    )
+
+
+def test_a_task_output_spills_past_its_limit_and_reads_back_the_same_rows(tmp_path):
+    paths = {p: str(tmp_path / f"p{p}.arrow") for p in range(3)}
+    out = TaskOutput(3, paths.__getitem__, memory_limit_bytes=50_000)
+    small = TaskOutput(3, paths.__getitem__, memory_limit_bytes=10 * MIB)
+    added = {p: [] for p in range(3)}
+    for i in range(12):
+        out.add(i % 3, _batch(i))
+        small.add(i % 3, _batch(i))
+        added[i % 3].append(_batch(i))
+    out.finish()
+    small.finish()
+    assert all(out.is_spilled(p) for p in range(3)) and out.held_bytes == 0
+    assert out.spilled_bytes == sum(os.path.getsize(p) for p in paths.values()) > 0
+    assert not any(small.is_spilled(p) for p in range(3)), "small outputs stay in memory"
+    for p in range(3):
+        got = pa.Table.from_batches(out.read(p))
+        want = pa.Table.from_batches(added[p])
+        assert got.column("k").to_pylist() == want.column("k").to_pylist()
+        assert got.column("s").to_pylist() == want.column("s").to_pylist()
+        assert out.rows[p] == want.num_rows
+    out.free(0)
+    assert not os.path.exists(paths[0])
+    with pytest.raises(KeyError):
+        out.read(0)
+    out.close()
+    assert not any(os.path.exists(p) for p in paths.values())
+
+
+def test_a_finished_output_spills_on_demand(tmp_path):
+    out = TaskOutput(2, lambda p: str(tmp_path / f"p{p}.arrow"))
+    out.add(0, _batch(0))
+    out.add(1, _batch(1))
+    out.finish()
+    assert not out.is_spilled(0)
+    freed = out.spill()
+    assert freed > 0 and out.held_bytes == 0 and out.is_spilled(0) and out.is_spilled(1)
+    assert pa.Table.from_batches(out.read(1)).column("k").to_pylist() == list(range(1000, 2000))
+    out.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ TPC-H on a tiny budget
+@pytest.fixture(scope="module")
+def tiny_local(tmp_path_factory):
+    """Two in-process workers whose outputs spill past 8 MiB, in a directory of the test."""
+    spill = tmp_path_factory.mktemp("spill")
+    runtime = LocalRuntime(workers=2, memory_per_task_bytes=TINY, spill_dir=str(spill))
+    yield runtime, spill
+    runtime.close()
+
+
+def _files(path) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def _spilled(runtime) -> tuple[int, int]:
+    """(DataFusion spilled bytes, output bytes spilled) summed over the workers."""
+    stats = runtime.stats().values()
+    return sum(s["spilled_bytes"] for s in stats), sum(s["output_spilled_bytes"] for s in stats)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [MANY_GROUPS, BIG_SORT, *(tpch.query(q) for q in (1, 3, 9, 13, 18, 21))],
+    ids=["many_groups", "big_sort", "q1", "q3", "q9", "q13", "q18", "q21"],
+)
+def test_tpch_on_a_tiny_budget_equals_datafusion_and_leaves_no_spill_file(
+    sql, tiny_local, tpch_dir, oracle
+):
+    runtime, spill = tiny_local
+    config = DistributedConfig(tasks_per_stage=2, memory_per_task_bytes=TINY)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    got = ctx.sql(sql).to_arrow_table()
+    assert_same_result(got, oracle_result(oracle, sql), ordered=is_ordered(sql))
+    assert _files(spill) == [], "spill files left after the query"
+    assert all(s["bytes_held"] == 0 for s in runtime.stats().values())
+
+
+def test_sorts_aggregates_and_held_outputs_spill_on_a_tiny_budget(tiny_local, tpch_dir, oracle):
+    runtime, spill = tiny_local
+    before = _spilled(runtime)
+    config = DistributedConfig(tasks_per_stage=2, memory_per_task_bytes=TINY)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    for sql in (MANY_GROUPS, BIG_SORT):
+        got = ctx.sql(sql).to_arrow_table()
+        assert_same_result(got, oracle_result(oracle, sql), ordered=True)
+    after = _spilled(runtime)
+    assert after[0] > before[0], "DataFusion reported no spill"
+    assert after[1] > before[1], "no task output went to disk"
+    assert _files(spill) == []
+
+
+def test_outputs_kept_stage_by_stage_spill_and_are_deleted_when_the_query_closes(
+    tiny_local, tpch_dir, oracle
+):
+    runtime, spill = tiny_local
+    config = DistributedConfig(tasks_per_stage=2, memory_per_task_bytes=TINY)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    graph = ctx.sql("SELECT l_orderkey, l_comment FROM lineitem").stage_graph()
+    run = runtime.start_query(graph.query_id)
+    try:
+        stats = run.run_stages(graph, [s.stage_id for s in graph.stages[:-1]])
+        assert sum(s.bytes for s in stats.values()) > TINY
+        held = runtime.stats().values()
+        assert sum(s["bytes_on_disk"] for s in held) > 0
+        assert any(f.endswith(".arrow") for f in _files(spill))
+        rows = sum(b.num_rows for b in run.stream_head(graph))
+    finally:
+        run.close()
+    assert rows == oracle.sql("SELECT count(*) FROM lineitem").to_pylist()[0]["count(*)"]
+    assert _files(spill) == []
+    assert all(s["bytes_held"] == 0 and s["live_tasks"] == 0 for s in runtime.stats().values())
