@@ -33,7 +33,6 @@ in one go, as without adaptive execution.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
