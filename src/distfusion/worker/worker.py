@@ -32,10 +32,9 @@ query's directory is deleted by :meth:`Worker.cancel_query` (every runtime
 calls it when a query ends, fails or is cancelled) and by the task that
 notices the cancellation last.
 
-Cancellation: a task polls its query's cancel flag every
-:data:`~distfusion.worker.execute_task.CANCEL_POLL_S` seconds while DataFusion
-runs and drops its streams when it is set, which stops DataFusion's work;
-the slot is free again at once. :meth:`Worker.close` does not wait for it.
+Cancellation: a task checks its query's cancel flag between batches and
+stops at DataFusion's next batch (:func:`~distfusion.worker.execute_task.stream_batches`).
+:meth:`Worker.close` does not wait for it.
 
 Tasks run in a FIFO thread pool of ``slots`` threads. A task blocks while it
 reads its inputs from producer tasks; the coordinator submits every task of a
@@ -249,9 +248,8 @@ class Worker:
     def cancel_query(self, query_id: str) -> None:
         """Stop every task of ``query_id`` and drop all its state on this worker.
 
-        Running tasks stop their DataFusion work within about
-        :data:`~distfusion.worker.execute_task.CANCEL_POLL_S` seconds; their
-        outputs and the query's spill directory are deleted.
+        Running tasks stop at DataFusion's next batch; their outputs and the
+        query's spill directory are deleted.
         """
         outputs = []
         with self._lock:
@@ -304,8 +302,8 @@ class Worker:
     def close(self) -> None:
         """Cancel everything, stop the thread pool and delete the spill directory.
 
-        Does not wait for running tasks: they see the cancellation within
-        about :data:`~distfusion.worker.execute_task.CANCEL_POLL_S` seconds and end.
+        Does not wait for running tasks: they see the cancellation at
+        DataFusion's next batch and end.
         """
         with self._lock:
             self._closed = True
