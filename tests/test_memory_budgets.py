@@ -60,13 +60,16 @@ def test_sizes_parse_with_binary_units_and_bad_ones_are_refused():
 
 
 def test_spark_budgets_come_from_the_executor_memory_settings():
+    # Local mode: the Python workers are not in the driver's JVM heap.
     local = {"spark.master": "local[2]", "spark.driver.memory": "4g"}
-    assert spark_memory_per_task_bytes(local, 2) == 2 * 1024 * MIB
+    assert spark_memory_per_task_bytes(local, 2) == default_memory_per_task_bytes(2)
     cluster = {"spark.master": "spark://h:7077", "spark.executor.memory": "8g"}
     assert spark_memory_per_task_bytes(cluster, 4) == 2 * 1024 * MIB
     pyspark = {**cluster, "spark.executor.pyspark.memory": "2048"}  # bare numbers are MiB
     assert spark_memory_per_task_bytes(pyspark, 4) == 512 * MIB
-    assert spark_memory_per_task_bytes({"spark.master": "local[64]"}, 64) == MIN_TASK_MEMORY_BYTES
+    assert spark_memory_per_task_bytes({**pyspark, "spark.master": "local[2]"}, 2) == 1024 * MIB
+    tiny = {"spark.master": "spark://h:7077", "spark.executor.memory": "512m"}
+    assert spark_memory_per_task_bytes(tiny, 64) == MIN_TASK_MEMORY_BYTES
 
 
 def test_the_default_budget_shares_half_the_machine_between_the_slots():

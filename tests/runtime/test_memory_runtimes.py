@@ -93,14 +93,13 @@ def test_spark_on_a_tiny_budget_equals_datafusion_and_leaves_no_spill_file(
         assert sum(s["spilled_bytes"] + s["output_spilled_bytes"] for s in executors.values()) > 0
 
 
-def test_spark_derives_its_default_budget_from_the_driver_memory(runtime_for):
+def test_spark_local_mode_shares_half_the_machine_between_its_slots(runtime_for):
+    # The Python workers are processes of their own, not in the driver's JVM heap.
     runtime = runtime_for("spark", 2)
-    conf = runtime.sc.getConf()
-    expected_total = conf.get("spark.driver.memory", "1g")
-    from distfusion.worker.memory import parse_bytes
+    from distfusion.worker.memory import default_memory_per_task_bytes
 
-    assert runtime.memory_per_task_bytes == max(
-        16 * 1024 * 1024, parse_bytes(expected_total, "m") // runtime.sc.defaultParallelism
+    assert runtime.memory_per_task_bytes == default_memory_per_task_bytes(
+        runtime.sc.defaultParallelism
     )
 
 

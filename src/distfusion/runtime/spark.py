@@ -330,7 +330,7 @@ class SparkRuntime:
         From the application's settings
         (:func:`~distfusion.worker.memory.spark_memory_per_task_bytes`):
         ``spark.executor.pyspark.memory``, else ``spark.executor.memory`` (local
-        mode: ``spark.driver.memory``), divided by one executor's task slots
+        mode: half of the machine), divided by one executor's task slots
         (``spark.executor.cores``; local mode: the master's threads).
         """
         if self._memory_per_task_bytes is None:
