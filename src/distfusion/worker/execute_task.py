@@ -28,6 +28,7 @@ from datafusion import DataFrame, SessionConfig, SessionContext, col, lit
 from datafusion.functions import spark as spark_functions
 
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.hashing import hash_type
@@ -158,9 +159,14 @@ def without_views(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def partition_output(
-    df: DataFrame, plan: TaskPlan, cancelled: Callable[[], bool]
+    df: DataFrame,
+    plan: TaskPlan,
+    cancelled: Callable[[], bool],
+    meter: TaskMeter | None = None,
 ) -> list[list[pa.RecordBatch]]:
     """Execute ``df`` and split its rows into ``plan.output.num_partitions`` lists.
+
+    ``meter`` (when given) is told which DataFrame runs, for its operator metrics.
 
     Returns:
         One list of RecordBatch per output partition (columns ``c0..``, the
@@ -177,10 +183,14 @@ def partition_output(
     if out.kind != SHUFFLE or n == 1:
         if len(keep) != len(schema):
             df = df.select(*keep)
+        if meter is not None:
+            meter.executed(df)
         return [list(stream_batches(df, cancelled))]
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
     if not out.key_columns:
         df = df.select(*keep) if len(keep) != len(schema) else df
+        if meter is not None:
+            meter.executed(df)
         for i, b in enumerate(stream_batches(df, cancelled)):
             parts[i % n].append(b)
         return parts
@@ -197,6 +207,8 @@ def partition_output(
         for i, c in enumerate(keep)
     ]
     df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
+    if meter is not None:
+        meter.executed(df)
     for b in stream_batches(df, cancelled):
         ids = b.column(len(keep)).to_numpy()
         counts = np.bincount(ids, minlength=n)
@@ -318,6 +330,7 @@ def run_task(
     cancelled: Callable[[], bool] = lambda: False,
     worker: str = "local",
     feed_chunks: FeedChunks = _no_feeds,
+    on_metrics: Callable[[TaskMetrics], None] | None = None,
 ) -> list[list[pa.RecordBatch]]:
     """Run one task to completion.
 
@@ -328,6 +341,9 @@ def run_task(
         worker: the URL of the worker running the task, for error messages.
         feed_chunks: the units of each feed scan of a leaf task, in chunks as
             they arrive (see :func:`feed_dataframes`).
+        on_metrics: called once with the task's
+            :class:`~distfusion.metrics.TaskMetrics` when it succeeded (never
+            when it failed), before this returns.
 
     Returns:
         One list of RecordBatch per output partition.
@@ -338,34 +354,51 @@ def run_task(
             work unit feed failed (its FeedError's message: feed and partition).
         QueryCancelled: the query was cancelled.
     """
+    meter = _meter(plan, worker)
+    read_input = meter.reading(read_input)
     try:
         if any(s.source.is_feed for s in plan.scans):
             parts: list[list[pa.RecordBatch]] | None = None
             for df in feed_dataframes(plan, read_input, feed_chunks):
-                out = partition_output(df, plan, cancelled)
+                out = partition_output(df, plan, cancelled, meter)
                 if parts is None:
                     parts = out
                 else:
                     for mine, more in zip(parts, out, strict=True):
                         mine.extend(more)
-            return parts or [[] for _ in range(plan.output.num_partitions)]
-        _, df = build_dataframe(plan, read_input)
-        return partition_output(df, plan, cancelled)
+            parts = parts or [[] for _ in range(plan.output.num_partitions)]
+        else:
+            _, df = build_dataframe(plan, read_input)
+            parts = partition_output(df, plan, cancelled, meter)
+        if on_metrics is not None:
+            on_metrics(meter.finish(parts))
+        return parts
     except (TaskError, QueryCancelled):
         raise
     except Exception as exc:
         raise task_error(plan.key.stage_id, plan.key.task_index, worker, exc) from exc
 
 
+def _meter(plan: TaskPlan, worker: str) -> TaskMeter:
+    """A meter for ``plan``'s task (work unit bytes known from its scans)."""
+    unit_bytes = sum(u.size_bytes for share in plan.scans for u in share.units)
+    return TaskMeter(
+        plan.key.stage_id, plan.key.task_index, worker, len(plan.inputs), unit_bytes
+    )
+
+
 def stream_head_stage(
     plan: TaskPlan,
     read_input: Callable[[int], list[pa.RecordBatch]],
     feed_chunks: FeedChunks = _no_feeds,
+    on_metrics: Callable[[TaskMetrics], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run the head stage's only task on the coordinator, yielding its result batches.
 
     Every runtime ends a query with this. A head stage that reads a feed
     (a one-task query) streams each chunk's result as it is computed.
+    ``on_metrics`` is called with the head task's metrics once the last
+    batch was yielded (not when the caller stops early or it fails).
 
     Raises:
         DistfusionError: reading an input failed (a producer's TaskError, a
@@ -373,13 +406,22 @@ def stream_head_stage(
             as it is.
         TaskError: the fragment failed here (worker ``coordinator``).
     """
+    meter = _meter(plan, COORDINATOR)
+    read_input = meter.reading(read_input)
+    rows = nbytes = 0
     try:
         if any(s.source.is_feed for s in plan.scans):
-            for df in feed_dataframes(plan, read_input, feed_chunks):
-                yield from stream_batches(df, lambda: False)
-            return
-        _, df = build_dataframe(plan, read_input)
-        yield from stream_batches(df, lambda: False)
+            frames = feed_dataframes(plan, read_input, feed_chunks)
+        else:
+            frames = iter([build_dataframe(plan, read_input)[1]])
+        for df in frames:
+            meter.executed(df)
+            for batch in stream_batches(df, lambda: False):
+                rows += batch.num_rows
+                nbytes += batch.nbytes
+                yield batch
+        if on_metrics is not None:
+            on_metrics(meter.finish(None, rows, nbytes))
     except DistfusionError:
         raise
     except Exception as exc:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
 from distfusion.transport.feed_endpoint import pull_feed
@@ -61,6 +62,7 @@ class _Task:
     error: BaseException | None = None
     partition_rows: tuple[int, ...] = ()
     partition_bytes: tuple[int, ...] = ()
+    metrics: TaskMetrics | None = None
 
 
 class Worker:
@@ -87,6 +89,9 @@ class Worker:
         # Recently cancelled query ids (insertion-ordered, bounded).
         self._cancelled: dict[str, None] = {}
         self._inboxes: dict[tuple[TaskKey, str], FeedInbox] = {}
+        # query id -> (stage, task) -> metrics of every task that succeeded here;
+        # kept until cancel_query (tasks whose output was read are gone from _tasks).
+        self._metrics: dict[str, dict[tuple[int, int], TaskMetrics]] = {}
 
     # ---------------------------------------------------------------- protocol
     def set_plan(self, plan: TaskPlan) -> None:
@@ -155,6 +160,29 @@ class Worker:
                 raise task.error
             return task.partition_rows, task.partition_bytes
 
+    def task_metrics(self, key: TaskKey, timeout_s: float | None = None) -> TaskMetrics:
+        """The metrics of task ``key``, once it is done (blocks like :meth:`task_stats`).
+
+        Raises:
+            TaskError: the task failed.
+            QueryCancelled: the query was cancelled on this worker.
+            TimeoutError: ``timeout_s`` seconds passed without the task finishing.
+        """
+        task = self._wait(key, timeout_s)
+        with self._lock:
+            if task.error is not None:
+                raise task.error
+            assert task.metrics is not None  # set with the output
+            return task.metrics
+
+    def query_metrics(self, query_id: str) -> list[TaskMetrics]:
+        """Metrics of every task of ``query_id`` that finished here so far (no waiting).
+
+        Kept until :meth:`cancel_query`; one list per call, in no fixed order.
+        """
+        with self._lock:
+            return list(self._metrics.get(query_id, {}).values())
+
     def receive_feed(self, key: TaskKey, table: str, units: Iterable[bytes]) -> None:
         """Take the feed of ``table`` for task ``key`` as the coordinator streams it.
 
@@ -187,6 +215,7 @@ class Worker:
             for k in [k for k in self._inboxes if k[0].query_id == query_id]:
                 self._inboxes.pop(k).close()
             self._cancelled[query_id] = None
+            self._metrics.pop(query_id, None)
             while len(self._cancelled) > _CANCELLED_KEPT:
                 del self._cancelled[next(iter(self._cancelled))]
             for key in [k for k in self._tasks if k.query_id == query_id]:
@@ -209,6 +238,7 @@ class Worker:
             for qid in {k.query_id for k in self._tasks}:
                 self._cancelled[qid] = None
             self._tasks.clear()
+            self._metrics.clear()
             self._lock.notify_all()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -272,18 +302,24 @@ class Worker:
         try:
             if self.is_cancelled(qid):
                 raise QueryCancelled(f"query {qid} was cancelled")
+            measured: list[TaskMetrics] = []
             partitions = run_task(
                 plan,
                 lambda i: self._read_input(plan, i),
                 cancelled=lambda: self.is_cancelled(qid),
                 worker=self.url,
                 feed_chunks=lambda share: self._feed_chunks(plan, share),
+                on_metrics=measured.append,
             )
-            rows = tuple(sum(b.num_rows for b in p) for p in partitions)
-            nbytes = tuple(sum(b.nbytes for b in p) for p in partitions)
+            (metrics,) = measured
             with self._lock:
                 task.partitions = partitions
-                task.partition_rows, task.partition_bytes = rows, nbytes
+                task.partition_rows = metrics.partition_rows
+                task.partition_bytes = metrics.partition_bytes
+                task.metrics = metrics
+                if not self.is_cancelled(qid):
+                    key = (plan.key.stage_id, plan.key.task_index)
+                    self._metrics.setdefault(qid, {})[key] = metrics
         except (TaskError, QueryCancelled) as exc:
             task.error = exc
         except Exception as exc:  # reading an input failed, or a bug: name the task
