@@ -92,6 +92,15 @@ class QueryObserver:
     # ---------------------------------------------------------------- runtimes
     def planned(self, graph: StageGraph) -> None:
         """``graph`` is the plan the runtime runs now (the latest of an adaptive run)."""
+        if graph is self.graph:
+            return
+        log.info(
+            "query %s: running %d stages, %d tasks",
+            self.query_id[:8],
+            len(graph.stages),
+            sum(s.num_tasks for s in graph.stages),
+            extra={"query_id": self.query_id},
+        )
         with self._lock:
             self.graph = graph
             for s in graph.stages:
@@ -107,6 +116,23 @@ class QueryObserver:
         with self._lock:
             for m in tasks:
                 self._tasks[(m.stage_id, m.task_index)] = m
+        if log.isEnabledFor(logging.DEBUG):
+            for m in tasks:
+                log.debug(
+                    "query %s stage %d task %d on %s: %d rows, %.3f s, cpu %.3f s",
+                    self.query_id[:8],
+                    m.stage_id,
+                    m.task_index,
+                    m.worker,
+                    m.output_rows,
+                    m.elapsed_s,
+                    m.cpu_s,
+                    extra={
+                        "query_id": self.query_id,
+                        "stage_id": m.stage_id,
+                        "task_index": m.task_index,
+                    },
+                )
 
     def task_finished(self, task: TaskMetrics) -> None:
         """One task finished (see :meth:`tasks_finished`)."""

@@ -623,14 +623,14 @@ class _SparkQuery:
         wanted = [sid for sid in dict.fromkeys(stage_ids) if sid not in self.values]
         if not wanted:
             return
-        parts = [
-            self._records(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
-            for sid in wanted
-        ]
-        union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-        for sid in wanted:
-            self.values[sid] = []
-        with self._named(wanted):
+        with self._named(wanted):  # RDDs made here are named after the stages too
+            parts = [
+                self._records(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
+                for sid in wanted
+            ]
+            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            for sid in wanted:
+                self.values[sid] = []
             records = self._spark_call(union.collect)
         for sid, p, task, ipc in records:
             self.values[sid].append((p, task, ipc))
