@@ -884,7 +884,7 @@ class DistributedDataFrame:
 
     def _repr_html_(self) -> str:
         """The plan as HTML for notebooks (with the metrics of the last run, if any)."""
-        return self.explain(format="html")
+        return self.explain_run(format="html")
 
     def _plan_text(self) -> str:
         """The text of ``explain()`` with no argument."""
