@@ -9,6 +9,7 @@ the query returned and what single-node DataFusion counts.
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -17,7 +18,15 @@ import pydot
 import pytest
 from rich.console import Console
 
-from distfusion import DistributedConfig, DistributedContext, QueryMetrics, tpch
+from distfusion import (
+    DistributedConfig,
+    DistributedContext,
+    Distribution,
+    OperatorMetrics,
+    QueryMetrics,
+    TaskMetrics,
+    tpch,
+)
 from distfusion.cli import main as cli_main
 from distfusion.display import with_progress
 from distfusion.metrics import QueryObserver, observing
@@ -82,7 +91,9 @@ def test_explain_analyze_runs_the_query_and_shows_every_stage_with_metrics(ctx, 
     text = rows[0]["plan"]
     expected_rows = oracle.sql(tpch.query(q)).count()
     runtime = ctx.runtime.name
-    assert text.startswith(f"Query {df.metrics().query_id[:8]} on {runtime}: {expected_rows:,} rows")
+    assert text.startswith(
+        f"Query {df.metrics().query_id[:8]} on {runtime}: {expected_rows:,} rows"
+    )
     lines = text.splitlines()
     headers = [i for i, ln in enumerate(lines) if ln.startswith("Stage ")]
     graph = df.inner._ran_graph()
@@ -353,3 +364,32 @@ def test_cli_on_spark_prints_no_console_progress_bar(tpch_dir):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rows" in done.stdout
     assert "[Stage " not in done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------- the data model
+def test_task_metrics_travel_as_json_unchanged():
+    m = TaskMetrics(
+        stage_id=2,
+        task_index=1,
+        worker="grpc://127.0.0.1:1",
+        partition_rows=(3, 4),
+        partition_bytes=(30, 40),
+        elapsed_s=0.5,
+        cpu_s=0.25,
+        input_wait_s=0.125,
+        input_rows=(7,),
+        input_bytes=(70,),
+        source_bytes=0,
+        spilled_bytes=0,
+        operators=(OperatorMetrics("ProjectionExec: expr=[a@0 as a]", 0, 7, 0.001, None, None),),
+    )
+    again = TaskMetrics.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert again == m
+    assert (again.output_rows, again.output_bytes) == (7, 70)
+
+
+def test_distribution_and_skew():
+    d = Distribution.of([3.0, 1.0, 2.0, 6.0])
+    assert (d.sum, d.min, d.median, d.max) == (12.0, 1.0, 2.5, 6.0)
+    assert d.skew == 6.0 / 2.5
+    assert Distribution.of([]).skew == 1.0
