@@ -1393,8 +1393,9 @@ def _run_flight_task(index, records, bind_host, advertise_host, token):
     ``(stage id, task index, worker URL, metrics, error)``: the output stays
     on the worker; the task's metrics travel (``TaskMetrics.to_dict``: rows
     and Arrow bytes per output partition among them), or, when the task
-    failed, ``error`` (the error codec's JSON, with ``"attempts"``) instead. Never raises for a failed task: PySpark would end this process
-    and every output it holds.
+    failed, ``error`` (the error codec's JSON, with ``"attempts"``) instead.
+    Never raises for a failed task: PySpark would end this process and every
+    output it holds.
     """
     attempt, payload = list(records)[0]  # drained: PySpark reuses this process
     plan = TaskPlan.from_json(payload)
