@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -404,3 +405,20 @@ def test_distribution_and_skew():
     assert (d.sum, d.min, d.median, d.max) == (12.0, 1.0, 2.5, 6.0)
     assert d.skew == 6.0 / 2.5
     assert Distribution.of([]).skew == 1.0
+
+
+def test_log_records_carry_query_stage_and_task(runtime_for, tpch_dir, caplog):
+    ctx = DistributedContext(
+        runtime=runtime_for("local", 3), config=DistributedConfig(tasks_per_stage=2)
+    )
+    tpch.register_tpch(ctx, tpch_dir)
+    df = ctx.sql(GROUP_BY)
+    with caplog.at_level(logging.DEBUG, logger="distfusion"):
+        df.collect()
+    query_id = df.metrics().query_id
+    tasks = {
+        (r.stage_id, r.task_index)
+        for r in caplog.records
+        if getattr(r, "query_id", None) == query_id and hasattr(r, "task_index")
+    }
+    assert tasks == {(t.stage_id, t.task_index) for t in df.metrics().tasks()}
