@@ -84,12 +84,17 @@ def _task_line(m: TaskMetrics) -> str:
     )
 
 
+def _shape(task: TaskMetrics) -> list[tuple[int, str]]:
+    """A task's plan as (depth, operator kind): tasks reading other files have the same shape."""
+    return [(o.depth, o.operator.split(":", 1)[0].strip()) for o in task.operators]
+
+
 def _summed_operators(tasks: tuple[TaskMetrics, ...]) -> tuple[list[OperatorMetrics], str]:
-    """The operator tree of a stage, metrics summed over tasks that ran the same tree."""
+    """The operator tree of a stage's first task, metrics summed over the tasks of its shape."""
     if not tasks or not tasks[0].operators:
         return [], ""
     first = tasks[0].operators
-    same = [t for t in tasks if [o.operator for o in t.operators] == [o.operator for o in first]]
+    same = [t for t in tasks if _shape(t) == _shape(tasks[0])]
     out = []
     for i, op in enumerate(first):
         rows = [t.operators[i].output_rows for t in same]
@@ -104,9 +109,11 @@ def _summed_operators(tasks: tuple[TaskMetrics, ...]) -> tuple[list[OperatorMetr
                 None if all(s is None for s in spilled) else sum(s or 0 for s in spilled),
             )
         )
-    how = f"summed over {len(same)} tasks" if len(same) > 1 else f"task {tasks[0].task_index}"
+    how = f"task {tasks[0].task_index}'s"
+    if len(same) > 1:
+        how += f", metrics summed over {len(same)} tasks"
     if len(same) < len(tasks):
-        how += f" ({len(tasks) - len(same)} ran another plan)"
+        how += f"; {len(tasks) - len(same)} tasks ran another plan"
     return out, how
 
 
