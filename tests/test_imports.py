@@ -27,6 +27,7 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "pyspark.accumulators"),
     ("distfusion.runtime.spark", "pyspark.rdd"),
     ("distfusion.runtime.spark", "pyspark.serializers"),
+    ("distfusion.runtime.spark", "pyspark.traceback_utils"),
     ("distfusion.runtime.spark", "distfusion.runtime.spark"),
     ("distfusion.runtime.spark", "json"),
     ("distfusion.runtime.spark", "os"),

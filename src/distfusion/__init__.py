@@ -18,6 +18,15 @@ from distfusion.errors import (
     TransportError,
     WorkerUnavailableError,
 )
+from distfusion.metrics import (
+    BoundaryMetrics,
+    Distribution,
+    OperatorMetrics,
+    Progress,
+    QueryMetrics,
+    StageMetrics,
+    TaskMetrics,
+)
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.resolver import (
     DynamicWorkerResolver,
@@ -46,11 +55,13 @@ from distfusion.work_unit_feed import (
 
 __all__ = [
     "AuthenticationError",
+    "BoundaryMetrics",
     "DefaultTaskEstimator",
     "DistfusionError",
     "DistributedConfig",
     "DistributedContext",
     "DistributedDataFrame",
+    "Distribution",
     "DynamicWorkerResolver",
     "FeedContext",
     "FeedError",
@@ -60,15 +71,20 @@ __all__ = [
     "InMemoryTransport",
     "ListingFeed",
     "LocalRuntime",
+    "OperatorMetrics",
     "PlanningError",
+    "Progress",
     "QueryCancelled",
+    "QueryMetrics",
     "Runtime",
     "SparkRuntime",
     "SparkWorkerResolver",
     "StageGraph",
+    "StageMetrics",
     "StaticWorkerResolver",
     "TaskError",
     "TaskEstimator",
+    "TaskMetrics",
     "TransientError",
     "TransportError",
     "WorkerResolver",

@@ -3,6 +3,7 @@
 ```
 distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime spark|local|flight]
                  [--workers N] [--master spark://host:7077] [--explain] [--output out.parquet|out.csv]
+                 [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
                  [--queries 1,3,5] [--runs 5] [--peers datafusion,spark-sql,local,static]
@@ -18,6 +19,7 @@ bad arguments (argparse).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -25,7 +27,6 @@ import time
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
-from rich.console import Console
 
 from distfusion import tpch
 from distfusion.bench import run_tpch_bench
@@ -131,40 +132,28 @@ def cmd_query(args) -> int:
         _register_tables(ctx, args)
         df = ctx.sql(sql)
         if args.explain:
-            print(df.explain())
+            print(df.explain(verbose=args.verbose_plan))
             print()
         start = time.perf_counter()
-        # Spark draws its own progress bar; the other runtimes get a status line.
-        show = sys.stderr.isatty() and args.runtime != "spark"
-        table = _run_with_progress(df) if show else df.to_arrow_table()
+        # A live status line on every runtime (Spark's own progress bar is off).
+        table = df.to_arrow_table(progress=sys.stderr.isatty())
         elapsed = time.perf_counter() - start
         if args.output:
             _write(table, args.output)
             print(f"wrote {table.num_rows} rows to {args.output}")
         else:
             print_table(table, limit=args.limit)
+        if args.explain_analyze:
+            print()
+            print(df.explain_run(verbose=args.verbose_plan))
+        if args.dot:
+            with open(args.dot, "w") as f:
+                f.write(df.explain(format="dot"))
+            print(f"wrote the plan graph to {args.dot} (render: dot -Tsvg {args.dot} -o plan.svg)")
         print(
             f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)"
         )
     return 0
-
-
-def _run_with_progress(df):
-    """``df.to_arrow_table()`` with a live status line on stderr (stages, tasks, rows, seconds)."""
-    start = time.perf_counter()
-    with Console(stderr=True).status("planning") as status:
-        if df.coordinator_only() is not None:
-            what = "on the coordinator"
-        else:
-            summary = df.stage_graph().summary()
-            what = f"{summary['stages']} stages, {summary['tasks']} tasks"
-        status.update(f"running {what}")
-        batches, rows = [], 0
-        for batch in df.execute_stream():
-            batches.append(batch)
-            rows += batch.num_rows
-            status.update(f"running {what}: {rows} rows in {time.perf_counter() - start:.1f} s")
-    return pa.Table.from_batches(batches) if batches else df.schema().empty_table()
 
 
 def _write(table, path: str) -> None:
@@ -230,6 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distfusion", description="Distributed SQL on Apache DataFusion"
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log distfusion's records to stderr (-v: INFO, -vv: DEBUG)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="log distfusion's records of this level and above to stderr",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     q = sub.add_parser("query", help="run SQL distributed and print or write the result")
@@ -244,6 +247,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--tpch", metavar="DIR", help="register the eight TPC-H tables under DIR")
     q.add_argument("--explain", action="store_true", help="print the distributed plan first")
+    q.add_argument(
+        "--explain-analyze",
+        action="store_true",
+        help="after the result, print the plan annotated with what the run did "
+        "(rows, bytes, task seconds and skew per stage; bytes moved per boundary)",
+    )
+    q.add_argument(
+        "--verbose-plan",
+        action="store_true",
+        help="with --explain/--explain-analyze: each stage's physical plan (and tasks) too",
+    )
+    q.add_argument(
+        "--dot", metavar="PATH", help="write the plan (with the run's metrics) as Graphviz DOT"
+    )
     q.add_argument("--output", "-o", help="write the result to a .parquet or .csv file")
     q.add_argument("--limit", type=int, default=50, help="rows to print (default: %(default)s)")
     q.add_argument("--tasks-per-stage", type=int, default=None, help=argparse.SUPPRESS)
@@ -300,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``distfusion`` command."""
     args = build_parser().parse_args(argv)
+    level = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose else None)
+    if level:
+        logging.basicConfig(
+            level=level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
     try:
         return args.func(args)
     except (DistfusionError, FileNotFoundError, RuntimeError, ValueError) as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -35,14 +36,18 @@ from substrait.proto import Plan
 
 from distfusion import udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
-from distfusion.display import print_table
+from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
+from distfusion.metrics.observer import QueryObserver, observing
+from distfusion.metrics.query import QueryMetrics, build_query_metrics
+from distfusion.metrics.render import analyzed_text, to_dot, to_html
 from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
 from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.planner.substrait import consume_plan, fits_decoder
+from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.registry import runtime_from_name
@@ -58,6 +63,7 @@ from distfusion.sources import (
 from distfusion.stages import StageGraph
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
+from distfusion.worker.execute_task import build_dataframe
 
 # DistributedConfig is defined with the planner settings derived from it
 # (planner/config.py); it is public API here and in ``distfusion``.
@@ -485,18 +491,43 @@ class DistributedContext:
           the result is collected (before the last statement: at once);
         - ``CREATE VIEW``, ``DROP TABLE``/``VIEW`` and ``SET`` act at once.
 
+        ``EXPLAIN [ANALYZE] [VERBOSE] [FORMAT TEXT|DOT|GRAPHVIZ|INDENT|TREE]
+        query`` (the last statement) gives the distributed plan as rows
+        ``(plan_type, plan)`` like DataFusion's EXPLAIN (see
+        :func:`explain_rows`); with ``ANALYZE``, collecting the result runs
+        ``query`` and the plan carries the metrics of that run.
+
         Raises:
             PlanningError: invalid SQL, an unknown table or column (the message
                 is DataFusion's); ``INSERT INTO`` a table read from files (only
-                memory tables take rows). Raised before any task starts.
+                memory tables take rows); an ``EXPLAIN`` format not listed
+                above. Raised before any task starts.
             TaskError: a ``CREATE TABLE ... AS`` query failed in a task.
         """
+        statements = split_statements(query)
+        explain = _EXPLAIN.match(statements[-1]) if statements else None
+        if explain is not None:
+            if statements[:-1]:
+                self.sql(";\n".join(statements[:-1]))
+            analyze, verbose, fmt, inner = explain.groups()
+            fmt = (fmt or "text").lower()
+            if fmt not in _EXPLAIN_FORMATS:
+                msg = (
+                    f"EXPLAIN FORMAT {fmt.upper()} is not supported here; use one of "
+                    f"{', '.join(f.upper() for f in _EXPLAIN_FORMATS)}"
+                )
+                raise PlanningError(msg)
+            return _ExplainDataFrame(
+                self, self.sql(inner), bool(analyze), bool(verbose), _EXPLAIN_FORMATS[fmt]
+            )
         try:
-            return DistributedDataFrame(self, plan_statements(self.ctx, query, self._statement))
+            df = plan_statements(self.ctx, query, self._statement)
         except DistfusionError:
             raise
         except Exception as exc:  # DataFusion's bare Exception, message kept
             raise PlanningError(str(exc)) from exc
+        label = " ".join(statements[-1].split())[:80] if statements else ""
+        return DistributedDataFrame(self, df, label)
 
     def _statement(self, sql: str) -> DataFrame:
         """Plan one statement on the coordinator's context; keep :attr:`sources` in step."""
@@ -597,16 +628,40 @@ class DistributedContext:
         self.close()
 
 
+_EXPLAIN = re.compile(
+    r"^\s*EXPLAIN\s+(?:(ANALYZE)\s+)?(?:(VERBOSE)\s+)?(?:FORMAT\s+(\w+)\s+)?(.+)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_EXPLAIN_FORMATS = {
+    "text": "text",
+    "indent": "text",
+    "tree": "text",
+    "dot": "dot",
+    "graphviz": "dot",
+}
+"""``EXPLAIN FORMAT`` names (DataFusion's and ours) -> ``DistributedDataFrame.explain`` formats."""
+
+EXPLAIN_SCHEMA = pa.schema([("plan_type", pa.string()), ("plan", pa.string())])
+"""The columns of an ``EXPLAIN`` result, as DataFusion's."""
+
+FORMATS = ("text", "dot", "html")
+"""Formats of :meth:`DistributedDataFrame.explain`."""
+
+
 class DistributedDataFrame:
     """A planned query. Results are computed by the runtime on each call.
 
     Mirrors ``datafusion.DataFrame``: :meth:`explain`, :meth:`to_arrow_table`,
     :meth:`collect`, :meth:`to_pandas`, :meth:`execute_stream`, :meth:`show`.
+    After a run, :meth:`metrics` tells what it did.
     """
 
-    def __init__(self, context: DistributedContext, df: DataFrame) -> None:
+    def __init__(self, context: DistributedContext, df: DataFrame, label: str = "") -> None:
         self.context = context
         self.df = df
+        self.label = label
+        """A short name of the query (its SQL on one line), shown in Spark's UI."""
+        self._metrics: QueryMetrics | None = None
         self._graph: StageGraph | None = None
         self._plan_bytes: bytes | None = None
         self._coordinator_only: str | None = None
@@ -730,14 +785,151 @@ class DistributedDataFrame:
         assert self._graph is not None  # coordinator_only() planned it
         return self._graph
 
-    def explain(self) -> str:
-        """The distributed plan as text.
+    def explain(self, analyze: bool = False, verbose: bool = False, format: str = "text") -> str:
+        """The distributed plan as text, Graphviz DOT or HTML.
 
         Stages head first, with task counts, boundaries, work units per task and
         each stage's fragment as DataFusion renders it. After an adaptive run,
         the plan that ran, the measured size of every stage run before the
         rest was planned, and each adaptive decision with the sizes it used.
+
+        Args:
+            analyze: run the query now (its result is dropped) and annotate the
+                plan with what the run did (:meth:`metrics`): per stage, rows
+                and bytes out, task seconds min / median / max and their skew,
+                CPU and input-wait seconds, bytes read from sources; per
+                boundary, rows and bytes moved.
+            verbose: each stage also shows the physical plan its tasks ran
+                (with ``analyze``: DataFusion's operator metrics summed over
+                the tasks, and one line per task), else the physical plan
+                DataFusion makes of task 0's fragment here.
+            format: ``"text"``; ``"dot"``: Graphviz source, one box per stage
+                with its task count and, after a run, its metrics, edges
+                labelled with the boundary and the bytes moved;
+                ``"html"``: a table of the stages and the text, for notebooks.
+
+        Raises:
+            ValueError: ``format`` is not one of :data:`FORMATS`.
+            PlanningError, TaskError, TransportError: with ``analyze``, as
+                :meth:`execute_stream`.
         """
+        if format not in FORMATS:
+            msg = f"explain(format=...) takes one of {', '.join(FORMATS)}; got {format!r}"
+            raise ValueError(msg)
+        if analyze:
+            for _ in self.execute_stream():
+                pass
+            return self.explain_run(verbose, format)
+        if format == "text" and not verbose:
+            return self._plan_text()
+        graph = self._ran_graph()
+        if format == "dot":
+            return to_dot(graph or _coordinator_graph(), self._metrics)
+        if format == "html":
+            text = self.explain(verbose=verbose)
+            return to_html(graph or _coordinator_graph(), self._metrics, text)
+        text = self._plan_text()
+        if graph is not None:
+            lines = ["Physical plans (task 0 of each stage, planned here):"]
+            for sid, plan in self._physical_plans(graph).items():
+                lines.append(f"  Stage {sid}:")
+                lines.extend("    " + ln for ln in plan.rstrip().splitlines())
+            text += "\n" + "\n".join(lines)
+        return text
+
+    def _ran_graph(self) -> StageGraph | None:
+        """The graph of the last run (else the static plan); None for a coordinator-only query."""
+        if self.coordinator_only() is not None:
+            return None
+        if self.last_run is not None and self.last_run.graphs:
+            return self.last_run.final
+        return self.stage_graph()
+
+    def explain_run(self, verbose: bool = False, format: str = "text") -> str:
+        """The plan of the last run annotated with its metrics, without running again.
+
+        What ``explain(analyze=True, ...)`` shows after its run (see
+        :meth:`explain` for ``verbose`` and ``format``); before any run, the
+        plan alone.
+
+        Raises:
+            ValueError: ``format`` is not one of :data:`FORMATS`.
+        """
+        if format not in FORMATS:
+            msg = f"explain_run(format=...) takes one of {', '.join(FORMATS)}; got {format!r}"
+            raise ValueError(msg)
+        graph = self._ran_graph()
+        if format == "dot":
+            return to_dot(graph or _coordinator_graph(), self._metrics)
+        text = self._analyzed(verbose)
+        if format == "html":
+            return to_html(graph or _coordinator_graph(), self._metrics, text)
+        return text
+
+    def _analyzed(self, verbose: bool) -> str:
+        """The plan of the last run annotated with its metrics (EXPLAIN ANALYZE text)."""
+        metrics = self._metrics
+        graph = self._ran_graph()
+        if metrics is None:
+            return self._plan_text()
+        if graph is None:
+            return (
+                f"{self._plan_text()}\nQuery {metrics.query_id[:8]} on the coordinator: "
+                f"{metrics.rows:,} rows in {metrics.elapsed_s:.3f} s"
+            )
+        text = analyzed_text(graph, metrics, verbose)
+        if self.last_run is not None and self.last_run.graphs:
+            rest = self.last_run.render().split("\n")
+            # the adaptive report after the graph: measured sizes and decisions
+            tail = rest[len(graph.render().split("\n")) :]
+            text += "\n" + "\n".join(tail)
+        feeds = self._feed_text()
+        return text + ("\n" + feeds if feeds else "")
+
+    def _physical_plans(self, graph: StageGraph) -> dict[int, str]:
+        """Stage id -> the physical plan DataFusion makes here of its task 0 (nothing runs).
+
+        Inputs are bound as empty tables, so sizes and partitionings are
+        those of empty inputs; a stage reading a work unit feed is left out.
+        """
+        out = {}
+        for stage in reversed(graph.stages):
+            if any(scan.source.is_feed for scan in stage.scans):
+                out[stage.stage_id] = "(reads a work unit feed: planned as units arrive)"
+                continue
+            workers = tuple(
+                ("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs
+            )
+            plan = TaskPlan.for_task(graph.query_id, stage, 0, workers, 1)
+            try:
+                _, df = build_dataframe(plan, lambda i: [])
+                out[stage.stage_id] = df.execution_plan().display_indent()
+            except Exception as exc:  # DataFusion's: a picture is not worth failing for
+                out[stage.stage_id] = f"(cannot plan it here: {_first_line(exc)})"
+        return out
+
+    def metrics(self) -> QueryMetrics | None:
+        """What the last run of this DataFrame did, or None before a run.
+
+        Measured on every runtime and returned with the tasks' output (see
+        docs/observability.md): per task (:class:`~distfusion.metrics.TaskMetrics`:
+        worker, output rows and bytes, elapsed, CPU and input-wait seconds,
+        bytes read from sources and spilled, DataFusion's operator metrics),
+        per stage (:class:`~distfusion.metrics.StageMetrics`: sums and
+        min / median / max over the tasks) and per network boundary
+        (:class:`~distfusion.metrics.BoundaryMetrics`: rows and bytes moved).
+        A run stopped early (a LIMIT, the iterator closed) has the metrics
+        of the tasks that finished. A query run on the coordinator only has
+        no stage.
+        """
+        return self._metrics
+
+    def _repr_html_(self) -> str:
+        """The plan as HTML for notebooks (with the metrics of the last run, if any)."""
+        return self.explain_run(format="html")
+
+    def _plan_text(self) -> str:
+        """The text of ``explain()`` with no argument."""
         reason = self.coordinator_only()
         if reason is not None:
             plan = self.df.optimized_logical_plan().display_indent()
@@ -746,14 +938,19 @@ class DistributedDataFrame:
             text = self.last_run.render()
         else:
             text = self.stage_graph().render()
+        feeds = self._feed_text()
+        return text + ("\n" + feeds if feeds else "")
+
+    def _feed_text(self) -> str:
+        """The feed metrics of the last run as explain() lines ("" without feeds)."""
         metrics = self.feed_metrics()
-        if metrics:
-            lines = ["Work unit feeds (last run):"]
-            for table, parts in metrics.items():
-                lines.append(f"  {table}:")
-                lines.extend(f"    {m.describe()}" for m in parts)
-            text += "\n" + "\n".join(lines)
-        return text
+        if not metrics:
+            return ""
+        lines = ["Work unit feeds (last run):"]
+        for table, parts in metrics.items():
+            lines.append(f"  {table}:")
+            lines.extend(f"    {m.describe()}" for m in parts)
+        return "\n".join(lines)
 
     def feed_metrics(self) -> dict[str, list[FeedPartitionMetrics]]:
         """Per-partition metrics of every work unit feed the query read in its last run.
@@ -777,10 +974,17 @@ class DistributedDataFrame:
             out[name] = feed.metrics()
         return out
 
-    def execute_stream(self) -> Iterator[pa.RecordBatch]:
+    def execute_stream(self, progress: bool = False) -> Iterator[pa.RecordBatch]:
         """Run the query; yield result batches as the head stage produces them.
 
         Closing the iterator before its end cancels every task of the query.
+        Every run is measured: :meth:`metrics` afterwards.
+
+        Args:
+            progress: show a live status line on stderr while the query runs
+                (stages and tasks done, rows, seconds), refreshed about once a
+                second; it asks the workers for their finished tasks' metrics
+                each time (local, Flight) or reads Spark's status tracker.
 
         Raises:
             PlanningError: see :meth:`stage_graph`.
@@ -791,11 +995,21 @@ class DistributedDataFrame:
             return iter(())
         if writes(self.df):
             self.context._written = True  # memory tables are read again before the next query
-        if self.coordinator_only() is not None:
-            return _on_coordinator(self.df)
-        ctx = self.context
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
+        observer = QueryObserver(query_id, self.label)
+        if self.coordinator_only() is not None:
+            stream = self._observed(observer, _on_coordinator(self.df), lambda: None)
+        else:
+            stream = self._observed(observer, *self._start(query_id))
+        return with_progress(stream, observer) if progress else stream
+
+    def _start(self, query_id: str) -> tuple[Iterator[pa.RecordBatch], Callable]:
+        """The result batches of a run as ``query_id`` (not started yet), and its final graph.
+
+        Errors of planning are raised here, before any batch is asked for.
+        """
+        ctx = self.context
         self._ran = [
             scan.source.name
             for stage in self.stage_graph().stages
@@ -804,7 +1018,7 @@ class DistributedDataFrame:
         ]
         if not ctx.config.adaptive:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
-            return _named(ctx.runtime.execute(graph), self.df.schema())
+            return _named(ctx.runtime.execute(graph), self.df.schema()), lambda: graph
         config = self._planner_config()
         static = dataclasses.replace(self.stage_graph(), query_id=query_id)  # errors first
 
@@ -814,24 +1028,55 @@ class DistributedDataFrame:
                 return static
             return self._plan(config, materialized, query_id, first_id)
 
-        self.last_run = AdaptiveReport()
+        report = self.last_run = AdaptiveReport()
         batches = run_adaptive(
             plan,
             ctx.runtime,
             query_id,
             config,
             ctx.config.adaptive_shuffle_bytes,
-            self.last_run,
+            report,
         )
-        return _named(batches, self.df.schema())
+        return _named(batches, self.df.schema()), lambda: report.final if report.graphs else None
 
-    def collect(self) -> list[pa.RecordBatch]:
-        """All result batches (see :meth:`execute_stream` for errors)."""
-        return list(self.execute_stream())
+    def _observed(
+        self,
+        observer: QueryObserver,
+        batches: Iterator[pa.RecordBatch],
+        final_graph: Callable[[], StageGraph | None],
+    ) -> Iterator[pa.RecordBatch]:
+        """``batches`` with ``observer`` registered while they run; :meth:`metrics` after.
 
-    def to_arrow_table(self) -> pa.Table:
-        """The result as an Arrow table (see :meth:`execute_stream` for errors)."""
-        batches = self.collect()
+        Closing the returned iterator closes ``batches`` (which cancels the query).
+        """
+        start = time.perf_counter()
+        try:
+            with observing(observer):
+                try:
+                    for batch in batches:
+                        observer.result_rows += batch.num_rows
+                        yield batch
+                finally:
+                    close = getattr(batches, "close", None)
+                    if close is not None:
+                        close()
+        finally:
+            graph = final_graph()
+            elapsed = time.perf_counter() - start
+            runtime = getattr(self.context._runtime, "name", "coordinator")
+            if graph is None:
+                graph = _coordinator_graph(observer.query_id)
+            self._metrics = build_query_metrics(
+                graph, observer.tasks, observer.query_id, runtime, elapsed, observer.result_rows
+            )
+
+    def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
+        """All result batches (see :meth:`execute_stream` for ``progress`` and errors)."""
+        return list(self.execute_stream(progress=progress))
+
+    def to_arrow_table(self, progress: bool = False) -> pa.Table:
+        """The result as an Arrow table (see :meth:`execute_stream` for ``progress`` and errors)."""
+        batches = self.collect(progress=progress)
         schema = self.df.schema()
         if not batches:
             return schema.empty_table()
@@ -851,3 +1096,80 @@ class DistributedDataFrame:
 
     def __repr__(self) -> str:
         return self.explain()
+
+
+def _coordinator_graph(query_id: str = "") -> StageGraph:
+    """An empty stage graph: what a query run whole on the coordinator has."""
+    return StageGraph(query_id, ())
+
+
+def explain_rows(
+    df: DistributedDataFrame, analyze: bool, verbose: bool, format: str
+) -> list[tuple[str, str]]:
+    """The rows ``(plan_type, plan)`` of ``EXPLAIN`` over ``df``'s query.
+
+    ``EXPLAIN``: ``logical_plan`` (DataFusion's optimized logical plan) and
+    ``distributed_plan`` (:meth:`DistributedDataFrame.explain`); with
+    ``VERBOSE``, the physical plans of the stages are part of the latter.
+    ``EXPLAIN ANALYZE``: one row ``Plan with Metrics`` (DataFusion's name),
+    the plan annotated with the metrics of the run just made.
+
+    Raises:
+        PlanningError, TaskError, TransportError: with ``analyze``, as
+            :meth:`DistributedDataFrame.execute_stream`.
+    """
+    if analyze:
+        return [("Plan with Metrics", df.explain(analyze=True, verbose=verbose, format=format))]
+    logical = df.df.optimized_logical_plan().display_indent()
+    return [
+        ("logical_plan", logical),
+        ("distributed_plan", df.explain(verbose=verbose, format=format)),
+    ]
+
+
+class _ExplainDataFrame(DistributedDataFrame):
+    """The result of ``EXPLAIN [ANALYZE] query``: rows ``(plan_type, plan)``, made on collect."""
+
+    def __init__(
+        self,
+        context: DistributedContext,
+        inner: DistributedDataFrame,
+        analyze: bool,
+        verbose: bool,
+        format: str,
+    ) -> None:
+        super().__init__(context, inner.df, inner.label)
+        self.inner = inner
+        self.analyze = analyze
+        self.verbose = verbose
+        self.format = format
+
+    def schema(self) -> pa.Schema:
+        """``plan_type``, ``plan`` (both strings)."""
+        return EXPLAIN_SCHEMA
+
+    def coordinator_only(self) -> str | None:
+        """The explained query's answer (see :meth:`DistributedDataFrame.coordinator_only`)."""
+        return self.inner.coordinator_only()
+
+    def explain(self, analyze: bool = False, verbose: bool = False, format: str = "text") -> str:
+        """The explained query's plan (see :meth:`DistributedDataFrame.explain`)."""
+        return self.inner.explain(analyze, verbose, format)
+
+    def metrics(self) -> QueryMetrics | None:
+        """The metrics of the explained query's last run (``EXPLAIN ANALYZE``)."""
+        return self.inner.metrics()
+
+    def execute_stream(self, progress: bool = False) -> Iterator[pa.RecordBatch]:
+        """One batch of the rows ``(plan_type, plan)`` (runs the query with ANALYZE).
+
+        ``progress`` is not shown for an EXPLAIN.
+        """
+        rows = explain_rows(self.inner, self.analyze, self.verbose, self.format)
+        columns = [pa.array([r[i] for r in rows], pa.string()) for i in (0, 1)]
+        batch = pa.RecordBatch.from_arrays(columns, schema=EXPLAIN_SCHEMA)
+        return iter([batch])
+
+    def to_arrow_table(self, progress: bool = False) -> pa.Table:
+        """The rows ``(plan_type, plan)`` as a table."""
+        return pa.Table.from_batches(self.collect(progress=progress), schema=EXPLAIN_SCHEMA)

@@ -23,6 +23,7 @@ from distfusion.protocol.task_plan import TaskKey
 __all__ = [
     "ACTION_CANCEL_QUERY",
     "ACTION_KEEPALIVE",
+    "ACTION_QUERY_METRICS",
     "ACTION_SET_PLAN",
     "ACTION_STATS",
     "ACTION_TASK_STATS",
@@ -48,6 +49,9 @@ ACTION_CANCEL_QUERY = "cancel_query"
 ACTION_KEEPALIVE = "keepalive"
 ACTION_STATS = "stats"
 ACTION_TASK_STATS = "task_stats"
+ACTION_QUERY_METRICS = "query_metrics"
+"""Body: a query id. Answer: a JSON list of the finished tasks' metrics
+(``TaskMetrics.to_dict``), one call per worker when a query ends."""
 
 
 def _task_fields(key: TaskKey, timeout_s: float | None) -> dict:

@@ -37,6 +37,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 
 from distfusion.errors import DistfusionError, QueryCancelled
+from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import Stage, StageGraph
@@ -263,6 +264,11 @@ class WorkerQueryRun:
             no ``memory_per_task_bytes``, bytes; None: a quarter of the
             machine's memory. It spills to a temporary directory of the
             query, deleted by :meth:`close`.
+        observer: told what runs and each task's metrics (default: the one
+            registered for ``query_id``, :func:`~distfusion.metrics.observer_for`).
+            Workers keep their tasks' metrics; :meth:`close` asks each
+            worker used for them once (``query_metrics``), before
+            ``cancel_query`` drops them: one call per worker per query.
 
     Raises:
         ValueError: ``urls`` is empty.
@@ -278,6 +284,7 @@ class WorkerQueryRun:
         keep_outputs: bool = True,
         on_close: Callable[[], None] | None = None,
         head_memory_bytes: int | None = None,
+        observer: QueryObserver | None = None,
     ) -> None:
         if not urls:
             msg = f"query {query_id} needs at least one worker URL"
@@ -300,6 +307,8 @@ class WorkerQueryRun:
         self._lock = threading.Lock()
         # Work unit feeds: a provider's failure tears the query down at once.
         self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=False)
+        self.observer = observer if observer is not None else observer_for(query_id)
+        self.observer.add_refresher(self._poll_metrics)
 
     # ------------------------------------------------------------- QueryRun
     def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
@@ -326,6 +335,7 @@ class WorkerQueryRun:
                 )
                 raise ValueError(msg)
             wanted = sorted(set(stage_ids), key=order.__getitem__)
+            self.observer.planned(graph)
             new = [graph.stage(sid) for sid in wanted if sid not in self._delivered]
             self._deliver(graph, new)
             for stage in new:
@@ -356,6 +366,7 @@ class WorkerQueryRun:
         """
         try:
             self._check_open()
+            self.observer.planned(graph)
             rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
             self._deliver(graph, rest)
             self._before_head()
@@ -389,6 +400,7 @@ class WorkerQueryRun:
                 self.feeds.local_chunks(head),
                 memory,
                 cancelled=lambda: self._closed,
+                on_metrics=self.observer.task_finished,
             )
         except DistfusionError as exc:
             self.close()
@@ -411,6 +423,7 @@ class WorkerQueryRun:
             self._closed = True
         try:
             self.feeds.close()
+            self._collect_metrics()
             for url in sorted(set(self.placement.values())):
                 self.transport.cancel_query(url, self.query_id)
         finally:
@@ -425,6 +438,26 @@ class WorkerQueryRun:
         return self._closed
 
     # ------------------------------------------------------------- internals
+    def _collect_metrics(self) -> None:
+        """Ask every worker used for its tasks' metrics (once per worker), for the observer.
+
+        A worker that cannot answer (lost, or a transport without
+        ``query_metrics``) is skipped: its tasks have no metrics.
+        """
+        self._poll_metrics()
+
+    def _poll_metrics(self) -> tuple[int, int] | None:
+        """Metrics of the tasks finished so far on every worker used, to the observer."""
+        ask = getattr(self.transport, "query_metrics", None)
+        if ask is None:
+            return None
+        for url in sorted(set(self.placement.copy().values())):
+            try:
+                self.observer.tasks_finished(ask(url, self.query_id))
+            except Exception:  # lost worker, or closed meanwhile: best effort
+                continue
+        return None
+
     def _check_open(self) -> None:
         if self._closed:
             msg = f"query {self.query_id} was closed"
@@ -470,6 +503,7 @@ class WorkerQueryRun:
             inputs = self._input_workers(stage)
             threads = task_threads(self.target_partitions, stage.num_tasks, n_workers)
             self._started[stage.stage_id] = time.monotonic()
+            self.observer.stage_started(stage)
             for t in range(stage.num_tasks):
                 plan = TaskPlan.for_task(
                     self.query_id,

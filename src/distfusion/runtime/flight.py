@@ -42,6 +42,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUnavailableError
+from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.resolver import StaticWorkerResolver, WorkerResolver
 from distfusion.runtime.base import QueryRun, Routing, StageStats, WorkerQueryRun, round_robin
 from distfusion.stages import StageGraph
@@ -140,7 +141,10 @@ class FlightRuntime:
 
     def _execute(self, graph: StageGraph, urls: list[str]) -> Iterator[pa.RecordBatch]:
         # A generator: nothing starts (no keepalive either) before the first batch is asked for.
-        run = _RetryingQueryRun(self, str(uuid.uuid4()), urls, keep_outputs=False)
+        # A fresh query id on the workers; the metrics go to the graph's query's observer.
+        run = _RetryingQueryRun(
+            self, str(uuid.uuid4()), urls, keep_outputs=False, observer=observer_for(graph.query_id)
+        )
         yield from run.stream_head(graph)
 
     def start_query(self, query_id: str) -> QueryRun:
@@ -157,7 +161,13 @@ class FlightRuntime:
         """
         return _RetryingQueryRun(self, query_id, self._urls(), keep_outputs=True)
 
-    def _start(self, query_id: str, urls: list[str], keep_outputs: bool) -> WorkerQueryRun:
+    def _start(
+        self,
+        query_id: str,
+        urls: list[str],
+        keep_outputs: bool,
+        observer: QueryObserver | None = None,
+    ) -> WorkerQueryRun:
         def finish() -> None:
             self._end_heartbeat(query_id)
             self.transport.forget_query(query_id)
@@ -170,6 +180,7 @@ class FlightRuntime:
             self.target_partitions,
             keep_outputs=keep_outputs,
             on_close=finish,
+            observer=observer,
         )
         self._start_heartbeat(query_id, urls, run.placement)
         return run
@@ -306,14 +317,21 @@ class _RetryingQueryRun:
     """
 
     def __init__(
-        self, runtime: FlightRuntime, query_id: str, urls: list[str], keep_outputs: bool
+        self,
+        runtime: FlightRuntime,
+        query_id: str,
+        urls: list[str],
+        keep_outputs: bool,
+        observer: QueryObserver | None = None,
     ) -> None:
         self._runtime = runtime
         self._urls = list(urls)
         self._keep_outputs = keep_outputs
         self._attempts = 0
         self._calls: list[tuple[StageGraph, list[int]]] = []
-        self._run = runtime._start(query_id, self._urls, keep_outputs)
+        # Attempts run under fresh query ids; their metrics go to the first id's observer.
+        self._observer = observer if observer is not None else observer_for(query_id)
+        self._run = runtime._start(query_id, self._urls, keep_outputs, self._observer)
 
     @property
     def query_id(self) -> str:
@@ -378,7 +396,9 @@ class _RetryingQueryRun:
             )
             self._urls = remaining
             self._attempts += 1
-            self._run = self._runtime._start(str(uuid.uuid4()), remaining, self._keep_outputs)
+            self._run = self._runtime._start(
+                str(uuid.uuid4()), remaining, self._keep_outputs, self._observer
+            )
             try:
                 for graph, stage_ids in self._calls:
                     self._run.run_stages(graph, stage_ids)

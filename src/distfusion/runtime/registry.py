@@ -83,7 +83,7 @@ def runtime_options(args) -> dict[str, Any]:
     Args:
         args: parsed flags: ``runtime``, and optionally ``master`` (Spark),
             ``workers_url``, ``token``, ``tls_root_certs`` (a PEM file; Flight),
-            ``command`` (``"query"`` shows Spark's progress bar).
+            ``command``. Spark's console progress bar stays off.
 
     Raises:
         ValueError: ``--workers-url`` lists no URL.
@@ -91,7 +91,9 @@ def runtime_options(args) -> dict[str, Any]:
     """
     name = getattr(args, "runtime", None)
     if name == "spark":
-        options: dict[str, Any] = {"progress": getattr(args, "command", None) == "query"}
+        # Spark's console progress bar would draw over the result table: the
+        # CLI shows its own status line instead (DistributedDataFrame progress).
+        options: dict[str, Any] = {"progress": False}
         if getattr(args, "master", None):
             options["master"] = args.master
         return options

@@ -77,6 +77,8 @@ from distfusion.errors import (
     TransportError,
     WorkerUnavailableError,
 )
+from distfusion.metrics.observer import observer_for
+from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import error_from_dict, error_to_dict, task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.resolver import SparkWorkerResolver
@@ -499,6 +501,56 @@ def job_group(query_id: str) -> str:
     return f"distfusion-{query_id}"
 
 
+class _CallSite:
+    """Names the Spark jobs started inside the block: job group, description, call site.
+
+    Spark shows a job's description (``setJobGroup``) in its UI and event log,
+    and names a job's stages after the call site (``callSite.short``). PySpark
+    sets the call site to the Python line of every action it runs (its
+    ``SCCallSiteSync``) unless an outer block set it already: this block counts
+    as that outer block, so the stages are named ``description`` too.
+    """
+
+    def __init__(self, sc, group: str, description: str) -> None:
+        self.sc = sc
+        self.group = group
+        self.description = description
+
+    def __enter__(self):
+        from pyspark.traceback_utils import SCCallSiteSync  # optional dependency
+
+        self.sc.setJobGroup(self.group, self.description, True)
+        self.sc.setLocalProperty("callSite.long", self.description)
+        if SCCallSiteSync._spark_stack_depth == 0:
+            self.sc._jsc.setCallSite(self.description)
+        SCCallSiteSync._spark_stack_depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from pyspark.traceback_utils import SCCallSiteSync  # optional dependency
+
+        SCCallSiteSync._spark_stack_depth -= 1
+        if SCCallSiteSync._spark_stack_depth == 0:
+            self.sc._jsc.setCallSite(None)
+        self.sc.setLocalProperty("callSite.long", None)
+
+
+def _spark_progress(sc, group: str) -> tuple[int, int]:
+    """``(tasks done, tasks)`` of every Spark job of ``group`` (Spark's status tracker)."""
+    tracker = sc.statusTracker()
+    done = total = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        if info is None:
+            continue
+        for stage_id in info.stageIds:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                done += stage.numCompletedTasks
+                total += stage.numTasks
+    return done, total
+
+
 class _SparkQuery:
     """One query on Spark, stage by stage, on the driver: a :class:`~distfusion.runtime.base.QueryRun`.
 
@@ -531,6 +583,9 @@ class _SparkQuery:
         self.persisted: list = []
         self.uses: dict[int, int] = {}
         self.acc = self.sc.accumulator({}, _merge_param())  # (stage, task, partition) -> (rows, bytes)
+        self.metrics_acc = self.sc.accumulator({}, _merge_param())  # (stage, task) -> metrics dict
+        self.observer = observer_for(query_id)
+        self.observer.add_refresher(lambda: _spark_progress(self.sc, self.group))
         self.finished = False
         self.closed = False
         # Tasks pull feeds from the driver's endpoint; Spark retries replay a partition.
@@ -541,25 +596,24 @@ class _SparkQuery:
         """See :meth:`QueryRun.run_stages`: broadcast outputs are collected, shuffles written."""
         start = time.perf_counter()
         self._use(graph)
-        self._set_job_group()
+        self.observer.planned(graph)
         stages = [graph.stage(sid) for sid in stage_ids]
         self._prepare_broadcasts(stages, outputs=True)
-        dependencies = [
-            self._shuffle_dependency(self._shuffled(s.stage_id))
-            for s in stages
-            if s.output.kind != BROADCAST
-        ]
-        futures = [self.sc._jsc.sc().submitMapStage(dep) for dep in dependencies]
+        shuffled = [s.stage_id for s in stages if s.output.kind != BROADCAST]
+        with self._named(shuffled):
+            dependencies = [self._shuffle_dependency(self._shuffled(sid)) for sid in shuffled]
+            futures = [self.sc._jsc.sc().submitMapStage(dep) for dep in dependencies]
         for future in futures:
             self._spark_call(future.get)
         self.ran.update(stage_ids)
+        self._report_metrics()
         elapsed = time.perf_counter() - start
         return {s.stage_id: self._stage_stats(s, elapsed) for s in stages}
 
     def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
         """See :meth:`QueryRun.stream_head`: one Spark job per broadcast round and one for the head's inputs."""
         self._use(graph)
-        self._set_job_group()
+        self.observer.planned(graph)
         head = graph.head
         pending = [s for s in graph.stages if s.stage_id not in self.ran]
         self._prepare_broadcasts(pending, outputs=False)
@@ -569,12 +623,14 @@ class _SparkQuery:
             self.query_id, head, 0, _dummy_workers(head, graph), self.runtime.target_partitions
         )
         budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
+        self._report_metrics()
         yield from stream_head_stage(
             plan,
             lambda i: _decode(inputs[i]),
             self.feeds.local_chunks(head),
             TaskMemory(budget, None),
             cancelled=lambda: self.closed,
+            on_metrics=self.observer.task_finished,
         )
         self.finished = True
 
@@ -584,6 +640,7 @@ class _SparkQuery:
             return
         self.closed = True
         self.feeds.close()
+        self._report_metrics()
         if self.runtime._feed_endpoint is not None:
             self.runtime._feed_endpoint.forget(self.query_id)
         if not self.finished:
@@ -606,8 +663,17 @@ class _SparkQuery:
             for sid in [sid for sid in cache if sid not in self.ran]:
                 del cache[sid]
 
-    def _set_job_group(self) -> None:
-        self.sc.setJobGroup(self.group, f"distfusion query {self.query_id[:8]}", True)
+    def _named(self, stage_ids: list[int]) -> _CallSite:
+        """The Spark jobs started in the block run stages ``stage_ids`` (their description)."""
+        return _CallSite(self.sc, self.group, self.observer.description(stage_ids))
+
+    def _report_metrics(self) -> None:
+        """The tasks' metrics the accumulator gathered so far, to the observer."""
+        try:
+            values = dict(self.metrics_acc.value)
+        except Exception:  # the session stopped: nothing to report
+            return
+        self.observer.tasks_finished([TaskMetrics.from_dict(d) for d in values.values()])
 
     def _stage_stats(self, stage: Stage, elapsed_s: float) -> StageStats:
         """The measured output of ``stage``, from the tasks' accumulator updates."""
@@ -628,14 +694,16 @@ class _SparkQuery:
         wanted = [sid for sid in dict.fromkeys(stage_ids) if sid not in self.values]
         if not wanted:
             return
-        parts = [
-            self._records(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
-            for sid in wanted
-        ]
-        union = parts[0] if len(parts) == 1 else self.sc.union(parts)
-        for sid in wanted:
-            self.values[sid] = []
-        for sid, p, task, ipc in self._spark_call(union.collect):
+        with self._named(wanted):  # RDDs made here are named after the stages too
+            parts = [
+                self._records(sid).map(lambda r, sid=sid: (sid, r[0], r[1][0], r[1][1]))
+                for sid in wanted
+            ]
+            union = parts[0] if len(parts) == 1 else self.sc.union(parts)
+            for sid in wanted:
+                self.values[sid] = []
+            records = self._spark_call(union.collect)
+        for sid, p, task, ipc in records:
             self.values[sid].append((p, task, ipc))
         for sid in wanted:
             self._hold(sum(len(v[2]) for v in self.values[sid]))
@@ -741,6 +809,7 @@ class _SparkQuery:
             ),
             self.runtime.compression,
             self.acc,
+            self.metrics_acc,
             self.graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes,
         )
         rdd = base.mapPartitionsWithIndex(fn)
@@ -809,6 +878,7 @@ class _SparkQuery:
                 worker=worker,
                 feed_chunks=self.feeds.local_chunks(stage),
                 memory=TaskMemory(budget, spill_dir),
+                on_metrics=self.observer.task_finished,
             )
         self.acc.add(_partition_stats(stage.stage_id, 0, parts))
         self.values[stage.stage_id] = [
@@ -867,6 +937,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._running = False
         self._memory: int | None = None  # the graph's memory_per_task_bytes
         self._keepalive = threading.Event()
+        self.observer.add_refresher(lambda: _spark_progress(self.sc, self.group))
         threading.Thread(
             target=self._keep_alive, name=f"distfusion-keepalive-{query_id[:8]}", daemon=True
         ).start()
@@ -963,9 +1034,10 @@ class _SparkFlightQuery(WorkerQueryRun):
             memory_per_task_bytes=self._memory,
         )
         self._used.add(worker.url)
-        rows, nbytes = worker.run_task(plan)
+        m = worker.run_task(plan)
         self.placement[(stage.stage_id, 0)] = worker.url
-        self._task_stats[(stage.stage_id, 0)] = (tuple(rows), tuple(nbytes))
+        self._task_stats[(stage.stage_id, 0)] = (m.partition_rows, m.partition_bytes)
+        self.observer.task_finished(m)
 
     def _run_tasks(self, tasks: list[tuple[int, int]]) -> None:
         """Run ``tasks`` (``(stage, task)``; their inputs are placed) until each succeeded.
@@ -1021,22 +1093,32 @@ class _SparkFlightQuery(WorkerQueryRun):
         rdd = self.sc.parallelize(plans, len(plans)).mapPartitionsWithIndex(fn)
         stage_ids = ", ".join(str(sid) for sid in dict.fromkeys(sid for sid, _ in tasks))
         rdd.setName(f"distfusion {self.query_id[:8]} stages {stage_ids}")
-        self.sc.setJobGroup(self.group, f"distfusion query {self.query_id[:8]}", True)
+        description = self.observer.description(list(dict.fromkeys(sid for sid, _ in tasks)))
         self._running = True
         try:
-            results = _spark_call(rdd.collect, self._check_open, self.sc.master)
+            with _CallSite(self.sc, self.group, description):
+                results = _spark_call(rdd.collect, self._check_open, self.sc.master)
         finally:
             self._running = False
         failed = []
-        for sid, t, url, rows, nbytes, report in results:
+        for sid, t, url, metrics, report in results:
             self._used.add(url)
             self.runtime.executor_urls.add(url)
             if report is not None:
                 failed.append(((sid, t), error_from_dict(json.loads(report))))
                 continue
             self.placement[(sid, t)] = url
-            self._task_stats[(sid, t)] = (tuple(rows), tuple(nbytes))
+            m = TaskMetrics.from_dict(metrics)
+            self._task_stats[(sid, t)] = (m.partition_rows, m.partition_bytes)
+            self.observer.task_finished(m)
         return failed
+
+    def _collect_metrics(self) -> None:
+        """Nothing to ask: every task's metrics came back with its Spark record."""
+
+    def _poll_metrics(self) -> tuple[int, int] | None:
+        """Nothing to ask the executors (see :meth:`_collect_metrics`)."""
+        return None
 
     def _lost_workers(self) -> set[str]:
         """Workers holding outputs of this query that no longer answer."""
@@ -1369,6 +1451,7 @@ def _run_task(
     target_partitions,
     compression,
     stats=None,
+    metrics=None,
     memory_per_task_bytes=None,
 ):
     """Run task ``task_index`` of the pickled stage inside a Spark task.
@@ -1378,7 +1461,9 @@ def _run_task(
 
     Yields records ``(consumer partition, (task_index, ipc bytes))``
     (:func:`_output_records`); adds each output partition's rows and Arrow
-    bytes to the ``stats`` accumulator.
+    bytes to the ``stats`` accumulator, and the task's metrics
+    (``TaskMetrics.to_dict``) to the ``metrics`` accumulator under
+    ``(stage, task)``: both reach the driver with the task's result.
 
     Raises:
         RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
@@ -1396,6 +1481,7 @@ def _run_task(
         inputs = _group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
+        measured: list[TaskMetrics] = []
         with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
             parts = run_task(
                 plan,
@@ -1403,10 +1489,13 @@ def _run_task(
                 worker=worker,
                 feed_chunks=lambda share: pulled_feed_chunks(plan.key, share),
                 memory=TaskMemory(memory_per_task_bytes, spill_dir),
+                on_metrics=measured.append,
             )
         out = list(_output_records(task_index, parts, compression))
         if stats is not None:
             stats.add(_partition_stats(stage.stage_id, task_index, parts))
+        if metrics is not None:
+            metrics.add({(stage.stage_id, task_index): measured[0].to_dict()})
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     except Exception as exc:
@@ -1445,11 +1534,12 @@ def _run_flight_task(index, records, bind_host, advertise_host, token, memory_pe
     """Run the task plan of this Spark partition on this process's Flight worker.
 
     The record is ``(attempt, task plan JSON)``. Returns one record
-    ``(stage id, task index, worker URL, rows, bytes, error)``: the output stays
-    on the worker; rows and Arrow bytes per output partition travel, or, when
-    the task failed, ``error`` (the error codec's JSON, with ``"attempts"``)
-    instead. Never raises for a failed task: PySpark would end this process
-    and every output it holds.
+    ``(stage id, task index, worker URL, metrics, error)``: the output stays
+    on the worker; the task's metrics travel (``TaskMetrics.to_dict``: rows
+    and Arrow bytes per output partition among them), or, when the task
+    failed, ``error`` (the error codec's JSON, with ``"attempts"``) instead.
+    Never raises for a failed task: PySpark would end this process and every
+    output it holds.
     """
     attempt, payload = list(records)[0]  # drained: PySpark reuses this process
     plan = TaskPlan.from_json(payload)
@@ -1459,14 +1549,14 @@ def _run_flight_task(index, records, bind_host, advertise_host, token, memory_pe
         worker = _executor_worker(bind_host, advertise_host, token, memory_per_task_bytes)
         url = worker.url
         _maybe_inject_failure(key.stage_id, key.task_index, attempt)
-        rows, nbytes = worker.run_task(plan)
+        metrics = worker.run_task(plan)
     except Exception as exc:
         err = exc
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
-        return iter([(key.stage_id, key.task_index, url, None, None, report)])
-    return iter([(key.stage_id, key.task_index, url, list(rows), list(nbytes), None)])
+        return iter([(key.stage_id, key.task_index, url, None, report)])
+    return iter([(key.stage_id, key.task_index, url, metrics.to_dict(), None)])
 
 
 def _maybe_inject_failure(stage_id: int, task_index: int, attempt: int | None = None) -> None:

@@ -7,6 +7,7 @@ execution never know which transport runs:
 ``set_plan``           deliver one task's plan to a worker; it starts the task
 ``execute_partition``  read one output partition of a task as Arrow batches
 ``task_stats``         wait for a task; rows and bytes of each output partition
+``query_metrics``      metrics of every task of a query a worker finished
 ``stream_feed``        stream a work unit feed's partition to the leaf task reading it
 ``cancel_query``       stop every task of a query on a worker, free its state
 ``stats``              live tasks and bytes a worker holds
@@ -23,6 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 
 __all__ = ["WorkerTransport"]
@@ -73,6 +75,22 @@ class WorkerTransport(Protocol):
             QueryCancelled: the query was cancelled.
             TimeoutError: the task did not finish within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached.
+        """
+        ...
+
+    def query_metrics(self, url: str, query_id: str) -> list[TaskMetrics]:
+        """Metrics of every task of ``query_id`` the worker at ``url`` finished so far.
+
+        Does not wait. The coordinator asks each worker once, when a query
+        ends (before ``cancel_query``, which drops them), and, while a
+        progress display is on, about once a second.
+
+        Returns:
+            One :class:`~distfusion.metrics.TaskMetrics` per task, in no fixed order.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+            TransportError: the worker's answer is not a list of metrics.
         """
         ...
 

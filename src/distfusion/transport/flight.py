@@ -13,6 +13,8 @@ served by :class:`~distfusion.worker.flight_server.FlightWorker`)::
       DoPut descriptor {feed, query_id,         ──> a leaf task's work unit feed:
              stage_id, task_index}                  units into its bounded inbox
              batches of FEED_SCHEMA                 (back-pressure: gRPC flow control)
+      DoAction "query_metrics" body: query id  ──> [TaskMetrics.to_dict(), ...]
+                                                    of the tasks finished there
       DoAction "cancel_query" body: query id   ──> stop tasks, free state
       DoAction "keepalive" body: [query ids]   ──> the coordinator is alive
       DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
@@ -56,6 +58,7 @@ from distfusion.errors import (
     TransportError,
     WorkerUnavailableError,
 )
+from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import KIND, error_from_dict, error_to_dict
 from distfusion.protocol.feed_messages import (
     FEED_SCHEMA,
@@ -66,6 +69,7 @@ from distfusion.protocol.feed_messages import (
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
+    ACTION_QUERY_METRICS,
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
@@ -395,6 +399,25 @@ class FlightWorkerTransport:
             raise decode_error(url, what, exc) from None
         except OSError as exc:
             raise WorkerUnavailableError(url, f"{what}: {exc}") from None
+
+    def query_metrics(self, url: str, query_id: str) -> list[TaskMetrics]:
+        """See :meth:`WorkerTransport.query_metrics` (the ``query_metrics`` action, JSON).
+
+        Waits at most ``action_timeout_s``.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+            TransportError: the answer is not a list of task metrics.
+        """
+        what = f"metrics of query {query_id[:8]}"
+        (body,) = self._action(
+            url, ACTION_QUERY_METRICS, query_id.encode(), self.action_timeout_s, what
+        )
+        try:
+            return [TaskMetrics.from_dict(d) for d in json.loads(body)]
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"worker {url} answered {what} badly: {exc}"
+            raise TransportError(msg) from None
 
     def cancel_query(self, url: str, query_id: str) -> None:
         """See :meth:`WorkerTransport.cancel_query`; waits at most ``cancel_timeout_s``."""

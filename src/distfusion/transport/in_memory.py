@@ -32,6 +32,8 @@ class LocalWorker(Protocol):
         self, key: TaskKey, timeout_s: float | None = None
     ) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
 
+    def query_metrics(self, query_id: str) -> list: ...  # noqa: D102
+
     def receive_feed(  # noqa: D102
         self, key: TaskKey, table: str, units: Iterator[bytes]
     ) -> None: ...
@@ -79,6 +81,10 @@ class InMemoryTransport:
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """See :meth:`WorkerTransport.task_stats`."""
         return self._worker(url).task_stats(key, timeout_s)
+
+    def query_metrics(self, url: str, query_id: str) -> list:
+        """See :meth:`WorkerTransport.query_metrics` (the worker's own objects)."""
+        return self._worker(url).query_metrics(query_id)
 
     def stream_feed(self, url: str, key: TaskKey, table: str, units: Iterator[bytes]) -> None:
         """See :meth:`WorkerTransport.stream_feed` (the inbox is a bounded in-process queue)."""

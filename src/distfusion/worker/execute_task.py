@@ -32,6 +32,7 @@ from datafusion.functions import spark as spark_functions
 
 from distfusion import udfs
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.hashing import hash_type
@@ -50,6 +51,7 @@ __all__ = [
     "run_task",
     "run_task_into",
     "stream_head_stage",
+    "task_meter",
     "task_context",
     "without_views",
 ]
@@ -290,6 +292,7 @@ def partition_output(
     cancelled: Callable[[], bool],
     sink: PartitionSink | None = None,
     metrics: SpillMetrics | None = None,
+    meter: TaskMeter | None = None,
 ) -> list[list[pa.RecordBatch]] | None:
     """Execute ``df`` and split its rows into ``plan.output.num_partitions`` partitions.
 
@@ -300,6 +303,7 @@ def partition_output(
         sink: receives ``(partition, batch)`` as batches are produced; None:
             lists, returned.
         metrics: gets what DataFusion spilled.
+        meter: told which DataFrame runs, for its operator metrics.
 
     Returns:
         Without ``sink``: one list of RecordBatch per output partition (columns
@@ -310,7 +314,7 @@ def partition_output(
         Exception: DataFusion's error while executing.
     """
     lists = _Lists(plan.output.num_partitions) if sink is None else None
-    _partition_into(df, plan, cancelled, sink or lists, metrics)
+    _partition_into(df, plan, cancelled, sink or lists, metrics, meter)
     return lists.parts if lists is not None else None
 
 
@@ -320,6 +324,7 @@ def _partition_into(
     cancelled: Callable[[], bool],
     sink: PartitionSink,
     metrics: SpillMetrics | None,
+    meter: TaskMeter | None = None,
 ) -> None:
     out = plan.output
     n = out.num_partitions
@@ -327,6 +332,8 @@ def _partition_into(
     keep = [col(f'"{name}"') for name in schema.names[: out.num_columns]]
 
     def batches(frame: DataFrame) -> Iterator[pa.RecordBatch]:
+        if meter is not None:
+            meter.executed(frame)
         return stream_batches(frame, cancelled, metrics)
 
     if out.kind != SHUFFLE or n == 1:
@@ -514,6 +521,7 @@ def run_task_into(
     worker: str = "local",
     feed_chunks: FeedChunks = _no_feeds,
     memory: TaskMemory | None = None,
+    meter: TaskMeter | None = None,
 ) -> SpillMetrics:
     """Run one task to completion, its output partitions into ``sink``.
 
@@ -536,6 +544,8 @@ def run_task_into(
         feed_chunks: the units of each feed scan of a leaf task, in chunks as
             they arrive (see :func:`feed_dataframes`).
         memory: the task's memory pool and spill directory; None: unbounded.
+        meter: measures the run (inputs read, DataFrames executed) for the
+            task's :class:`~distfusion.metrics.TaskMetrics`.
 
     Returns:
         What DataFusion's operators spilled, summed over the runs.
@@ -547,10 +557,12 @@ def run_task_into(
         QueryCancelled: the query was cancelled.
     """
     metrics = SpillMetrics()
+    if meter is not None:
+        read_input = meter.reading(read_input)
     try:
         if any(s.source.is_feed for s in plan.scans):
             for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
-                _partition_into(df, plan, cancelled, sink, metrics)
+                _partition_into(df, plan, cancelled, sink, metrics, meter)
             return metrics
         inputs: dict[int, list[pa.RecordBatch]] = {}
 
@@ -564,7 +576,7 @@ def run_task_into(
         for n, (mem, settings) in enumerate(attempts):
             try:
                 ctx, df = build_dataframe(plan, read_once, mem, settings)
-                _partition_into(df, plan, cancelled, sink, metrics)
+                _partition_into(df, plan, cancelled, sink, metrics, meter)
                 return metrics
             except (TaskError, QueryCancelled):
                 raise
@@ -587,8 +599,13 @@ def run_task(
     worker: str = "local",
     feed_chunks: FeedChunks = _no_feeds,
     memory: TaskMemory | None = None,
+    on_metrics: Callable[[TaskMetrics], None] | None = None,
 ) -> list[list[pa.RecordBatch]]:
     """Run one task to completion; its output as lists (see :func:`run_task_into`).
+
+    ``on_metrics`` is called once with the task's
+    :class:`~distfusion.metrics.TaskMetrics` when it succeeded (never when it
+    failed), before this returns.
 
     Returns:
         One list of RecordBatch per output partition.
@@ -599,8 +616,23 @@ def run_task(
         QueryCancelled: the query was cancelled.
     """
     lists = _Lists(plan.output.num_partitions)
-    run_task_into(lists, plan, read_input, cancelled, worker, feed_chunks, memory)
+    meter = task_meter(plan, worker) if on_metrics is not None else None
+    run_task_into(lists, plan, read_input, cancelled, worker, feed_chunks, memory, meter)
+    if meter is not None:
+        on_metrics(meter.finish(lists.parts))
     return lists.parts
+
+
+def task_meter(plan: TaskPlan, worker: str) -> TaskMeter:
+    """A :class:`~distfusion.metrics.task.TaskMeter` for ``plan``'s task, run by ``worker``.
+
+    The work unit bytes come from the plan's scans (``source_bytes`` when
+    DataFusion reports no ``bytes_scanned``).
+    """
+    unit_bytes = sum(u.size_bytes for share in plan.scans for u in share.units)
+    return TaskMeter(
+        plan.key.stage_id, plan.key.task_index, worker, len(plan.inputs), unit_bytes
+    )
 
 
 def stream_head_stage(
@@ -609,6 +641,7 @@ def stream_head_stage(
     feed_chunks: FeedChunks = _no_feeds,
     memory: TaskMemory | None = None,
     cancelled: Callable[[], bool] = lambda: False,
+    on_metrics: Callable[[TaskMetrics], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run the head stage's only task on the coordinator, yielding its result batches.
 
@@ -616,7 +649,9 @@ def stream_head_stage(
     (a one-task query) streams each chunk's result as it is computed. It runs
     within ``memory``; over it before its first batch, it runs again as
     :func:`run_task_into` says (after a batch went out, the error is raised).
-    Closing the iterator stops its DataFusion work.
+    Closing the iterator stops its DataFusion work. ``on_metrics`` is called
+    with the head task's metrics once the last batch was yielded (not when the
+    caller stops early or it fails).
 
     Raises:
         DistfusionError: reading an input failed (a producer's TaskError, a
@@ -625,34 +660,46 @@ def stream_head_stage(
         QueryCancelled: ``cancelled()`` became true.
         TaskError: the fragment failed here (worker ``coordinator``).
     """
+    meter = task_meter(plan, COORDINATOR)
+    read_input = meter.reading(read_input)
+    rows = nbytes = 0
     try:
         if any(s.source.is_feed for s in plan.scans):
             for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
-                yield from stream_batches(df, cancelled)
-            return
-        inputs: dict[int, list[pa.RecordBatch]] = {}
-
-        def read_once(i: int) -> list[pa.RecordBatch]:
-            # Kept for a run again, as bound (views cast once, not held twice).
-            if i not in inputs:
-                inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
-            return inputs[i]
-
-        attempts = _attempts(memory)
-        for n, (mem, settings) in enumerate(attempts):
-            yielded = False
-            try:
-                ctx, df = build_dataframe(plan, read_once, mem, settings)
+                meter.executed(df)
                 for batch in stream_batches(df, cancelled):
-                    yielded = True
+                    rows += batch.num_rows
+                    nbytes += batch.nbytes
                     yield batch
-                return
-            except DistfusionError:
-                raise
-            except Exception as exc:
-                if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+        else:
+            inputs: dict[int, list[pa.RecordBatch]] = {}
+
+            def read_once(i: int) -> list[pa.RecordBatch]:
+                # Kept for a run again, as bound (views cast once, not held twice).
+                if i not in inputs:
+                    inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
+                return inputs[i]
+
+            attempts = _attempts(memory)
+            for n, (mem, settings) in enumerate(attempts):
+                yielded = False
+                try:
+                    _ctx, df = build_dataframe(plan, read_once, mem, settings)
+                    meter.executed(df)
+                    for batch in stream_batches(df, cancelled):
+                        yielded = True
+                        rows += batch.num_rows
+                        nbytes += batch.nbytes
+                        yield batch
+                    break
+                except DistfusionError:
                     raise
-                _warn_again(plan, memory, n, exc)
+                except Exception as exc:
+                    if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+                        raise
+                    _warn_again(plan, memory, n, exc)
+        if on_metrics is not None:
+            on_metrics(meter.finish(None, rows, nbytes))
     except DistfusionError:
         raise
     except Exception as exc:

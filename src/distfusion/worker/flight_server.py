@@ -11,6 +11,7 @@ whose tasks read their inputs from other workers through a
     DoPut ────┼─> Worker.receive_feed: a leaf task's work unit feed  │
     stats of ─┼─> Worker.task_stats ──> rows, bytes per partition   │
     a task    │                                                      │
+    metrics ──┼─> Worker.query_metrics ──> JSON, tasks finished here │
     cancel ───┼─> Worker.cancel_query                                │
     stats ────┼─> Worker.stats + plans received + live queries       │
               │  reaper thread: a query nobody asked about for       │
@@ -53,10 +54,12 @@ import time
 import pyarrow as pa
 
 from distfusion.errors import QueryCancelled
+from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
+    ACTION_QUERY_METRICS,
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
@@ -285,23 +288,24 @@ class FlightWorker:
     def __repr__(self) -> str:
         return f"FlightWorker({self.url})"
 
-    def run_task(self, plan: TaskPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def run_task(self, plan: TaskPlan) -> TaskMetrics:
         """Run ``plan`` here, as a ``set_plan`` call would, and wait for it to finish.
 
         For a worker hosted in the process that was given the task (the Spark
         runtime's executors): the output is then served like any other.
 
         Returns:
-            ``(partition_rows, partition_bytes)`` of the task's output.
+            The task's metrics (``partition_rows``, ``partition_bytes`` of its
+            output among them).
 
         Raises:
             TaskError: the task failed (names the stage, the task and this worker).
             QueryCancelled: the query was cancelled here meanwhile.
         """
         self._action(ACTION_SET_PLAN, plan.to_json())
-        rows, nbytes = self.worker.task_stats(plan.key)
+        metrics = self.worker.task_metrics(plan.key)
         self._touch(plan.key.query_id)
-        return rows, nbytes
+        return metrics
 
     # ------------------------------------------------------------- handlers
     def _touch(self, query_id: str) -> None:
@@ -326,6 +330,9 @@ class FlightWorker:
             self._touch(key.query_id)
             answer = {"partition_rows": list(rows), "partition_bytes": list(nbytes)}
             return [json.dumps(answer).encode()]
+        if name == ACTION_QUERY_METRICS:
+            tasks = self.worker.query_metrics(body.decode())
+            return [json.dumps([m.to_dict() for m in tasks]).encode()]
         if name == ACTION_CANCEL_QUERY:
             query_id = body.decode()
             self._cancel(query_id)

@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
 from distfusion.transport.feed_endpoint import pull_feed
 from distfusion.work_unit_feed.unit import WorkUnit
-from distfusion.worker.execute_task import run_task_into
+from distfusion.worker.execute_task import run_task_into, task_meter
 from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
 from distfusion.worker.memory import SpillDirs, TaskMemory, default_memory_per_task_bytes
 from distfusion.worker.task_output import TaskOutput
@@ -82,6 +83,7 @@ class _Task:
     partition_rows: tuple[int, ...] = ()
     partition_bytes: tuple[int, ...] = ()
     spilled_bytes: int = 0
+    metrics: TaskMetrics | None = None
 
 
 class Worker:
@@ -147,6 +149,9 @@ class Worker:
         self._spilled_bytes = 0
         self._spill_count = 0
         self._output_spilled_bytes = 0
+        # query id -> (stage, task) -> metrics of every task that succeeded here;
+        # kept until cancel_query (tasks whose output was read are gone from _tasks).
+        self._metrics: dict[str, dict[tuple[int, int], TaskMetrics]] = {}
 
     # ---------------------------------------------------------------- protocol
     def set_plan(self, plan: TaskPlan) -> None:
@@ -219,6 +224,29 @@ class Worker:
                 raise task.error
             return task.partition_rows, task.partition_bytes
 
+    def task_metrics(self, key: TaskKey, timeout_s: float | None = None) -> TaskMetrics:
+        """The metrics of task ``key``, once it is done (blocks like :meth:`task_stats`).
+
+        Raises:
+            TaskError: the task failed.
+            QueryCancelled: the query was cancelled on this worker.
+            TimeoutError: ``timeout_s`` seconds passed without the task finishing.
+        """
+        task = self._wait(key, timeout_s)
+        with self._lock:
+            if task.error is not None:
+                raise task.error
+            assert task.metrics is not None  # set with the output
+            return task.metrics
+
+    def query_metrics(self, query_id: str) -> list[TaskMetrics]:
+        """Metrics of every task of ``query_id`` that finished here so far (no waiting).
+
+        Kept until :meth:`cancel_query`; one list per call, in no fixed order.
+        """
+        with self._lock:
+            return list(self._metrics.get(query_id, {}).values())
+
     def receive_feed(self, key: TaskKey, table: str, units: Iterable[bytes]) -> None:
         """Take the feed of ``table`` for task ``key`` as the coordinator streams it.
 
@@ -256,6 +284,7 @@ class Worker:
             for k in [k for k in self._inboxes if k[0].query_id == query_id]:
                 self._inboxes.pop(k).close()
             self._cancelled[query_id] = None
+            self._metrics.pop(query_id, None)
             while len(self._cancelled) > _CANCELLED_KEPT:
                 del self._cancelled[next(iter(self._cancelled))]
             for key in [k for k in self._tasks if k.query_id == query_id]:
@@ -311,6 +340,7 @@ class Worker:
                 self._cancelled[qid] = None
             outputs = [t.output for t in self._tasks.values() if t.output is not None]
             self._tasks.clear()
+            self._metrics.clear()
             self._lock.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for output in outputs:
@@ -392,6 +422,7 @@ class Worker:
                 return os.path.join(spill_dir, f"s{key.stage_id}-t{key.task_index}-p{p}.arrow")
 
             output = TaskOutput(plan.output.num_partitions, spill_path, memory.pool_bytes)
+            meter = task_meter(plan, self.url)
             metrics = run_task_into(
                 output,
                 plan,
@@ -400,16 +431,22 @@ class Worker:
                 worker=self.url,
                 feed_chunks=lambda share: self._feed_chunks(plan, share),
                 memory=memory,
+                meter=meter,
             )
             output.finish()
+            task_metrics = meter.finish(sizes=(tuple(output.rows), tuple(output.nbytes)))
             with self._lock:
                 task.output = output
                 task.partition_rows = tuple(output.rows)
                 task.partition_bytes = tuple(output.nbytes)
                 task.spilled_bytes = metrics.spilled_bytes
+                task.metrics = task_metrics
                 self._spilled_bytes += metrics.spilled_bytes
                 self._spill_count += metrics.spill_count
                 self._output_spilled_bytes += output.spilled_bytes
+                if not self.is_cancelled(qid):
+                    key = (plan.key.stage_id, plan.key.task_index)
+                    self._metrics.setdefault(qid, {})[key] = task_metrics
         except (TaskError, QueryCancelled) as exc:
             task.error = exc
         except Exception as exc:  # reading an input failed, or a bug: name the task
