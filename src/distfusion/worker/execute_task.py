@@ -63,6 +63,7 @@ COORDINATOR = "coordinator"
 
 log = logging.getLogger("distfusion.worker")
 
+
 def task_context(
     target_partitions: int,
     memory: TaskMemory | None = None,
@@ -499,6 +500,20 @@ def _attempts(memory: TaskMemory | None) -> list[tuple[TaskMemory | None, dict[s
     return attempts
 
 
+def _read_once(
+    plan: TaskPlan, read_input: Callable[[int], list[pa.RecordBatch]]
+) -> Callable[[int], list[pa.RecordBatch]]:
+    """``read_input`` reading each input once, kept as bound for a run again (views cast once)."""
+    inputs: dict[int, list[pa.RecordBatch]] = {}
+
+    def read(i: int) -> list[pa.RecordBatch]:
+        if i not in inputs:
+            inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
+        return inputs[i]
+
+    return read
+
+
 def _warn_again(plan: TaskPlan, memory: TaskMemory | None, n: int, exc: Exception) -> None:
     log.warning(
         "%s: over its memory budget of %s bytes (%s); running it again %s",
@@ -564,14 +579,7 @@ def run_task_into(
             for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
                 _partition_into(df, plan, cancelled, sink, metrics, meter)
             return metrics
-        inputs: dict[int, list[pa.RecordBatch]] = {}
-
-        def read_once(i: int) -> list[pa.RecordBatch]:
-            # Kept for a run again, as bound (views cast once, not held twice).
-            if i not in inputs:
-                inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
-            return inputs[i]
-
+        read_once = _read_once(plan, read_input)
         attempts = _attempts(memory)
         for n, (mem, settings) in enumerate(attempts):
             try:
@@ -630,9 +638,7 @@ def task_meter(plan: TaskPlan, worker: str) -> TaskMeter:
     DataFusion reports no ``bytes_scanned``).
     """
     unit_bytes = sum(u.size_bytes for share in plan.scans for u in share.units)
-    return TaskMeter(
-        plan.key.stage_id, plan.key.task_index, worker, len(plan.inputs), unit_bytes
-    )
+    return TaskMeter(plan.key.stage_id, plan.key.task_index, worker, len(plan.inputs), unit_bytes)
 
 
 def stream_head_stage(
@@ -672,14 +678,7 @@ def stream_head_stage(
                     nbytes += batch.nbytes
                     yield batch
         else:
-            inputs: dict[int, list[pa.RecordBatch]] = {}
-
-            def read_once(i: int) -> list[pa.RecordBatch]:
-                # Kept for a run again, as bound (views cast once, not held twice).
-                if i not in inputs:
-                    inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
-                return inputs[i]
-
+            read_once = _read_once(plan, read_input)
             attempts = _attempts(memory)
             for n, (mem, settings) in enumerate(attempts):
                 yielded = False

@@ -24,23 +24,9 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from distfusion.worker.execute_task import without_views
+
 __all__ = ["TaskOutput"]
-
-
-def _plain(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with view columns as plain strings/binaries (IPC writes only their own bytes)."""
-    types = batch.schema.types
-    if not any(pa.types.is_string_view(t) or pa.types.is_binary_view(t) for t in types):
-        return batch
-    columns = [
-        c.cast(pa.string())
-        if pa.types.is_string_view(c.type)
-        else c.cast(pa.binary())
-        if pa.types.is_binary_view(c.type)
-        else c
-        for c in batch.columns
-    ]
-    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
 
 
 class TaskOutput:
@@ -156,7 +142,7 @@ class TaskOutput:
 
     def _write(self, p: int, batch: pa.RecordBatch) -> None:
         """Append ``batch`` to partition ``p``'s file (opened on first use); lock held."""
-        batch = _plain(batch)
+        batch = without_views(batch)  # IPC writes only a view array's own bytes
         entry = self._writers.get(p)
         if entry is None:
             if p in self._files:  # spilled and closed before: its batches are read back first
