@@ -80,10 +80,7 @@ class _Task:
     output: TaskOutput | None = None
     reads_left: list[int] = field(default_factory=list)
     error: BaseException | None = None
-    partition_rows: tuple[int, ...] = ()
-    partition_bytes: tuple[int, ...] = ()
-    spilled_bytes: int = 0
-    metrics: TaskMetrics | None = None
+    metrics: TaskMetrics | None = None  # rows and bytes per output partition among them
 
 
 class Worker:
@@ -218,11 +215,8 @@ class Worker:
             QueryCancelled: the query was cancelled on this worker.
             TimeoutError: ``timeout_s`` seconds passed without the task finishing.
         """
-        task = self._wait(key, timeout_s)
-        with self._lock:
-            if task.error is not None:
-                raise task.error
-            return task.partition_rows, task.partition_bytes
+        metrics = self.task_metrics(key, timeout_s)
+        return metrics.partition_rows, metrics.partition_bytes
 
     def task_metrics(self, key: TaskKey, timeout_s: float | None = None) -> TaskMetrics:
         """The metrics of task ``key``, once it is done (blocks like :meth:`task_stats`).
@@ -437,9 +431,6 @@ class Worker:
             task_metrics = meter.finish(sizes=(tuple(output.rows), tuple(output.nbytes)))
             with self._lock:
                 task.output = output
-                task.partition_rows = tuple(output.rows)
-                task.partition_bytes = tuple(output.nbytes)
-                task.spilled_bytes = metrics.spilled_bytes
                 task.metrics = task_metrics
                 self._spilled_bytes += metrics.spilled_bytes
                 self._spill_count += metrics.spill_count
