@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from distfusion import bench
@@ -43,12 +44,22 @@ def test_json_holds_every_run_median_and_shape(tpch_dir, tmp_path):
         assert shape["tasks"] == sum(shape["tasks_per_stage"])
         assert set(q["shapes"]) == {"distfusion", "local"}  # DataFusion has no stages
     assert doc["queries"]["1"]["rows"] == 4 and doc["queries"]["6"]["rows"] == 1
+    assert all(q["answers_differ"] == [] for q in doc["queries"].values())
     assert doc["total_s"]["distfusion"] == pytest.approx(
         sum(q["engines"]["distfusion"]["median_s"] for q in doc["queries"].values())
     )
     assert set(doc["ratios"]) == {"datafusion", "local"}
     assert doc["git"] is None or len(doc["git"]["commit"]) == 40
     assert "baseline" not in doc
+
+
+def test_answer_digest_ignores_row_order_and_float_noise_not_values():
+    a = pa.table({"k": ["x", "y"], "v": [0.1 + 0.2, 1.0]})
+    shuffled = pa.table({"k": ["y", "x"], "v": [1.0, 0.3]})
+    assert bench.answer_digest(a) == bench.answer_digest(shuffled)
+    assert bench._answers_differ({"datafusion": a, "distfusion": shuffled}) == []
+    wrong = pa.table({"k": ["y", "x"], "v": [1.0, 0.31]})
+    assert bench._answers_differ({"datafusion": a, "distfusion": wrong}) == ["distfusion"]
 
 
 def _baseline_doc(medians_s: dict[int, float]) -> dict:

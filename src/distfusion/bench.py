@@ -38,6 +38,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from importlib.metadata import PackageNotFoundError, version
 
+import pyarrow as pa
 from datafusion import SessionContext
 from rich.console import Console
 from rich.table import Table
@@ -63,8 +64,8 @@ __all__ = [
     "used_memory_bytes",
 ]
 
-Runner = Callable[[str], int]
-"""Runs one SQL text to completion; returns the result's row count."""
+Runner = Callable[[str], pa.Table]
+"""Runs one SQL text to completion; returns the result (collected as Arrow)."""
 
 PEERS = ("datafusion", "spark-sql", "local", "static")
 """Peer names ``--peers`` accepts, in display order."""
@@ -110,7 +111,7 @@ def parse_peers(spec: str | None, runtime_name: str) -> list[str]:
 def _datafusion_runner(data_dir: str) -> Runner:
     ctx = SessionContext()
     tpch.register_tpch(ctx, data_dir)
-    return lambda sql: plan_statements(ctx, sql).to_arrow_table().num_rows
+    return lambda sql: plan_statements(ctx, sql).to_arrow_table()
 
 
 def _spark_sql_runner(spark, data_dir: str) -> Runner:
@@ -123,15 +124,15 @@ def _spark_sql_runner(spark, data_dir: str) -> Runner:
     for table in tpch.TABLES:
         spark.read.parquet(tpch.table_path(data_dir, table)).createOrReplaceTempView(table)
 
-    def run(sql: str) -> int:
-        rows = 0
+    def run(sql: str) -> pa.Table:
+        result = pa.table({})
         for stmt in split_statements(sql):
             stmt = re.sub(r"(?i)^create view", "CREATE OR REPLACE TEMPORARY VIEW", stmt)
             stmt = re.sub(r"(?i)^drop view", "DROP VIEW IF EXISTS", stmt)
             df = spark.sql(stmt)
             if df.columns:
-                rows = df.toArrow().num_rows
-        return rows
+                result = df.toArrow()
+        return result
 
     return run
 
@@ -146,21 +147,21 @@ class DistfusionRunner:
     def __init__(self, ctx) -> None:
         self.ctx = ctx
 
-    def __call__(self, sql: str) -> int:
-        """Run ``sql`` to completion; returns the row count."""
-        return self.ctx.sql(sql).to_arrow_table().num_rows
+    def __call__(self, sql: str) -> pa.Table:
+        """Run ``sql`` to completion; returns the result."""
+        return self.ctx.sql(sql).to_arrow_table()
 
-    def probe(self, sql: str) -> tuple[int, dict, list[str]]:
+    def probe(self, sql: str) -> tuple[pa.Table, dict, list[str]]:
         """Run ``sql`` once, untimed.
 
         Returns:
-            ``(rows, shape, decisions)``: see :func:`shape_of` and
+            ``(result, shape, decisions)``: see :func:`shape_of` and
             :func:`adaptive_decisions`.
         """
         df = self.ctx.sql(sql)
         before = _explain(df)
-        rows = df.to_arrow_table().num_rows
-        return rows, shape_of(df.stage_graph()), adaptive_decisions(df, before)
+        result = df.to_arrow_table()
+        return result, shape_of(df.stage_graph()), adaptive_decisions(df, before)
 
 
 def static_config():
@@ -560,13 +561,53 @@ def _gib(nbytes: int | None) -> str:
     return "" if nbytes is None else f" (+{nbytes / 2**30:.1f} GiB)"
 
 
+def answer_digest(table: pa.Table) -> list[tuple]:
+    """``table``'s rows as sorted tuples, floats rounded to 9 significant digits.
+
+    Two engines give the same answer when their digests are equal: row order
+    is ignored (the TPC-H answers are checked for content; order is
+    DataFusion's to keep) and floats may differ in their last digits (a
+    distributed sum adds in another order). Decimals, integers and strings
+    compare exactly.
+    """
+
+    def value(v):
+        return f"{v:.9g}" if isinstance(v, float) else v
+
+    rows = [tuple(value(v) for v in row.values()) for row in table.to_pylist()]
+    return sorted(rows, key=repr)
+
+
+def _answers_differ(results: dict[str, pa.Table]) -> list[str]:
+    """Engines of ``results`` whose answer is not single-node DataFusion's.
+
+    Only DataFusion-based engines are compared (Spark SQL's types and decimal
+    rounding differ: its row count is checked by the caller); [] without a
+    ``datafusion`` result.
+    """
+    if "datafusion" not in results:
+        return []
+    expected = answer_digest(results["datafusion"])
+    return [
+        e
+        for e, t in results.items()
+        if e not in ("datafusion", "spark-sql") and answer_digest(t) != expected
+    ]
+
+
 def _measure_query(
     q: int, engines: dict[str, Runner], runs: int, console: Console
 ) -> dict:
     """Warm up every engine on query ``q``, then ``runs`` interleaved timed runs.
 
+    The warm-up results are checked: every engine's row count, and each
+    DataFusion-based engine's answer against single-node DataFusion's
+    (:func:`answer_digest`; a difference is printed in red and listed under
+    ``answers_differ``).
+
     Returns:
-        ``{"rows": n, "engines": {engine: {"runs_s": [...], "median_s": s}},
+        ``{"rows": n, "answers_differ": [engine, ...],
+        "engines": {engine: {"runs_s": [...], "median_s": s}},
         "shapes": {engine: shape}, "adaptive_decisions": {engine: [line, ...]}}``;
         shapes and decisions only for distfusion engines (distfusion, local, static).
 
@@ -574,15 +615,19 @@ def _measure_query(
         RuntimeError: the engines disagree on the row count.
     """
     sql = tpch.query(q)
-    rows, shapes, decisions = {}, {}, {}
+    results, shapes, decisions = {}, {}, {}
     for e, run in engines.items():  # warm-up
         if isinstance(run, DistfusionRunner):
-            rows[e], shapes[e], decisions[e] = run.probe(sql)
+            results[e], shapes[e], decisions[e] = run.probe(sql)
         else:
-            rows[e] = run(sql)
+            results[e] = run(sql)
+    rows = {e: t.num_rows for e, t in results.items()}
     if len(set(rows.values())) != 1:
         msg = f"Q{q}: engines disagree on the row count: {rows}"
         raise RuntimeError(msg)
+    differ = _answers_differ(results)
+    if differ:
+        console.print(f"[bold red]Q{q}: answers differ from single-node DataFusion: {differ}[/]")
     times: dict[str, list[float]] = {e: [] for e in engines}
     peaks: dict[str, list[int | None]] = {e: [] for e in engines}
     for _ in range(runs):
@@ -592,6 +637,7 @@ def _measure_query(
             peaks[e].append(peak)
     result = {
         "rows": rows["distfusion"],
+        "answers_differ": differ,
         "engines": {
             e: {
                 "runs_s": t,
