@@ -157,3 +157,11 @@ def test_peak_memory_sees_what_a_block_allocates():
 def test_memory_per_task_reaches_the_settings(tpch_dir, tmp_path):
     doc = _bench(tpch_dir, tmp_path, "--memory-per-task", "64MiB")
     assert doc["settings"]["memory_per_task_bytes"] == 64 * 1024 * 1024
+
+
+def test_no_metrics_peer_runs_the_same_plans_without_operator_metrics(tpch_dir, tmp_path):
+    doc = _bench(tpch_dir, tmp_path, "--peers", "datafusion,no-metrics")
+    for q in doc["queries"].values():
+        assert q["answers_differ"] == []
+        assert q["shapes"]["no-metrics"] == q["shapes"]["distfusion"]
+    assert set(doc["ratios"]) == {"datafusion", "no-metrics"}

@@ -185,6 +185,27 @@ def test_leaf_stage_rows_equal_single_node_counts(ctx, oracle):
     assert df.metrics().stage(leaf.stage_id).source_bytes > 0
 
 
+def test_operator_metrics_off_keeps_task_sizes_and_drops_operators(ctx, tpch_dir):
+    on = ctx.sql(GROUP_BY)
+    on.collect()
+    quiet = DistributedContext(
+        runtime=ctx.runtime,
+        config=DistributedConfig(tasks_per_stage=2, operator_metrics=False),
+    )
+    tpch.register_tpch(quiet, tpch_dir)
+    off = quiet.sql(GROUP_BY)
+    assert sorted(off.to_arrow_table().to_pylist(), key=str) == sorted(
+        on.to_arrow_table().to_pylist(), key=str
+    )
+    assert all(t.operators for sm in on.metrics().stages for t in sm.tasks)
+    for sm in off.metrics().stages:
+        assert sm.tasks and all(t.operators == () for t in sm.tasks)
+    assert off.metrics().rows == on.metrics().rows
+    assert [sm.output_rows for sm in off.metrics().stages] == [
+        sm.output_rows for sm in on.metrics().stages
+    ]
+
+
 def test_stage_spread_is_min_median_max_over_tasks(ctx):
     df = ctx.sql(GROUP_BY)
     df.collect()

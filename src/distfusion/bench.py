@@ -14,6 +14,8 @@ The peers (``--peers``, :data:`PEERS`)::
     spark-sql    Spark SQL on distfusion's SparkSession (default with --runtime spark)
     local        distfusion on its local runtime, same --workers, own DistributedContext
     static       distfusion on the same runtime with DistributedConfig(adaptive=False)
+    no-metrics   distfusion on the same runtime with DistributedConfig(operator_metrics=False):
+                 what collecting every task's operator metrics costs
 
 ``--json PATH`` writes everything measured (:func:`run_tpch_bench` documents
 the layout); ``--baseline PATH`` compares distfusion's medians with such a file
@@ -67,7 +69,7 @@ __all__ = [
 Runner = Callable[[str], pa.Table]
 """Runs one SQL text to completion; returns the result (collected as Arrow)."""
 
-PEERS = ("datafusion", "spark-sql", "local", "static")
+PEERS = ("datafusion", "spark-sql", "local", "static", "no-metrics")
 """Peer names ``--peers`` accepts, in display order."""
 
 SLOWER_TOLERANCE = 0.05
@@ -155,13 +157,17 @@ class DistfusionRunner:
         """Run ``sql`` once, untimed.
 
         Returns:
-            ``(result, shape, decisions)``: see :func:`shape_of` and
-            :func:`adaptive_decisions`.
+            ``(result, shape, decisions)``: see :func:`shape_of` (with
+            ``spilled_bytes``: what the tasks' DataFusion operators spilled,
+            from ``df.metrics()``) and :func:`adaptive_decisions`.
         """
         df = self.ctx.sql(sql)
         before = _explain(df)
         result = df.to_arrow_table()
-        return result, shape_of(df.stage_graph()), adaptive_decisions(df, before)
+        shape = shape_of(df.stage_graph())
+        metrics = df.metrics()
+        shape["spilled_bytes"] = sum(s.spilled_bytes for s in metrics.stages) if metrics else 0
+        return result, shape, adaptive_decisions(df, before)
 
 
 def static_config():
@@ -217,6 +223,11 @@ def _peer_runners(
             static = DistributedContext(runtime=runtime, config=config)
             tpch.register_tpch(static, args.data)
             runners[peer] = DistfusionRunner(static)
+        elif peer == "no-metrics":
+            config = dataclasses.replace(_memory_config(args), operator_metrics=False)
+            quiet = DistributedContext(runtime=runtime, config=config)
+            tpch.register_tpch(quiet, args.data)
+            runners[peer] = DistfusionRunner(quiet)
     return runners
 
 
@@ -452,11 +463,19 @@ class PeakMemory:
     :func:`used_memory_bytes` seen minus its value at the start (bytes, at least
     0; None where the platform does not say). Every process counts, as in the
     issue's measurements (#14): the workers, Spark's JVM and its Python workers.
+
+    ``extra_bytes`` misses memory a process kept from an earlier run and
+    reused (allocators keep freed pages: DataFusion's, Arrow's pools), so
+    with ``idle_bytes`` (:func:`used_memory_bytes` before any engine started)
+    ``over_idle_bytes`` is the highest use over that: an upper bound that
+    also counts what other engines and started workers hold.
     """
 
-    def __init__(self, interval_s: float = 0.2) -> None:
+    def __init__(self, interval_s: float = 0.2, idle_bytes: int | None = None) -> None:
         self.interval_s = interval_s
+        self.idle_bytes = idle_bytes
         self.extra_bytes: int | None = None
+        self.over_idle_bytes: int | None = None
         self._stop = threading.Event()
         self._peak: int | None = None
         self._base: int | None = None
@@ -483,15 +502,17 @@ class PeakMemory:
         self._sample()
         if self._base is not None and self._peak is not None:
             self.extra_bytes = max(0, self._peak - self._base)
+        if self.idle_bytes is not None and self._peak is not None:
+            self.over_idle_bytes = max(0, self._peak - self.idle_bytes)
 
 
-def _time(run: Runner, sql: str) -> tuple[float, int | None]:
-    """Wall seconds of one run of ``sql``, and the machine's peak extra memory meanwhile (bytes)."""
-    with PeakMemory() as peak:
+def _time(run: Runner, sql: str, idle_bytes: int | None) -> tuple[float, PeakMemory]:
+    """Wall seconds of one run of ``sql``, and the machine's peak memory meanwhile."""
+    with PeakMemory(idle_bytes=idle_bytes) as peak:
         start = time.perf_counter()
         run(sql)
         elapsed = time.perf_counter() - start
-    return elapsed, peak.extra_bytes
+    return elapsed, peak
 
 
 def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
@@ -555,10 +576,27 @@ def _print_results(results: dict, engines: list[str], peers: list[str], console:
         style="bold",
     )
     console.print(table)
+    peaks = []
+    for e in engines:
+        runs = [r["engines"][e] for r in results["queries"].values()]
+        extra = _max([v.get("peak_extra_bytes") for v in runs])
+        over = _max([v.get("peak_over_idle_bytes") for v in runs])
+        if extra is not None:
+            peaks.append(f"{e}{_gib(extra, over)}")
+    if peaks:
+        console.print("peak memory (+over a run's start/over idle): " + ", ".join(peaks))
 
 
-def _gib(nbytes: int | None) -> str:
-    return "" if nbytes is None else f" (+{nbytes / 2**30:.1f} GiB)"
+def _gib(extra: int | None, over_idle: int | None) -> str:
+    if extra is None:
+        return ""
+    if over_idle is None:
+        return f" (+{extra / 2**30:.1f} GiB)"
+    return f" (+{extra / 2**30:.1f}/{over_idle / 2**30:.1f} GiB)"
+
+
+def _max(values: list[int | None]) -> int | None:
+    return max((v for v in values if v is not None), default=None)
 
 
 def answer_digest(table: pa.Table) -> list[tuple]:
@@ -596,7 +634,11 @@ def _answers_differ(results: dict[str, pa.Table]) -> list[str]:
 
 
 def _measure_query(
-    q: int, engines: dict[str, Runner], runs: int, console: Console
+    q: int,
+    engines: dict[str, Runner],
+    runs: int,
+    console: Console,
+    idle_bytes: int | None = None,
 ) -> dict:
     """Warm up every engine on query ``q``, then ``runs`` interleaved timed runs.
 
@@ -609,7 +651,8 @@ def _measure_query(
         ``{"rows": n, "answers_differ": [engine, ...],
         "engines": {engine: {"runs_s": [...], "median_s": s}},
         "shapes": {engine: shape}, "adaptive_decisions": {engine: [line, ...]}}``;
-        shapes and decisions only for distfusion engines (distfusion, local, static).
+        shapes and decisions only for distfusion engines (distfusion, local,
+        static, no-metrics).
 
     Raises:
         RuntimeError: the engines disagree on the row count.
@@ -629,10 +672,10 @@ def _measure_query(
     if differ:
         console.print(f"[bold red]Q{q}: answers differ from single-node DataFusion: {differ}[/]")
     times: dict[str, list[float]] = {e: [] for e in engines}
-    peaks: dict[str, list[int | None]] = {e: [] for e in engines}
+    peaks: dict[str, list[PeakMemory]] = {e: [] for e in engines}
     for _ in range(runs):
         for e, run in engines.items():
-            elapsed, peak = _time(run, sql)
+            elapsed, peak = _time(run, sql, idle_bytes)
             times[e].append(elapsed)
             peaks[e].append(peak)
     result = {
@@ -642,7 +685,8 @@ def _measure_query(
             e: {
                 "runs_s": t,
                 "median_s": statistics.median(t),
-                "peak_extra_bytes": max((p for p in peaks[e] if p is not None), default=None),
+                "peak_extra_bytes": _max([p.extra_bytes for p in peaks[e]]),
+                "peak_over_idle_bytes": _max([p.over_idle_bytes for p in peaks[e]]),
             }
             for e, t in times.items()
         },
@@ -650,10 +694,12 @@ def _measure_query(
         "adaptive_decisions": {e: d for e, d in decisions.items() if d},
     }
     line = "  ".join(
-        f"{e} {v['median_s']:.3f}" + _gib(v["peak_extra_bytes"])
+        f"{e} {v['median_s']:.3f}" + _gib(v["peak_extra_bytes"], v["peak_over_idle_bytes"])
         for e, v in result["engines"].items()
     )
-    console.print(f"Q{q:<2} {line}  ({describe_shape(shapes['distfusion'])})")
+    spilled = shapes["distfusion"].get("spilled_bytes", 0)
+    spill = f", {spilled / 2**20:.0f} MiB spilled" if spilled else ""
+    console.print(f"Q{q:<2} {line}  ({describe_shape(shapes['distfusion'])}{spill})")
     for e, lines in result["adaptive_decisions"].items():
         if len(lines) == 1:
             console.print(f"    adaptive ({e}): {lines[0]}", markup=False, highlight=False)
@@ -681,8 +727,10 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
              "environment": {python, platform, cpus, versions},
              "queries": {"1": {"rows": n,
                                "engines": {engine: {"runs_s": [s, ...], "median_s": s,
-                                                    "peak_extra_bytes": bytes | None}},
-                               "shapes": {engine: {stages, tasks, tasks_per_stage, boundaries}},
+                                                    "peak_extra_bytes": bytes | None,
+                                                    "peak_over_idle_bytes": bytes | None}},
+                               "shapes": {engine: {stages, tasks, tasks_per_stage, boundaries,
+                                                   spilled_bytes}},
                                "adaptive_decisions": {engine: [line, ...]}}, ...},
              "total_s": {engine: sum of medians},
              "ratios": {peer: total distfusion / total peer},
@@ -691,8 +739,10 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
 
         Times are wall-clock seconds; ``engine`` is ``distfusion`` or a peer name;
         ``peak_extra_bytes`` is the machine's highest extra memory in use during
-        the engine's timed runs of the query (:class:`PeakMemory`, every
-        process counted; None off Linux).
+        the engine's timed runs of the query over its use when the run started,
+        ``peak_over_idle_bytes`` the same over its use before the benchmark
+        started any engine (an upper bound: see :class:`PeakMemory`; every
+        process counted; None off Linux). The console shows both, ``(+extra/over idle GiB)``.
 
     Raises:
         RuntimeError: an engine returned a different row count than the others.
@@ -704,6 +754,7 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
     baseline_path = getattr(args, "baseline", None)
     baseline = load_baseline(baseline_path) if baseline_path else None  # fail before running
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    idle = used_memory_bytes()  # before any engine, worker or JVM starts
     runtime = runtime_from_name(args.runtime, args.workers, **runtime_options(args))
     with ExitStack() as stack:
         ctx = stack.enter_context(DistributedContext(runtime=runtime, config=_memory_config(args)))
@@ -719,7 +770,9 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
             f"({runtime.num_workers()} workers) vs {', '.join(peers) or 'no peer'}; "
             f"{args.runs} timed runs per query, medians in seconds"
         )
-        per_query = {str(q): _measure_query(q, engines, args.runs, console) for q in queries}
+        per_query = {
+            str(q): _measure_query(q, engines, args.runs, console, idle) for q in queries
+        }
     totals = {e: sum(r["engines"][e]["median_s"] for r in per_query.values()) for e in engines}
     doc = {
         "format": JSON_FORMAT,

@@ -154,6 +154,8 @@ class Stage:
         computation: a digest of what the stage computes (fragment, task
             count, inputs), whatever its output partitioning: adaptive
             execution recognises a stage that ran when it plans again.
+        operator_metrics: its tasks report DataFusion's metrics of every
+            operator they ran (``DistributedConfig.operator_metrics``).
     """
 
     stage_id: int
@@ -168,6 +170,7 @@ class Stage:
     estimated_bytes: float = 0.0
     estimated_max_bytes: float = 0.0
     computation: str = ""
+    operator_metrics: bool = True
 
     @property
     def is_leaf(self) -> bool:

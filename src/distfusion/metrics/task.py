@@ -168,10 +168,19 @@ class TaskMeter:
         num_inputs: inputs of the stage (for :attr:`TaskMetrics.input_rows`).
         unit_bytes: bytes of the work units the task reads (used for
             ``source_bytes`` when DataFusion reports no ``bytes_scanned``).
+        operators: walk the executed plans for DataFusion's operator metrics
+            (``operators``, and the compute, spill and scan figures summed
+            from them); False: the task's own clocks and sizes only.
     """
 
     def __init__(
-        self, stage_id: int, task_index: int, worker: str, num_inputs: int, unit_bytes: int = 0
+        self,
+        stage_id: int,
+        task_index: int,
+        worker: str,
+        num_inputs: int,
+        unit_bytes: int = 0,
+        operators: bool = True,
     ) -> None:
         self.stage_id = stage_id
         self.task_index = task_index
@@ -181,6 +190,7 @@ class TaskMeter:
         self.input_bytes = [0] * num_inputs
         self.input_wait_s = 0.0
         self.frames: list = []
+        self.operators = operators
         self._start = time.perf_counter()
         self._cpu = time.thread_time()
 
@@ -202,7 +212,8 @@ class TaskMeter:
 
     def executed(self, df) -> None:
         """Record that DataFrame ``df`` is (being) executed by this task."""
-        self.frames.append(df)
+        if self.operators:
+            self.frames.append(df)
 
     def finish(
         self,

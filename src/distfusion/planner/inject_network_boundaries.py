@@ -192,6 +192,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                     estimated_bytes=frag.est.bytes,
                     estimated_max_bytes=frag.est.bytes / max(frag.est.kept, 1e-6),
                     computation=computation or self._computation(frag),
+                    operator_metrics=self.config.operator_metrics,
                 )
             )
             table = f"__stage_{stage_id}"

@@ -75,6 +75,8 @@ class TaskPlan:
         memory_per_task_bytes: the task's DataFusion memory pool, bytes
             (``DistributedConfig.memory_per_task_bytes``); None: the worker's
             own default (see :mod:`distfusion.worker.memory`).
+        operator_metrics: report DataFusion's metrics of every operator
+            (``Stage.operator_metrics``).
     """
 
     key: TaskKey
@@ -86,6 +88,7 @@ class TaskPlan:
     target_partitions: int = 1
     keep_output: bool = False
     memory_per_task_bytes: int | None = None
+    operator_metrics: bool = True
 
     @classmethod
     def for_task(
@@ -122,6 +125,7 @@ class TaskPlan:
             target_partitions=max(1, target_partitions),
             keep_output=keep_output,
             memory_per_task_bytes=memory_per_task_bytes,
+            operator_metrics=stage.operator_metrics,
         )
 
     def input_reads(self, i: int) -> list[tuple[str, TaskKey, int]]:
@@ -176,6 +180,7 @@ class TaskPlan:
                 "target_partitions": self.target_partitions,
                 "keep_output": self.keep_output,
                 "memory_per_task_bytes": self.memory_per_task_bytes,
+                "operator_metrics": self.operator_metrics,
             }
         )
 
@@ -224,6 +229,7 @@ class TaskPlan:
                 target_partitions=d["target_partitions"],
                 keep_output=bool(d.get("keep_output", False)),
                 memory_per_task_bytes=_budget(d.get("memory_per_task_bytes")),
+                operator_metrics=bool(d.get("operator_metrics", True)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"not a distfusion task plan: {exc}"

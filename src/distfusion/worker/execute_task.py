@@ -635,10 +635,17 @@ def task_meter(plan: TaskPlan, worker: str) -> TaskMeter:
     """A :class:`~distfusion.metrics.task.TaskMeter` for ``plan``'s task, run by ``worker``.
 
     The work unit bytes come from the plan's scans (``source_bytes`` when
-    DataFusion reports no ``bytes_scanned``).
+    DataFusion reports no ``bytes_scanned``); operator metrics as the plan says.
     """
     unit_bytes = sum(u.size_bytes for share in plan.scans for u in share.units)
-    return TaskMeter(plan.key.stage_id, plan.key.task_index, worker, len(plan.inputs), unit_bytes)
+    return TaskMeter(
+        plan.key.stage_id,
+        plan.key.task_index,
+        worker,
+        len(plan.inputs),
+        unit_bytes,
+        operators=plan.operator_metrics,
+    )
 
 
 def stream_head_stage(
