@@ -20,6 +20,7 @@ from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.local import LocalRuntime
 from distfusion.worker.memory import (
     MIN_TASK_MEMORY_BYTES,
+    SpillDirs,
     default_memory_per_task_bytes,
     parse_bytes,
     spark_memory_per_task_bytes,
@@ -229,3 +230,34 @@ def test_outputs_kept_stage_by_stage_spill_and_are_deleted_when_the_query_closes
     assert rows == oracle.sql("SELECT count(*) FROM lineitem").to_pylist()[0]["count(*)"]
     assert _files(spill) == []
     assert all(s["bytes_held"] == 0 and s["live_tasks"] == 0 for s in runtime.stats().values())
+
+
+def test_a_killed_workers_spill_root_is_deleted_by_the_next_worker_and_a_live_one_kept(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time; from distfusion.worker.memory import SpillDirs; "
+        "d = SpillDirs(sys.argv[1]); open(d.query_dir('q') + '/x.arrow', 'w').write('x'); "
+        "print(d.root, flush=True); time.sleep(60)"
+    )
+    dead = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
+    live = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
+    try:
+        dead_root = dead.stdout.readline().decode().strip()
+        live_root = live.stdout.readline().decode().strip()
+        dead.send_signal(signal.SIGKILL)  # no finalizer runs
+        dead.wait()
+        assert os.path.exists(os.path.join(dead_root, "q", "x.arrow"))
+        mine = SpillDirs(str(tmp_path))
+        root = mine.root
+        assert os.path.dirname(root) == str(tmp_path)
+        assert not os.path.exists(dead_root)
+        assert os.path.exists(os.path.join(live_root, "q", "x.arrow"))
+        mine.close()
+        assert not os.path.exists(root)
+    finally:
+        live.kill()
+        live.wait()
+        dead.wait()

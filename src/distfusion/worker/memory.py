@@ -44,6 +44,7 @@ __all__ = [
     "default_memory_per_task_bytes",
     "machine_memory_bytes",
     "parse_bytes",
+    "remove_stale_roots",
     "spark_memory_per_task_bytes",
 ]
 
@@ -178,6 +179,12 @@ class TaskMemory:
 class SpillDirs:
     """A worker's spill directories: one root, one subdirectory per query.
 
+    The root is named after the process (``distfusion-spill-<pid>-XXXX``). A
+    process that was killed (a Flight worker stopped with SIGKILL, a Spark
+    Python worker, which exits without running finalizers) cannot delete its
+    own: making a root deletes the roots in the same parent whose process no
+    longer runs, as Spark's executors clean their old local directories.
+
     Args:
         parent: where the root is made (``tempfile.mkdtemp(dir=parent)``);
             None: the system's temp directory (``$TMPDIR``).
@@ -195,7 +202,9 @@ class SpillDirs:
             if self._root is None:
                 if self.parent:
                     os.makedirs(self.parent, exist_ok=True)
-                self._root = tempfile.mkdtemp(prefix="distfusion-spill-", dir=self.parent)
+                prefix = f"{_ROOT_PREFIX}{os.getpid()}-"
+                self._root = tempfile.mkdtemp(prefix=prefix, dir=self.parent)
+                remove_stale_roots(os.path.dirname(self._root))
                 # Also deleted at interpreter exit (a Spark Python worker is never closed).
                 self._finalizer = weakref.finalize(self, shutil.rmtree, self._root, True)
             return self._root
@@ -232,6 +241,43 @@ class SpillDirs:
         if root is not None:
             self._finalizer.detach()
             shutil.rmtree(root, ignore_errors=True)
+
+
+_ROOT_PREFIX = "distfusion-spill-"
+_ROOT = re.compile(rf"^{_ROOT_PREFIX}(\d+)-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # no permission: it runs, as another user
+        return True
+    return True
+
+
+def remove_stale_roots(parent: str) -> list[str]:
+    """Delete the spill roots in ``parent`` whose process no longer runs.
+
+    Only roots named ``distfusion-spill-<pid>-...`` (:class:`SpillDirs`) are
+    considered; one whose process runs (or whose pid was reused) is kept.
+
+    Returns:
+        The directories deleted.
+    """
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        m = _ROOT.match(name)
+        if m and not _running(int(m.group(1))):
+            path = os.path.join(parent, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _safe(query_id: str) -> str:
