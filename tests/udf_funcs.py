@@ -7,7 +7,6 @@ import statistics
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from datafusion import Accumulator
 from datafusion.user_defined import WindowEvaluator
 

@@ -421,7 +421,9 @@ class DistributedContext:
             TypeError: ``udaf`` is not a ``datafusion.AggregateUDF``.
         """
         if not isinstance(udaf, AggregateUDF):
-            msg = f"register_udaf takes a datafusion AggregateUDF (see distfusion.udaf), got {udaf!r}"
+            msg = (
+                f"register_udaf takes a datafusion AggregateUDF (see distfusion.udaf), got {udaf!r}"
+            )
             raise TypeError(msg)
         self.ctx.register_udaf(udaf)
         udfs.register(udaf)
@@ -614,8 +616,10 @@ class DistributedContext:
             self._memory_source(st.table)
         elif st.kind == "external":
             self.sources.pop(st.table, None)  # replaced, or read on the coordinator
-            if st.stored_as == "PARQUET" and st.location and (
-                st.partition_cols or not st.partitioned
+            if (
+                st.stored_as == "PARQUET"
+                and st.location
+                and (st.partition_cols or not st.partitioned)
             ):
                 try:
                     source = parquet_source(
@@ -935,9 +939,7 @@ class DistributedDataFrame:
             if any(scan.source.is_feed for scan in stage.scans):
                 out[stage.stage_id] = "(reads a work unit feed: planned as units arrive)"
                 continue
-            workers = tuple(
-                ("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs
-            )
+            workers = tuple(("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs)
             plan = TaskPlan.for_task(graph.query_id, stage, 0, workers, 1)
             try:
                 _, df = build_dataframe(plan, lambda i: [])

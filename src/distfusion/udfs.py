@@ -422,7 +422,7 @@ def merge_functions(name: str) -> tuple[str, str] | None:
 
 
 def specs() -> tuple[Any, ...]:
-    """The shippable UDFs of this process (those made by :func:`udf`, :func:`udaf`, :func:`udwf`)."""
+    """The shippable UDFs of this process (made by :func:`udf`, :func:`udaf` or :func:`udwf`)."""
     return tuple(_SPECS.values())
 
 
