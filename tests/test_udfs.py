@@ -44,6 +44,9 @@ QUERIES = {
         "SELECT o_orderstatus, median_key(o_custkey) AS m, max(o_totalprice) AS mx "
         "FROM orders GROUP BY 1"
     ),
+    "udaf-mergeable-without-group-by": (
+        "SELECT geo_mean(o_totalprice) AS g, sum(o_totalprice) AS s, count(*) AS n FROM orders"
+    ),
     "udaf-without-group-by": (
         "SELECT geo_mean(o_totalprice) AS g, median_key(o_orderkey) AS m, count(*) AS n "
         "FROM orders WHERE o_orderdate < DATE '1995-01-01'"
@@ -193,6 +196,8 @@ def test_register_udaf_and_udwf_take_their_kind():
         DistributedContext().register_udaf(UDFS[0])
     with pytest.raises(TypeError, match="datafusion WindowUDF"):
         DistributedContext().register_udwf(UDAFS[0])
+    with pytest.raises(ValueError, match="state_type"):
+        distfusion.udaf(Median, [pa.int64()], pa.float64(), [], "immutable", mergeable=True)
     with pytest.raises(TypeError, match="Accumulator"):
         distfusion.udaf(lambda: 1, [pa.int64()], pa.int64(), [pa.int64()], "immutable")
     assert (

@@ -328,7 +328,8 @@ def udaf(
 
     Raises:
         TypeError: ``accum`` is not callable or does not return an ``Accumulator``.
-        ValueError: DataFusion rejects the types or volatility.
+        ValueError: ``mergeable`` with no ``state_type``, or DataFusion rejects
+            the types or volatility.
     """
     if not callable(accum):
         msg = f"udaf takes a callable returning a datafusion Accumulator, got {accum!r}"
@@ -337,6 +338,9 @@ def udaf(
     if not isinstance(sample, Accumulator):
         msg = f"udaf: {accum!r}() returned {sample!r}, not a datafusion Accumulator"
         raise TypeError(msg)
+    if mergeable and not state_type:
+        msg = "udaf: a mergeable aggregate UDF needs its state types (state_type) to ship states"
+        raise ValueError(msg)
     if isinstance(input_types, pa.DataType):
         input_types = [input_types]
     spec = UdafSpec(
