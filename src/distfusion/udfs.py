@@ -399,21 +399,31 @@ def register(u: Function) -> None:
     Raises:
         TypeError: ``u`` is not a DataFusion ScalarUDF, AggregateUDF or WindowUDF.
     """
-    key = (_kind(u), u.name)
-    _UDFS[key] = u
-    if key[0] == "aggregate":
-        for old in _MERGES.pop(u.name, ()):  # the companions of a UDAF it replaces
-            _UDFS.pop(("aggregate", old), None)
+    kind = _kind(u)
+    key = (kind, u.name)
     spec = getattr(u, "_distfusion_spec", None)
+    # Tasks of another thread may read the registry meanwhile (add_to): add the new
+    # functions first, then drop what they replace, so none is ever missing.
+    added = {key: u}
+    merge = None
+    if kind == "aggregate" and spec is not None and spec.mergeable:
+        partial, final = spec.companions()
+        added[("aggregate", partial.name)] = partial
+        added[("aggregate", final.name)] = final
+        merge = (partial.name, final.name)
+    _UDFS.update(added)
+    if kind == "aggregate":
+        stale = set(_MERGES.get(u.name, ())) - set(merge or ())
+        if merge is None:
+            _MERGES.pop(u.name, None)
+        else:
+            _MERGES[u.name] = merge
+        for name in stale:  # the companions of a mergeable UDAF this one replaces
+            _UDFS.pop(("aggregate", name), None)
     if spec is None:
         _SPECS.pop(key, None)
-        return
-    _SPECS[key] = spec
-    if key[0] == "aggregate" and spec.mergeable:
-        partial, final = spec.companions()
-        _UDFS[("aggregate", partial.name)] = partial
-        _UDFS[("aggregate", final.name)] = final
-        _MERGES[u.name] = (partial.name, final.name)
+    else:
+        _SPECS[key] = spec
 
 
 def merge_functions(name: str) -> tuple[str, str] | None:
@@ -437,9 +447,13 @@ def missing_specs() -> list[str]:
 
 
 def install(shipped: tuple[Any, ...]) -> None:
-    """On an executor: register the UDFs a Spark job brought (rebuilt once per process)."""
+    """On an executor: register the UDFs a Spark job brought (rebuilt once per process).
+
+    A spec equal to the one registered (same function objects and types: a
+    module's function unpickles as the same object) is not built again.
+    """
     for spec in shipped:
-        if _SPECS.get((spec.kind, spec.name)) is not spec:
+        if _SPECS.get((spec.kind, spec.name)) != spec:
             register(spec.build())
 
 
@@ -476,7 +490,7 @@ def load(reference: str) -> list[str]:
 
 def add_to(ctx: SessionContext) -> None:
     """Register every UDF of this process in ``ctx`` (a task's or the planner's session)."""
-    for (kind, _), u in _UDFS.items():
+    for (kind, _), u in tuple(_UDFS.items()):  # a snapshot: register may run meanwhile
         if kind == "scalar":
             ctx.register_udf(u)
         elif kind == "aggregate":
