@@ -18,7 +18,7 @@ import distfusion
 from distfusion import DistributedConfig, DistributedContext, FlightRuntime, TaskError, tpch
 from distfusion.stages import COALESCE, SHUFFLE
 from tests.compare import assert_same_result, is_ordered
-from tests.udf_funcs import UDAFS, UDFS, UDWFS, GeoMean, Median
+from tests.udf_funcs import UDAFS, UDFS, UDWFS, GeoMean, Median, RunningMax
 
 QUERIES = {
     # In a filter, a projection and a grouping key, on a leaf stage and above a shuffle.
@@ -120,25 +120,36 @@ def test_a_worker_without_the_udf_says_how_to_provide_it(runtime_for, tpch_dir):
         ctx.sql("SELECT only_here(o_orderkey) AS k FROM orders").to_arrow_table()
 
 
-@pytest.mark.parametrize("mergeable", [True, False])
-def test_a_worker_without_the_udaf_says_how_to_provide_it(runtime_for, tpch_dir, mergeable):
+def _only_here(kind: str):
+    """A UDF the session's Flight workers lack, and a query calling it, by ``kind``."""
+    name = f"only_here_{kind}"
+    if kind == "window":
+        u = distfusion.udwf(RunningMax, [pa.float64()], pa.float64(), "immutable", name=name)
+        call = f"{name}(o_totalprice) OVER (PARTITION BY o_orderstatus ORDER BY o_orderkey)"
+        return u, name, f"SELECT o_orderkey, {call} AS r FROM orders"
+    states = [pa.float64(), pa.int64()]
+    u = distfusion.udaf(
+        GeoMean,
+        [pa.float64()],
+        pa.float64(),
+        states,
+        "immutable",
+        name=name,
+        mergeable=kind == "mergeable",
+    )
+    return u, name, f"SELECT o_orderstatus, {name}(o_totalprice) AS g FROM orders GROUP BY 1"
+
+
+@pytest.mark.parametrize("kind", ["mergeable", "aggregate", "window"])
+def test_a_worker_without_the_udaf_or_udwf_names_it(runtime_for, tpch_dir, kind):
     # The session's Flight workers were started without --udf.
     ctx = DistributedContext(
         runtime=runtime_for("flight", 2), config=DistributedConfig(tasks_per_stage=2)
     )
     tpch.register_tpch(ctx, tpch_dir)
-    name = f"only_here_{'mergeable' if mergeable else 'raw'}"
-    agg = distfusion.udaf(
-        GeoMean,
-        [pa.float64()],
-        pa.float64(),
-        [pa.float64(), pa.int64()],
-        "immutable",
-        name=name,
-        mergeable=mergeable,
-    )
-    ctx.register_udaf(agg)
-    sql = f"SELECT o_orderstatus, {name}(o_totalprice) AS g FROM orders GROUP BY 1"
+    u, name, sql = _only_here(kind)
+    (ctx.register_udwf if kind == "window" else ctx.register_udaf)(u)
+    # A mergeable UDAF's companion (only_here_mergeable__partial) is named as the UDAF.
     with pytest.raises(TaskError, match=f"function '{name}'.*--udf package.module:name"):
         ctx.sql(sql).to_arrow_table()
 
