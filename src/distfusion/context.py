@@ -616,10 +616,8 @@ class DistributedContext:
             self._memory_source(st.table)
         elif st.kind == "external":
             self.sources.pop(st.table, None)  # replaced, or read on the coordinator
-            if (
-                st.stored_as == "PARQUET"
-                and st.location
-                and (st.partition_cols or not st.partitioned)
+            if st.stored_as == "PARQUET" and st.location and (
+                st.partition_cols or not st.partitioned
             ):
                 try:
                     source = parquet_source(
@@ -939,7 +937,9 @@ class DistributedDataFrame:
             if any(scan.source.is_feed for scan in stage.scans):
                 out[stage.stage_id] = "(reads a work unit feed: planned as units arrive)"
                 continue
-            workers = tuple(("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs)
+            workers = tuple(
+                ("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs
+            )
             plan = TaskPlan.for_task(graph.query_id, stage, 0, workers, 1)
             try:
                 _, df = build_dataframe(plan, lambda i: [])
