@@ -1,9 +1,14 @@
-"""Python UDFs the UDF tests register, and Flight workers load (``--udf tests.udf_funcs:UDFS``)."""
+"""Python UDFs the UDF tests register, and Flight workers load (``--udf tests.udf_funcs:ALL``)."""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pyarrow as pa
 import pyarrow.compute as pc
+from datafusion import Accumulator
+from datafusion.user_defined import WindowEvaluator
 
 import distfusion
 
@@ -27,3 +32,81 @@ price_band = distfusion.udf(
 )
 digit_sum = distfusion.udf(_digit_sum, [pa.int64()], pa.int64(), "immutable", name="digit_sum")
 UDFS = [price_band, digit_sum]
+
+
+class GeoMean(Accumulator):
+    """Geometric mean of the positive values (null when none): merges its states exactly."""
+
+    def __init__(self) -> None:
+        self.log_sum = 0.0
+        self.count = 0
+
+    def update(self, values: pa.Array) -> None:
+        positive = pc.filter(values, pc.greater(values, 0.0))
+        self.log_sum += pc.sum(pc.ln(positive)).as_py() or 0.0
+        self.count += len(positive)
+
+    def merge(self, states: list[pa.Array]) -> None:
+        self.log_sum += pc.sum(states[0]).as_py() or 0.0
+        self.count += pc.sum(states[1]).as_py() or 0
+
+    def state(self) -> list[pa.Scalar]:
+        return [pa.scalar(self.log_sum), pa.scalar(self.count)]
+
+    def evaluate(self) -> pa.Scalar:
+        value = math.exp(self.log_sum / self.count) if self.count else None
+        return pa.scalar(value, pa.float64())
+
+
+class Median(Accumulator):
+    """Exact median of int64 values (null when none): keeps every value."""
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+
+    def update(self, values: pa.Array) -> None:
+        self.values.extend(values.drop_null().to_pylist())
+
+    def merge(self, states: list[pa.Array]) -> None:
+        for kept in states[0].to_pylist():
+            self.values.extend(kept or [])
+
+    def state(self) -> list[pa.Scalar]:
+        return [pa.scalar(self.values, pa.list_(pa.int64()))]
+
+    def evaluate(self) -> pa.Scalar:
+        return pa.scalar(statistics.median(self.values) if self.values else None, pa.float64())
+
+
+class RunningMax(WindowEvaluator):
+    """The largest value so far in the window's order (over the whole partition)."""
+
+    def evaluate_all(self, values: list[pa.Array], num_rows: int) -> pa.Array:
+        out, best = [], None
+        for v in values[0].to_pylist():
+            if v is not None and (best is None or v > best):
+                best = v
+            out.append(best)
+        return pa.array(out, pa.float64())
+
+
+# Mergeable: partial states cross the shuffle. Not mergeable: raw rows cross it.
+geo_mean = distfusion.udaf(
+    GeoMean,
+    [pa.float64()],
+    pa.float64(),
+    [pa.float64(), pa.int64()],
+    "immutable",
+    name="geo_mean",
+    mergeable=True,
+)
+median_key = distfusion.udaf(
+    Median, [pa.int64()], pa.float64(), [pa.list_(pa.int64())], "immutable", name="median_key"
+)
+running_max = distfusion.udwf(
+    RunningMax, [pa.float64()], pa.float64(), "immutable", name="running_max"
+)
+UDAFS = [geo_mean, median_key]
+UDWFS = [running_max]
+# What Flight workers load (--udf tests.udf_funcs:ALL).
+ALL = [*UDFS, *UDAFS, *UDWFS]

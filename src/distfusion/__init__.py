@@ -41,7 +41,7 @@ from distfusion.runtime.spark import SparkRuntime
 from distfusion.stages import StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.transport.in_memory import InMemoryTransport
-from distfusion.udfs import udf
+from distfusion.udfs import udaf, udf, udwf
 from distfusion.work_unit_feed import (
     FeedContext,
     FeedPartitionMetrics,
@@ -94,7 +94,9 @@ __all__ = [
     "WorkUnitFeed",
     "WorkUnitFeedProvider",
     "WorkerUnavailableError",
+    "udaf",
     "udf",
+    "udwf",
 ]
 
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
-from datafusion import DataFrame, ScalarUDF, SessionContext
+from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionContext, WindowUDF
 from datafusion.substrait import Producer
 from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import TokenError
@@ -405,6 +405,46 @@ class DistributedContext:
             raise TypeError(msg)
         self.ctx.register_udf(udf)
         udfs.register(udf)
+
+    def register_udaf(self, udaf: AggregateUDF) -> None:
+        """Register a Python aggregate UDF for SQL on this context and in every task.
+
+        ``udaf`` is a :class:`datafusion.AggregateUDF`; the runtimes get it as
+        :meth:`register_udf`'s scalar UDFs do (Spark: made by
+        :func:`distfusion.udaf`). It is planned as a non-decomposable
+        aggregate (raw rows shuffled by the GROUP BY keys, or all rows to one
+        task without keys) unless made by ``distfusion.udaf(...,
+        mergeable=True)``: then partial aggregates run before the shuffle and
+        only the accumulators' states cross it. See :mod:`distfusion.udfs`.
+
+        Raises:
+            TypeError: ``udaf`` is not a ``datafusion.AggregateUDF``.
+        """
+        if not isinstance(udaf, AggregateUDF):
+            msg = (
+                f"register_udaf takes a datafusion AggregateUDF (see distfusion.udaf), got {udaf!r}"
+            )
+            raise TypeError(msg)
+        self.ctx.register_udaf(udaf)
+        udfs.register(udaf)
+
+    def register_udwf(self, udwf: WindowUDF) -> None:
+        """Register a Python window UDF for SQL on this context and in every task.
+
+        ``udwf`` is a :class:`datafusion.WindowUDF`; the runtimes get it as
+        :meth:`register_udf`'s scalar UDFs do (Spark: made by
+        :func:`distfusion.udwf`). The window runs where the planner puts
+        every window: rows shuffled by its PARTITION BY keys. See
+        :mod:`distfusion.udfs`.
+
+        Raises:
+            TypeError: ``udwf`` is not a ``datafusion.WindowUDF``.
+        """
+        if not isinstance(udwf, WindowUDF):
+            msg = f"register_udwf takes a datafusion WindowUDF (see distfusion.udwf), got {udwf!r}"
+            raise TypeError(msg)
+        self.ctx.register_udwf(udwf)
+        udfs.register(udwf)
 
     def register_record_batches(self, name: str, partitions: list[list[pa.RecordBatch]]) -> None:
         """Register in-memory batches as ``name``; each batch is one work unit.

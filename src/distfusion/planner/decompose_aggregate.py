@@ -12,8 +12,12 @@
 ```
 
 Decomposable functions (as in Spark's partial aggregation): ``sum``, ``count``,
-``min``, ``max``, ``avg`` (as sum and count), ``bool_and``, ``bool_or``. A measure
-with ``DISTINCT`` or an ordering, or any other function, makes the whole
+``min``, ``max``, ``avg`` (as sum and count), ``bool_and``, ``bool_or``, and a
+Python aggregate UDF declared mergeable (``distfusion.udaf(..., mergeable=True)``)
+as its two companions: ``name__partial`` (the accumulator's state as one struct
+column) below the shuffle, ``name__final`` (merges the states) above it, see
+:mod:`distfusion.udfs`. A measure with ``DISTINCT`` or an ordering, or any other
+function (an aggregate UDF not declared mergeable included), makes the whole
 aggregate non-decomposable; the planner then shuffles raw rows instead.
 
 A decimal average divides the exact decimal sum by the count in decimal
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 
 from substrait.proto import AggregateFunction, AggregateRel, NamedStruct, Rel, Type
 
+from distfusion import udfs
 from distfusion.planner.substrait import FunctionRegistry, cast, field_ref
 
 __all__ = ["grouping_count", "is_decomposable", "split_aggregate"]
@@ -53,7 +58,8 @@ def is_decomposable(agg: AggregateRel, registry: FunctionRegistry) -> bool:
         return False
     for m in agg.measures:
         f = m.measure
-        if registry.name(f.function_reference) not in _DECOMPOSABLE:
+        name = registry.name(f.function_reference)
+        if name not in _DECOMPOSABLE and udfs.merge_functions(name) is None:
             return False
         if f.invocation == AggregateFunction.AGGREGATION_INVOCATION_DISTINCT or len(f.sorts):
             return False
@@ -101,7 +107,14 @@ def split_aggregate(agg_rel: Rel, registry: FunctionRegistry) -> SplitAggregate:
         f = measure.measure
         filt = measure.filter if measure.HasField("filter") else None
         name = registry.name(f.function_reference)
-        if name == "avg":
+        merge = udfs.merge_functions(name)
+        if merge is not None:  # a mergeable Python UDAF: its state crosses the network
+            p = AggregateFunction()
+            p.CopyFrom(f)
+            p.function_reference = registry.anchor(merge[0])
+            final_measures.append((merge[1], add_partial(p, filt)))
+            outputs.append(("cast", len(final_measures) - 1))
+        elif name == "avg":
             s = AggregateFunction()
             s.CopyFrom(f)
             s.function_reference = registry.anchor("sum")

@@ -21,6 +21,7 @@ Arrow type (the rule the planner shares: :mod:`distfusion.protocol.hashing`).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -185,9 +186,14 @@ def build_dataframe(
 
 
 _UDF_HINT = (
-    " -- if it is a Python UDF, this worker does not know it: register it with "
-    "ctx.register_udf(distfusion.udf(...)) (local and Spark runtimes), or start "
+    " is unknown to this worker; if it is a Python UDF, register it with "
+    "ctx.register_udf(distfusion.udf(...)), ctx.register_udaf(distfusion.udaf(...)) or "
+    "ctx.register_udwf(distfusion.udwf(...)) (local and Spark runtimes), or start "
     "Flight workers with --udf package.module:name"
+)
+# DataFusion's Substrait consumer on a function its session lacks (scalar, aggregate, window).
+_UNKNOWN_FUNCTION = re.compile(
+    r'Unsupported function name: "([^"]+)"|(?:Aggregate|Window) function (\S+) is not supported'
 )
 
 
@@ -195,13 +201,18 @@ def _consume(ctx: SessionContext, fragment: bytes):
     """DataFusion's logical plan of ``fragment``; an unknown function's error says how to add a UDF.
 
     Raises:
-        Exception: DataFusion's error (with :data:`_UDF_HINT` for an unknown function).
+        Exception: DataFusion's error, for an unknown function with the UDF's
+            name (a mergeable UDAF's, not its companion's) and :data:`_UDF_HINT`.
     """
     try:
         return consume_plan(ctx, fragment)
     except Exception as exc:
-        if "Unsupported function name" in str(exc):
-            raise type(exc)(f"{exc}{_UDF_HINT}") from exc
+        found = _UNKNOWN_FUNCTION.search(str(exc))
+        if found:
+            name = found.group(1) or found.group(2)
+            for suffix in (udfs.PARTIAL_SUFFIX, udfs.FINAL_SUFFIX):
+                name = name.removesuffix(suffix)
+            raise type(exc)(f"{exc} -- function {name!r}{_UDF_HINT}") from exc
         raise
 
 

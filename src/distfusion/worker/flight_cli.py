@@ -91,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE:NAME",
-        help="load Python UDFs for SQL from a module (a datafusion ScalarUDF or a list "
-        "of them); repeatable",
+        help="load Python UDFs for SQL from a module (a datafusion ScalarUDF, AggregateUDF "
+        "or WindowUDF, or a list of them); repeatable",
     )
 
 
