@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +41,7 @@ from distfusion.errors import DistfusionError, QueryCancelled
 from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
+from distfusion.runtime.head_parts import HeadPart, head_parts, run_part
 from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
@@ -408,6 +410,84 @@ class WorkerQueryRun:
             raise
         finally:
             self.close()
+
+    def head_parts(self, graph: StageGraph, split: bool = True) -> list[HeadPart]:
+        """Run every stage of ``graph`` but the head; the head cut into parts.
+
+        For results that stay distributed (``to_spark``, ``write_parquet``):
+        the caller runs each part where it likes (:func:`~distfusion.runtime.head_parts.run_part`),
+        reading the head's inputs from the workers, which keep them until
+        :meth:`close`. See :func:`~distfusion.runtime.head_parts.head_parts`
+        for how the head is cut (``split``: one part per producer task when
+        the head is row-wise).
+
+        Raises:
+            As :meth:`run_stages`; on any error the run is closed.
+        """
+        try:
+            self._check_open()
+            self.observer.planned(graph)
+            rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
+            self._deliver(graph, rest)
+            self._before_head()
+            head = graph.head
+            plan = TaskPlan.for_task(
+                self.query_id,
+                head,
+                0,
+                self._input_workers(head),
+                self.target_partitions,
+                memory_per_task_bytes=graph.memory_per_task_bytes,
+            )
+            return head_parts(plan, head, split)
+        except DistfusionError as exc:
+            self.close()
+            self._raise_feed_error(exc)
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def map_head_parts(
+        self,
+        graph: StageGraph,
+        fn: Callable[[int, int, Iterator[pa.RecordBatch]], object],
+        split: bool = True,
+    ) -> list:
+        """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` for every head part.
+
+        Here the parts run in threads of this process (as many at once as
+        there are workers), reading the head's inputs through the transport:
+        on the local runtime these are the workers' own threads; on Flight,
+        the coordinator reads each part's inputs (streamed, one part's rows
+        at a time per thread) from the workers. ``attempt`` is 0 (no retry).
+        The run stays open; the caller closes it.
+
+        Returns:
+            ``fn``'s results, by part.
+
+        Raises:
+            As :meth:`head_parts`, and whatever ``fn`` raises (the first
+            failed part's error, after every part stopped).
+        """
+        parts = self.head_parts(graph, split)
+        budget = graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
+        threads = task_threads(self.target_partitions, len(parts), len(self.urls))
+
+        def one(part: HeadPart):
+            prefix = f"distfusion-part-{self.query_id[:8]}-"
+            with tempfile.TemporaryDirectory(prefix=prefix) as spill:
+                memory = TaskMemory(budget // max(1, min(len(parts), len(self.urls))), spill)
+                batches = run_part(part, self.transport, memory, lambda: self._closed, threads)
+                return fn(part.index, 0, batches)
+
+        with ThreadPoolExecutor(max_workers=min(len(parts), len(self.urls))) as pool:
+            futures = [pool.submit(one, part) for part in parts]
+            errors = [f.exception() for f in futures]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        return [f.result() for f in futures]
 
     def _raise_feed_error(self, exc: DistfusionError) -> None:
         """Raise the feed failure that tore the query down, rather than what it caused."""
