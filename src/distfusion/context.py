@@ -1054,7 +1054,10 @@ class DistributedDataFrame:
         ctx = self.context
         static = dataclasses.replace(self.stage_graph(), query_id=query_id)  # errors first
         self._ran = [
-            scan.source.name for stage in static.stages for scan in stage.scans if scan.source.is_feed
+            scan.source.name
+            for stage in static.stages
+            for scan in stage.scans
+            if scan.source.is_feed
         ]
         if not ctx.config.adaptive:
             return static
@@ -1130,7 +1133,11 @@ class DistributedDataFrame:
             partition_by = [partition_by]
         query_id = str(uuid.uuid4())
         spec = WriteSpec(
-            os.path.abspath(os.fspath(path)), query_id, fmt, self.schema(), tuple(partition_by or ())
+            os.path.abspath(os.fspath(path)),
+            query_id,
+            fmt,
+            self.schema(),
+            tuple(partition_by or ()),
         )
         committer = FileCommitter(spec, mode)
         reason = self.coordinator_only()  # planned before anything is touched on disk

@@ -95,7 +95,7 @@ class _Counted:
 
 
 def _plain(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` as ``schema`` (:func:`file_schema`: no view types, which pyarrow's writers lack)."""
+    """``batch`` as ``schema`` (:func:`file_schema`: no views, which pyarrow's writers lack)."""
     columns = [
         c if c.type == f.type else c.cast(f.type)
         for c, f in zip(batch.columns, schema, strict=True)
@@ -163,7 +163,9 @@ def write_task(
         if spec.partition_by:
             _write_partitioned(spec, schema, attempt, stem, plain())
         else:
-            _write_file(spec.format, schema, os.path.join(attempt, f"{stem}.{spec.format}"), plain())
+            _write_file(
+                spec.format, schema, os.path.join(attempt, f"{stem}.{spec.format}"), plain()
+            )
         files = _listed(attempt)
         committed = spec.task_dir(task)
         try:

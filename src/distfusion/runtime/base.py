@@ -471,7 +471,9 @@ class WorkerQueryRun:
             failed part's error, after every part stopped).
         """
         parts = self.head_parts(graph, split)
-        budget = graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
+        budget = (
+            graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
+        )
         threads = task_threads(self.target_partitions, len(parts), len(self.urls))
 
         def one(part: HeadPart):

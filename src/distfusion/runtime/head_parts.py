@@ -162,4 +162,6 @@ def run_part(
     plan = part.plan
     if target_partitions is not None:
         plan = dataclasses.replace(plan, target_partitions=max(1, target_partitions))
-    yield from stream_head_stage(plan, part.read_input(transport), memory=memory, cancelled=cancelled)
+    yield from stream_head_stage(
+        plan, part.read_input(transport), memory=memory, cancelled=cancelled
+    )

@@ -1205,12 +1205,14 @@ class _SparkFlightQuery(WorkerQueryRun):
             while not self._keepalive.wait(KEEP_WARM_S):
                 try:
                     n = max(1, self.runtime.num_workers())
-                    with _CallSite(self.sc, f"{self.group}-warm", f"distfusion keep warm {self.query_id[:8]}"):
+                    what = f"distfusion keep warm {self.query_id[:8]}"
+                    with _CallSite(self.sc, f"{self.group}-warm", what):
                         self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
                 except Exception:  # the session stopped: nothing to keep
                     return
 
-        threading.Thread(target=warm, name=f"distfusion-warm-{self.query_id[:8]}", daemon=True).start()
+        name = f"distfusion-warm-{self.query_id[:8]}"
+        threading.Thread(target=warm, name=name, daemon=True).start()
 
     def _collect_metrics(self) -> None:
         """Nothing to ask: every task's metrics came back with its Spark record."""
