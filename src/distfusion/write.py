@@ -36,10 +36,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from distfusion.errors import DistfusionError
 
-__all__ = ["FileCommitter", "FORMATS", "WriteSpec", "WrittenFile", "write_task"]
+__all__ = [
+    "FileCommitter",
+    "FORMATS",
+    "OutputExistsError",
+    "WriteSpec",
+    "WrittenFile",
+    "file_schema",
+    "write_task",
+]
 
 FORMATS = ("parquet", "csv")
 """File formats :func:`write_task` writes."""
@@ -188,12 +199,8 @@ def _write_file(fmt: str, schema: pa.Schema, path: str, batches: Iterator[pa.Rec
         for b in batches:
             if writer is None:
                 if fmt == "parquet":
-                    import pyarrow.parquet as pq
-
                     writer = pq.ParquetWriter(path, schema)
                 else:
-                    import pyarrow.csv as pcsv
-
                     writer = pcsv.CSVWriter(path, schema)
             writer.write_batch(b)
     finally:
@@ -205,8 +212,6 @@ def _write_partitioned(
     spec: WriteSpec, schema: pa.Schema, attempt: str, stem: str, batches: Iterator[pa.RecordBatch]
 ) -> None:
     """Stream ``batches`` into Hive-style ``key=value/`` directories under ``attempt``."""
-    import pyarrow.dataset as ds
-
     part_schema = pa.schema([schema.field(c) for c in spec.partition_by])
     reader = pa.RecordBatchReader.from_batches(schema, batches)
     ds.write_dataset(
@@ -233,7 +238,6 @@ def _rows(path: str, fmt: str) -> int:
     """Rows of a written file (Parquet: its footer; CSV: not counted, -1)."""
     if fmt != "parquet":
         return -1
-    import pyarrow.parquet as pq
 
     return pq.ParquetFile(path).metadata.num_rows
 
@@ -342,10 +346,6 @@ class FileCommitter:
 
 def _write_empty(fmt: str, schema: pa.Schema, path: str) -> None:
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         pq.write_table(schema.empty_table(), path)
     else:
-        import pyarrow.csv as pcsv
-
         pcsv.write_csv(schema.empty_table(), path)
