@@ -106,6 +106,7 @@ def check(out: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the pipelines (see the module docstring); 1 when their outputs differ."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="TPC-H Parquet directory (lineitem/, orders/)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per pipeline")

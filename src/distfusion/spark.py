@@ -158,7 +158,15 @@ class _HeldResult:
 
     def __init__(self, run) -> None:
         self.run = run
-        weakref.finalize(self, run.close)
+        weakref.finalize(self, _close_quietly, run)
+
+
+def _close_quietly(run) -> None:
+    """Close ``run``; at interpreter exit its workers or session may be gone already."""
+    try:
+        run.close()
+    except Exception:  # nothing left to release
+        pass
 
 
 def to_spark_compatible(table: pa.Table) -> pa.Table:

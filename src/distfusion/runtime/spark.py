@@ -1205,9 +1205,10 @@ class _SparkFlightQuery(WorkerQueryRun):
             while not self._keepalive.wait(KEEP_WARM_S):
                 try:
                     n = max(1, self.runtime.num_workers())
+                    # Job groups are per thread (PySpark pins threads): this one's only.
                     what = f"distfusion keep warm {self.query_id[:8]}"
-                    with _CallSite(self.sc, f"{self.group}-warm", what):
-                        self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
+                    self.sc.setJobGroup(f"{self.group}-warm", what, True)
+                    self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
                 except Exception:  # the session stopped: nothing to keep
                     return
 
@@ -1734,8 +1735,17 @@ def frame_function(parts: list[HeadPart], token: str, budget: int | None, thread
             spark_runtime.udfs.install(shipped)
         for batch in batches:
             for i in batch.column(0).to_pylist():
-                for b in spark_runtime.part_batches(parts[i], token, budget, threads):
-                    yield spark_runtime.as_schema(b, schema)
+                try:
+                    for b in spark_runtime.part_batches(parts[i], token, budget, threads):
+                        yield spark_runtime.as_schema(b, schema)
+                except spark_runtime.QueryCancelled as exc:
+                    msg = (
+                        f"{exc}: the distfusion result this Spark DataFrame reads was released "
+                        "(its DataFrame returned by to_spark() was garbage collected, "
+                        "release() was called, or the session closed); keep a reference "
+                        "to it until its last action"
+                    )
+                    raise spark_runtime.QueryCancelled(msg) from exc
 
     return run
 
