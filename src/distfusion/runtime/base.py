@@ -461,7 +461,8 @@ class WorkerQueryRun:
         on the local runtime these are the workers' own threads; on Flight,
         the coordinator reads each part's inputs (streamed, one part's rows
         at a time per thread) from the workers. ``attempt`` is 0 (no retry).
-        The run stays open; the caller closes it.
+        A head reading a work unit feed runs whole, as :meth:`stream_head`
+        runs it. The run stays open; the caller closes it.
 
         Returns:
             ``fn``'s results, by part.
@@ -471,6 +472,8 @@ class WorkerQueryRun:
             failed part's error, after every part stopped).
         """
         parts = self.head_parts(graph, split)
+        if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
+            return [fn(0, 0, self.stream_head(graph))]
         budget = (
             graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
         )
