@@ -14,8 +14,9 @@ Every pipeline runs once to warm up, then ``--runs`` timed runs interleaved
 pipeline by pipeline (machine noise hits all alike), on one SparkSession
 (``local[N]``, distfusion's settings). Reported: median wall seconds, the ratio
 ``distfusion / spark-sql`` measured in the same run (below 1: distfusion is
-faster), the driver process's peak RSS growth and the machine's peak extra
-memory per pipeline, and a check that the three outputs hold the same rows
+faster), the peak RSS growth of the Python driver and of Spark's JVM (the
+driver JVM, which runs the executors in local mode) and the machine's peak
+extra memory per pipeline, and a check that the three outputs hold the same rows
 (count and sums, read back with DataFusion).
 
 Run (a few minutes at SF1 on 2 cores)::
@@ -56,20 +57,26 @@ CHECK = "SELECT count(*) AS n, sum(lines) AS lines, sum(o_custkey) AS c, sum(qua
 PIPELINES = ("distfusion", "write", "spark-sql")
 
 
-def _rss_bytes() -> int:
-    """This process's resident memory, bytes (Linux)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+def _rss_bytes(pid: str = "self") -> int:
+    """Resident memory of process ``pid`` (default: this one), bytes (Linux; 0 if unknown)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return 0
 
 
 class PeakRss:
-    """This process's peak RSS growth while a block runs (sampled every 50 ms), bytes."""
+    """Peak RSS growth of process ``pid`` while a block runs (sampled every 50 ms), bytes."""
+
+    def __init__(self, pid: str = "self") -> None:
+        self.pid = pid
 
     def __enter__(self) -> PeakRss:
-        self.base = _rss_bytes()
+        self.base = _rss_bytes(self.pid)
         self.peak = self.base
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -78,7 +85,7 @@ class PeakRss:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, _rss_bytes())
+            self.peak = max(self.peak, _rss_bytes(self.pid))
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -122,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="distfusion-pipeline-")
     times: dict[str, list[float]] = {n: [] for n in pipelines}
     rss: dict[str, int] = dict.fromkeys(pipelines, 0)
+    jvm_rss: dict[str, int] = dict.fromkeys(pipelines, 0)
+    proc = getattr(spark.sparkContext._gateway, "proc", None)  # the JVM PySpark started
+    jvm = str(proc.pid) if proc is not None else "0"
     machine: dict[str, int] = dict.fromkeys(pipelines, 0)
     checks: dict[str, dict] = {}
     try:
@@ -131,12 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.runs):
             for name in pipelines:
                 out = os.path.join(work, name)
-                with PeakRss() as r, PeakMemory() as m:
+                with PeakRss() as r, PeakRss(jvm) as j, PeakMemory() as m:
                     start = time.perf_counter()
                     run_pipeline(name, spark, out)
                     elapsed = time.perf_counter() - start
                 times[name].append(elapsed)
                 rss[name] = max(rss[name], r.growth_bytes)
+                jvm_rss[name] = max(jvm_rss[name], j.growth_bytes)
                 machine[name] = max(machine[name], m.extra_bytes or 0)
                 print(f"run {i + 1} {name}: {elapsed:.2f} s", file=sys.stderr)
     finally:
@@ -155,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_s": medians,
         "times_s": times,
         "driver_rss_growth_bytes": rss,
+        "jvm_rss_growth_bytes": jvm_rss,
         "machine_extra_bytes": machine,
         "checks": checks,
         "same_rows": same,
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = f"  ratio {ratio:.2f}" if ratio is not None else ""
         print(
             f"{n:>11}: median {medians[n]:.2f} s{extra}  driver RSS +{rss[n] / 2**20:.0f} MiB  "
-            f"machine +{machine[n] / 2**30:.2f} GiB"
+            f"JVM RSS +{jvm_rss[n] / 2**20:.0f} MiB  machine +{machine[n] / 2**30:.2f} GiB"
         )
     print(f"same rows in every output: {same} {checks[pipelines[0]]}")
     if args.json:
