@@ -348,3 +348,18 @@ def test_to_spark_of_six_million_rows_written_by_spark_keeps_the_driver_small(
     b = single.sql(check).to_pylist()[0]
     assert a["n"] == b["n"] == 6001215
     assert a == b
+
+
+def test_cli_output_directory_writes_one_file_per_task(tpch_dir, oracle, tmp_path, capsys):
+    from distfusion.cli import main
+
+    out = tmp_path / "out"
+    argv = ["query", JOIN, "--tpch", str(tpch_dir), "--runtime", "local", "--workers", "2"]
+    argv += ["--tasks-per-stage", "2", "--output", f"{out}/"]
+    assert main(argv) == 0
+    expected = oracle_result(oracle, JOIN)
+    assert f"wrote {expected.num_rows} rows in 2 parquet files" in capsys.readouterr().out
+    assert_same_result(_read_back(out, expected), expected, False, check_types=False)
+    assert main(argv) == 1  # the directory has files now: an error, nothing overwritten
+    assert main([*argv, "--overwrite", "--output-format", "csv"]) == 0
+    assert all(f.endswith(".csv") for f in _data_files(out))
