@@ -19,7 +19,7 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
-from distfusion.runtime.head_parts import row_wise
+from distfusion.worker.head_parts import row_wise
 from distfusion.runtime.spark import FAIL_TASK_PROPERTY
 from distfusion.spark import SparkDataFrame
 from distfusion.write import FileCommitter, OutputExistsError, WriteSpec, file_schema, write_task
@@ -363,3 +363,23 @@ def test_cli_output_directory_writes_one_file_per_task(tpch_dir, oracle, tmp_pat
     assert main(argv) == 1  # the directory has files now: an error, nothing overwritten
     assert main([*argv, "--overwrite", "--output-format", "csv"]) == 0
     assert all(f.endswith(".csv") for f in _data_files(out))
+
+
+def test_head_part_and_write_spec_round_trip_through_json(tpch_dir, tmp_path):
+    from distfusion.protocol.task_plan import TaskPlan
+    from distfusion.worker.head_parts import HeadPart, head_parts
+
+    ctx = DistributedContext(runtime=_local(), config=DistributedConfig(tasks_per_stage=2))
+    tpch.register_tpch(ctx, tpch_dir)
+    graph = ctx.sql(JOIN).stage_graph()
+    head = graph.head
+    workers = tuple(
+        tuple(f"grpc://w{j}" for j in range(graph.stage(i.stage_id).num_tasks)) for i in head.inputs
+    )
+    parts = head_parts(TaskPlan.for_task(graph.query_id, head, 0, workers, 2), head)
+    assert len(parts) == 2
+    assert [HeadPart.from_json(p.to_json()) for p in parts] == parts
+    spec = WriteSpec(str(tmp_path), "q" * 36, "csv", pa.schema([("a", pa.int64())]), ("a",))
+    assert WriteSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="not accepted"):
+        WriteSpec.from_json(WriteSpec("rel/path", "q", "csv", spec.schema).to_json())

@@ -1081,11 +1081,12 @@ class DistributedDataFrame:
 
         Every part of the head stage writes one file where it runs, in
         parallel: a Spark executor (Spark runtime, Flight data plane), a
-        worker thread (local), a thread of this process reading from the
-        workers (Flight). A head that is a projection or filter over its
+        Flight worker (the one holding the output the part reads), a worker
+        thread (local). On Spark's shuffle data plane the head runs whole on
+        the driver and writes one file. A head that is a projection or filter over its
         inputs is cut into one part per producer task (one file each); any
         other head (an aggregate without keys, ``ORDER BY``, ``LIMIT``) is
-        one part, so one file, in the query's order (:mod:`distfusion.runtime.head_parts`).
+        one part, so one file, in the query's order (:mod:`distfusion.worker.head_parts`).
         The commit is Hadoop's ``FileOutputCommitter``'s (:mod:`distfusion.write`):
         tasks write under ``path/_temporary/<query>/``, a task's files are
         moved into ``path`` only once the job succeeded, then ``_SUCCESS``
@@ -1149,7 +1150,11 @@ class DistributedDataFrame:
                 run = self.context.runtime.start_query(query_id)
                 try:
                     graph = self._prepare(run, query_id)
-                    tasks = map_head_parts(run, graph, functools.partial(_write_part, spec))
+                    writer = getattr(run, "write_head_parts", None)
+                    if writer is not None:
+                        tasks = writer(graph, spec)
+                    else:  # a run that cannot cut its head: the head whole, here
+                        tasks = map_head_parts(run, graph, functools.partial(_write_part, spec))
                 finally:
                     run.close()
             return committer.commit_job(tasks)

@@ -74,7 +74,7 @@ class SparkDataFrame(DistributedDataFrame):
         reads them: its partition *i* runs part *i* of the head stage on an
         executor (``spark.range(n, numPartitions=n).mapInArrow(...)``), so
         nothing of the result passes through the driver
-        (:mod:`distfusion.runtime.head_parts`):
+        (:mod:`distfusion.worker.head_parts`):
 
         - a head that is a projection or filter of its inputs (a join, a
           grouped aggregate, a filter: the stage below it did the work) gets

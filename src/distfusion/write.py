@@ -2,7 +2,7 @@
 
 Used by :meth:`DistributedDataFrame.write_parquet` and
 :meth:`~DistributedDataFrame.write_csv`. Every part of the head stage
-(:mod:`distfusion.runtime.head_parts`) writes its rows where it runs (a Spark
+(:mod:`distfusion.worker.head_parts`) writes its rows where it runs (a Spark
 executor, a worker thread), and the files appear in the output directory only
 when the whole job succeeded. The protocol is the one of Hadoop's
 ``FileOutputCommitter`` (algorithm 1), which Spark's file writes use::
@@ -29,6 +29,7 @@ with ``partition_by``, Hive-style ``key=value/`` directories hold
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -49,6 +50,7 @@ __all__ = [
     "WriteSpec",
     "WrittenFile",
     "file_schema",
+    "write_part",
     "write_task",
 ]
 
@@ -72,7 +74,7 @@ class WriteSpec:
         query_id: names the job's temporary directory and its files.
         format: ``"parquet"`` or ``"csv"``.
         schema: the result's Arrow schema (names and types of the files' columns).
-        partition_by: columns written as ``key=value/`` directories (Parquet only).
+        partition_by: columns written as ``key=value/`` directories.
     """
 
     path: str
@@ -89,6 +91,37 @@ class WriteSpec:
     def task_dir(self, task: int) -> str:
         """Where task ``task``'s committed files wait for the job commit."""
         return os.path.join(self.job_dir, f"task-{task:05d}")
+
+    def to_json(self) -> str:
+        """The spec as JSON (the schema as hex Arrow IPC), for a worker's ``write_part``."""
+        return json.dumps(
+            {
+                "path": self.path,
+                "query_id": self.query_id,
+                "format": self.format,
+                "schema": self.schema.serialize().to_pybytes().hex(),
+                "partition_by": list(self.partition_by),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: str) -> WriteSpec:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: ``data`` is not a write spec, or names a format not in :data:`FORMATS`.
+        """
+        try:
+            d = json.loads(data)
+            schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(d["schema"])))
+            spec = cls(d["path"], d["query_id"], d["format"], schema, tuple(d["partition_by"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"not a distfusion write spec: {exc}"
+            raise ValueError(msg) from exc
+        if spec.format not in FORMATS or not os.path.isabs(spec.path):
+            msg = f"write spec: format {spec.format!r} or path {spec.path!r} not accepted"
+            raise ValueError(msg)
+        return spec
 
 
 @dataclass(frozen=True)
@@ -192,6 +225,13 @@ def write_task(
     return [WrittenFile(f, _rows(os.path.join(spec.task_dir(task), f), spec.format)) for f in files]
 
 
+def write_part(
+    spec: WriteSpec, part: int, attempt: int, batches: Iterator[pa.RecordBatch]
+) -> list[WrittenFile]:
+    """:func:`write_task` as a head part's function (``map_head_parts``'s ``fn``)."""
+    return write_task(spec, part, batches)
+
+
 def _write_file(fmt: str, schema: pa.Schema, path: str, batches: Iterator[pa.RecordBatch]) -> None:
     """Stream ``batches`` into one file at ``path``; no file when there is no batch."""
     writer = None
@@ -252,7 +292,7 @@ class FileCommitter:
 
     Raises:
         ValueError: ``mode`` or ``spec.format`` is unknown, or
-            ``partition_by`` is given for CSV or names no result column.
+            ``partition_by`` names a column the result lacks, or every column.
     """
 
     def __init__(self, spec: WriteSpec, mode: str = "error") -> None:

@@ -25,6 +25,8 @@ kept until the query is closed). Both are one :class:`WorkerQueryRun`.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import tempfile
@@ -41,11 +43,12 @@ from distfusion.errors import DistfusionError, QueryCancelled
 from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
-from distfusion.runtime.head_parts import HeadPart, head_parts, run_part
 from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
+from distfusion.worker.head_parts import HeadPart, head_parts, run_part
 from distfusion.worker.memory import TaskMemory, machine_memory_bytes
+from distfusion.write import WriteSpec, WrittenFile, write_part
 
 __all__ = [
     "Runtime",
@@ -415,9 +418,9 @@ class WorkerQueryRun:
         """Run every stage of ``graph`` but the head; the head cut into parts.
 
         For results that stay distributed (``to_spark``, ``write_parquet``):
-        the caller runs each part where it likes (:func:`~distfusion.runtime.head_parts.run_part`),
+        the caller runs each part where it likes (:func:`~distfusion.worker.head_parts.run_part`),
         reading the head's inputs from the workers, which keep them until
-        :meth:`close`. See :func:`~distfusion.runtime.head_parts.head_parts`
+        :meth:`close`. See :func:`~distfusion.worker.head_parts.head_parts`
         for how the head is cut (``split``: one part per producer task when
         the head is row-wise).
 
@@ -487,6 +490,49 @@ class WorkerQueryRun:
                 return fn(part.index, 0, batches)
 
         with ThreadPoolExecutor(max_workers=min(len(parts), len(self.urls))) as pool:
+            futures = [pool.submit(one, part) for part in parts]
+            errors = [f.exception() for f in futures]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        return [f.result() for f in futures]
+
+    def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list[list[WrittenFile]]:
+        """Run the stages of ``graph``; every head part writes its rows as a task of ``spec``'s job.
+
+        A transport that can (Flight: ``write_part``) has the workers write:
+        each part of a row-wise head goes to the worker holding the output it
+        reads (nothing crosses the network), a single part to the first
+        worker. Otherwise (in process) the parts run as :meth:`map_head_parts`
+        runs them. Tasks are committed; the caller commits or aborts the job.
+
+        Returns:
+            Each part's committed files, by part.
+
+        Raises:
+            As :meth:`map_head_parts`; TaskError naming the head stage and the
+            part when a worker failed to write it.
+        """
+        remote = getattr(self.transport, "write_part", None)
+        if remote is None:
+            return self.map_head_parts(graph, functools.partial(write_part, spec))
+        parts = self.head_parts(graph)
+        if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
+            return [write_part(spec, 0, 0, self.stream_head(graph))]
+
+        def where(part: HeadPart) -> str:
+            for i, tasks in enumerate(part.tasks):
+                if tasks:  # a split part reads one producer task: write where it ran
+                    return part.plan.input_workers[i][tasks[0]]
+            return self.urls[part.index % len(self.urls)]
+
+        def one(part: HeadPart) -> list[WrittenFile]:
+            body = json.dumps({"part": part.to_json(), "spec": spec.to_json()})
+            what = f"writing part {part.index} of stage {part.plan.key.stage_id}"
+            files = remote(where(part), body, what)
+            return [WrittenFile(f["relpath"], f["rows"]) for f in files]
+
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
             futures = [pool.submit(one, part) for part in parts]
             errors = [f.exception() for f in futures]
         failed = [e for e in errors if e is not None]

@@ -53,6 +53,7 @@ that need it (each marked so), when a SparkRuntime is created or a task runs.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -90,12 +91,13 @@ from distfusion.runtime.base import (
     task_threads,
 )
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
-from distfusion.runtime.head_parts import HeadPart, run_part
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
+from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory, spark_memory_per_task_bytes
 from distfusion.worker.worker import pulled_feed_chunks
+from distfusion.write import WriteSpec, write_part
 
 __all__ = [
     "SparkRuntime",
@@ -1137,7 +1139,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` on the executors.
 
         One Spark job: task *i* runs head part *i*
-        (:func:`~distfusion.runtime.head_parts.run_part`), reading its inputs
+        (:func:`~distfusion.worker.head_parts.run_part`), reading its inputs
         over Flight from the executors' workers, and returns ``fn``'s result
         (which must pickle). Attempts are counted here, as for every task of
         this data plane: a failed part returns its error, and runs again (at
@@ -1192,6 +1194,15 @@ class _SparkFlightQuery(WorkerQueryRun):
                 parts = self.head_parts(graph, split)
             pending = [p for p in parts if p.index in failed]
         return [results[p.index] for p in parts]
+
+    def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list:
+        """Every head part writes its rows as a task of ``spec``'s job, on the executors.
+
+        :meth:`map_head_parts` with :func:`~distfusion.write.write_part`: Spark
+        schedules the parts, and a failed one runs again (its attempt's files
+        deleted, or left in the job's temporary directory when killed).
+        """
+        return self.map_head_parts(graph, functools.partial(write_part, spec))
 
     def keep_warm(self) -> None:
         """Keep the executors' Python workers, and the outputs they hold, alive until :meth:`close`.

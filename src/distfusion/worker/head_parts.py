@@ -26,6 +26,7 @@ its all-rows semantics are kept, and it still runs where the caller runs it
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -59,6 +60,26 @@ class HeadPart:
     index: int
     plan: TaskPlan
     tasks: tuple[tuple[int, ...] | None, ...]
+
+    def to_json(self) -> str:
+        """The part as JSON (its task plan as :meth:`TaskPlan.to_json`)."""
+        tasks = [None if t is None else list(t) for t in self.tasks]
+        return json.dumps({"index": self.index, "plan": self.plan.to_json(), "tasks": tasks})
+
+    @classmethod
+    def from_json(cls, data: str) -> HeadPart:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: ``data`` is not a head part.
+        """
+        try:
+            d = json.loads(data)
+            tasks = tuple(None if t is None else tuple(int(x) for x in t) for t in d["tasks"])
+            return cls(int(d["index"]), TaskPlan.from_json(d["plan"]), tasks)
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"not a distfusion head part: {exc}"
+            raise ValueError(msg) from exc
 
     def read_input(self, transport: WorkerTransport) -> Callable[[int], list[pa.RecordBatch]]:
         """``read_input(i)`` for :func:`stream_head_stage`: this part's share of input ``i``."""
