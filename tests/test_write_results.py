@@ -19,9 +19,9 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
-from distfusion.worker.head_parts import row_wise
 from distfusion.runtime.spark import FAIL_TASK_PROPERTY
 from distfusion.spark import SparkDataFrame
+from distfusion.worker.head_parts import row_wise
 from distfusion.write import FileCommitter, OutputExistsError, WriteSpec, file_schema, write_task
 from tests.compare import assert_same_result, oracle_result
 from tests.conftest import REPO
