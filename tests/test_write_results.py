@@ -332,6 +332,7 @@ def test_to_spark_of_six_million_rows_written_by_spark_keeps_the_driver_small(
         stop.set()
         sampler.join()
     growth = peak[0] - base
+    print(f"driver RSS grew by {growth / 2**20:.1f} MiB")
     assert growth < 200 * 2**20, f"driver RSS grew by {growth / 2**20:.0f} MiB"
     assert frame.rdd.getNumPartitions() > 1
     del frame
