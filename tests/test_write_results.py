@@ -384,3 +384,19 @@ def test_head_part_and_write_spec_round_trip_through_json(tpch_dir, tmp_path):
     assert WriteSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="not accepted"):
         WriteSpec.from_json(WriteSpec("rel/path", "q", "csv", spec.schema).to_json())
+
+
+@pytest.mark.slow
+def test_to_spark_result_outlives_pysparks_idle_timeout(spark_ctx, spark_session, oracle):
+    """Read 75 s after to_spark(): past PySpark's one-minute idle timeout of Python workers.
+
+    The keep-warm jobs keep the executors' Python workers, and the outputs they
+    hold, alive while the result is held.
+    """
+    import time
+
+    sdf = SparkDataFrame(spark_ctx, spark_ctx.sql(GROUPED), spark_session)
+    frame = sdf.to_spark()
+    time.sleep(75)
+    assert_same_result(frame.toArrow(), oracle_result(oracle, GROUPED), False, check_types=False)
+    sdf.release()
