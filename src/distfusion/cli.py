@@ -2,7 +2,8 @@
 
 ```
 distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime spark|local|flight]
-                 [--workers N] [--master spark://host:7077] [--explain] [--output out.parquet|out.csv]
+                 [--workers N] [--master spark://host:7077] [--explain]
+                 [--output out.parquet|out.csv|DIR/ [--output-format parquet|csv] [--overwrite]]
                  [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
@@ -135,6 +136,18 @@ def cmd_query(args) -> int:
             print(df.explain(verbose=args.verbose_plan))
             print()
         start = time.perf_counter()
+        if args.output and _is_directory(args.output):
+            mode = "overwrite" if args.overwrite else "error"
+            if args.output_format == "csv":
+                files = df.write_csv(args.output, mode=mode)
+            else:
+                files = df.write_parquet(args.output, mode=mode)
+            elapsed = time.perf_counter() - start
+            rows = sum(f.rows for f in files) if all(f.rows >= 0 for f in files) else None
+            what = f"{rows} rows in " if rows is not None else ""
+            print(f"wrote {what}{len(files)} {args.output_format} files to {args.output}")
+            print(f"elapsed: {elapsed:.3f} s ({args.runtime} runtime)")
+            return 0
         # A live status line on every runtime (Spark's own progress bar is off).
         table = df.to_arrow_table(progress=sys.stderr.isatty())
         elapsed = time.perf_counter() - start
@@ -154,6 +167,11 @@ def cmd_query(args) -> int:
             f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)"
         )
     return 0
+
+
+def _is_directory(path: str) -> bool:
+    """``--output`` names a directory: it ends in a separator or is one."""
+    return path.endswith(("/", os.sep)) or os.path.isdir(path)
 
 
 def _write(table, path: str) -> None:
@@ -261,7 +279,24 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--dot", metavar="PATH", help="write the plan (with the run's metrics) as Graphviz DOT"
     )
-    q.add_argument("--output", "-o", help="write the result to a .parquet or .csv file")
+    q.add_argument(
+        "--output",
+        "-o",
+        help="write the result to a .parquet or .csv file, or, for a path ending in '/' "
+        "or an existing directory, as one file per task written in parallel by the tasks "
+        "(DistributedDataFrame.write_parquet / write_csv)",
+    )
+    q.add_argument(
+        "--output-format",
+        choices=["parquet", "csv"],
+        default="parquet",
+        help="the files' format for a directory --output (default: %(default)s)",
+    )
+    q.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="a directory --output that has files is emptied first (else it is an error)",
+    )
     q.add_argument("--limit", type=int, default=50, help="rows to print (default: %(default)s)")
     q.add_argument("--tasks-per-stage", type=int, default=None, help=argparse.SUPPRESS)
     _add_runtime_args(q)

@@ -20,6 +20,7 @@ into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import time
@@ -48,8 +49,8 @@ from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.planner.substrait import consume_plan, fits_decoder
 from distfusion.protocol.task_plan import TaskPlan
-from distfusion.runtime.adaptive import AdaptiveReport, run_adaptive
-from distfusion.runtime.base import Runtime
+from distfusion.runtime.adaptive import AdaptiveReport, plan_final, run_adaptive
+from distfusion.runtime.base import QueryRun, Runtime
 from distfusion.runtime.registry import runtime_from_name
 from distfusion.sources import (
     TableSource,
@@ -64,6 +65,7 @@ from distfusion.stages import StageGraph
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.worker.execute_task import build_dataframe
+from distfusion.write import FileCommitter, WriteSpec, WrittenFile, write_task
 
 # DistributedConfig is defined with the planner settings derived from it
 # (planner/config.py); it is public API here and in ``distfusion``.
@@ -1079,6 +1081,127 @@ class DistributedDataFrame:
         )
         return _named(batches, self.df.schema()), lambda: report.final if report.graphs else None
 
+    def _prepare(self, run: QueryRun, query_id: str) -> StageGraph:
+        """The graph to finish on ``run`` (query ``query_id``): adaptive waves run on it.
+
+        For results that stay distributed: the caller runs the remaining
+        stages and the head's parts on ``run`` (``map_head_parts``,
+        ``head_parts``) and closes it.
+
+        Raises:
+            PlanningError, TaskError, TransportError: as :meth:`execute_stream`.
+        """
+        ctx = self.context
+        static = dataclasses.replace(self.stage_graph(), query_id=query_id)  # errors first
+        self._ran = [
+            scan.source.name
+            for stage in static.stages
+            for scan in stage.scans
+            if scan.source.is_feed
+        ]
+        if not ctx.config.adaptive:
+            return static
+        config = self._planner_config()
+
+        def plan(materialized: dict[str, MaterializedStage], first_id: int) -> StageGraph:
+            if not materialized:
+                return static
+            return self._plan(config, materialized, query_id, first_id)
+
+        report = self.last_run = AdaptiveReport()
+        return plan_final(plan, run, config, ctx.config.adaptive_shuffle_bytes, report)
+
+    def write_parquet(
+        self,
+        path: str | os.PathLike,
+        partition_by: list[str] | None = None,
+        mode: str = "error",
+    ) -> list[WrittenFile]:
+        """Run the query and write its result as Parquet files into directory ``path``.
+
+        Every part of the head stage writes one file where it runs, in
+        parallel: a Spark executor (Spark runtime, Flight data plane), a
+        Flight worker (the one holding the output the part reads), a worker
+        thread (local). On Spark's shuffle data plane the head runs whole on
+        the driver and writes one file. A head that is a projection or filter over its
+        inputs is cut into one part per producer task (one file each); any
+        other head (an aggregate without keys, ``ORDER BY``, ``LIMIT``) is
+        one part, so one file, in the query's order (:mod:`distfusion.worker.head_parts`).
+        The commit is Hadoop's ``FileOutputCommitter``'s (:mod:`distfusion.write`):
+        tasks write under ``path/_temporary/<query>/``, a task's files are
+        moved into ``path`` only once the job succeeded, then ``_SUCCESS``
+        is written; a failed or retried task leaves no partial or duplicate
+        file, a failed job no file at all (its temporary files are deleted).
+
+        Args:
+            path: the output directory (made if missing).
+            partition_by: columns written as Hive-style ``key=value/``
+                directories (not kept in the files), as Spark's ``partitionBy``.
+            mode: ``"error"``: ``path`` must be missing or empty;
+                ``"overwrite"``: its contents are deleted first.
+
+        Returns:
+            The files written, paths relative to ``path``, with their rows.
+
+        Raises:
+            ValueError: unknown ``mode``; ``partition_by`` names no column of
+                the result, or all of them.
+            OutputExistsError: ``path`` has files and ``mode`` is ``"error"``
+                (also a ``FileExistsError``).
+            PlanningError, TaskError, TransportError: as :meth:`execute_stream`.
+        """
+        return self._write_files("parquet", path, partition_by, mode)
+
+    def write_csv(self, path: str | os.PathLike, mode: str = "error") -> list[WrittenFile]:
+        """Run the query and write its result as CSV files (with a header) into ``path``.
+
+        As :meth:`write_parquet` (no ``partition_by``); every file has the header line.
+        CSV files carry no row counts: :attr:`WrittenFile.rows` is -1.
+
+        Raises:
+            As :meth:`write_parquet`.
+        """
+        return self._write_files("csv", path, None, mode)
+
+    def _write_files(
+        self, fmt: str, path: str | os.PathLike, partition_by: list[str] | None, mode: str
+    ) -> list[WrittenFile]:
+        """See :meth:`write_parquet`."""
+        if not self._is_query():
+            msg = "the statement returns no columns (DDL): there is nothing to write"
+            raise PlanningError(msg)
+        if isinstance(partition_by, str):
+            partition_by = [partition_by]
+        query_id = str(uuid.uuid4())
+        spec = WriteSpec(
+            os.path.abspath(os.fspath(path)),
+            query_id,
+            fmt,
+            self.schema(),
+            tuple(partition_by or ()),
+        )
+        committer = FileCommitter(spec, mode)
+        reason = self.coordinator_only()  # planned before anything is touched on disk
+        committer.setup_job()
+        try:
+            if reason is not None:
+                tasks = [write_task(spec, 0, _on_coordinator(self.df))]
+            else:
+                run = self.context.runtime.start_query(query_id)
+                try:
+                    graph = self._prepare(run, query_id)
+                    writer = getattr(run, "write_head_parts", None)
+                    if writer is not None:
+                        tasks = writer(graph, spec)
+                    else:  # a run that cannot cut its head: the head whole, here
+                        tasks = map_head_parts(run, graph, functools.partial(_write_part, spec))
+                finally:
+                    run.close()
+            return committer.commit_job(tasks)
+        except BaseException:
+            committer.abort_job()
+            raise
+
     def _observed(
         self,
         observer: QueryObserver,
@@ -1136,6 +1259,23 @@ class DistributedDataFrame:
 
     def __repr__(self) -> str:
         return self.explain()
+
+
+def map_head_parts(run: QueryRun, graph: StageGraph, fn, split: bool = True) -> list:
+    """``fn(part, attempt, batches)`` over every part of ``graph``'s head on ``run``.
+
+    A run that cannot cut its head (Spark's shuffle data plane, whose head
+    inputs come to the driver) runs the head whole here as part 0.
+    """
+    mapper = getattr(run, "map_head_parts", None)
+    if mapper is not None:
+        return mapper(graph, fn, split)
+    return [fn(0, 0, run.stream_head(graph))]
+
+
+def _write_part(spec: WriteSpec, part: int, attempt: int, batches) -> list[WrittenFile]:
+    """Write one head part's batches (named as the result) as task ``part`` of ``spec``'s job."""
+    return write_task(spec, part, _named(batches, spec.schema))
 
 
 def _coordinator_graph(query_id: str = "") -> StageGraph:

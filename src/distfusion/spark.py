@@ -34,13 +34,15 @@ import glob
 import os
 import re
 import tempfile
+import uuid
+import weakref
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
-from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
+from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
-from distfusion.runtime.spark import SparkRuntime, import_pyspark
+from distfusion.runtime.spark import SparkRuntime, frame_function, import_pyspark
 
 __all__ = ["sql", "register_spark_table", "SparkDataFrame", "to_spark_compatible"]
 
@@ -55,24 +57,116 @@ class SparkDataFrame(DistributedDataFrame):
 
     Everything of :class:`~distfusion.context.DistributedDataFrame`
     (``explain``, ``to_arrow_table``, ``to_pandas``, ``execute_stream``, ...)
-    plus :meth:`to_spark`.
+    plus :meth:`to_spark` and :meth:`release`.
     """
 
     def __init__(self, context: DistributedContext, df, spark) -> None:
-        super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df)
+        label = df.label if isinstance(df, DistributedDataFrame) else ""
+        super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
+        self._held: list[_HeldResult] = []
 
     def to_spark(self):
-        """The result as a Spark DataFrame on the same SparkSession.
+        """The result as a Spark DataFrame on the same SparkSession, computed on the executors.
 
-        The result is computed by distfusion, collected on the driver as Arrow
-        and handed to ``spark.createDataFrame``: meant for results that fit in
-        the driver's memory (aggregates, top-k, filtered rows).
+        Every stage but the head runs now, on the executors (their outputs
+        stay in the executors' Flight workers). The Spark DataFrame returned
+        reads them: its partition *i* runs part *i* of the head stage on an
+        executor (``spark.range(n, numPartitions=n).mapInArrow(...)``), so
+        nothing of the result passes through the driver
+        (:mod:`distfusion.worker.head_parts`):
+
+        - a head that is a projection or filter of its inputs (a join, a
+          grouped aggregate, a filter: the stage below it did the work) gets
+          one partition per task of the stage it reads;
+        - any other head (an aggregate without keys, a global ``ORDER BY``,
+          a ``LIMIT``) is one partition, in the query's order; when its
+          inputs hold at most ``SparkRuntime.driver_stage_bytes`` (16 MiB) it
+          runs on the driver instead, and the result is handed to
+          ``spark.createDataFrame`` (as for a query run on the coordinator
+          only, or on the ``shuffle`` data plane).
+
+        **Lifetime.** The outputs the partitions read are held by the
+        executors' workers until the returned DataFrame object is garbage
+        collected (and this SparkDataFrame too: both keep them), until
+        :meth:`release`, or until the runtime or its session is closed;
+        a driver that is gone stops renewing them and the executors drop them
+        after ``EXECUTOR_QUERY_TTL_S`` (600 s). While held, a tiny Spark job
+        every 20 s keeps the executors' Python workers from PySpark's
+        one-minute idle timeout. A DataFrame derived from the returned one
+        (``.filter``, ``.join``) does not keep it alive: keep a reference to
+        it until the last action. Spark may compute a partition several
+        times (each action, a retried task): each reads the held outputs again.
 
         Raises:
             TaskError: a task failed (see :meth:`execute_stream`).
         """
-        return self.spark.createDataFrame(to_spark_compatible(self.to_arrow_table()))
+        from pyspark.sql.pandas.types import from_arrow_schema  # optional dependency
+
+        runtime = self.context.runtime
+        if (
+            self.coordinator_only() is not None
+            or not isinstance(runtime, SparkRuntime)
+            or runtime.data_plane != "flight"
+            or runtime.sc is not self.spark.sparkContext
+        ):
+            return self._on_driver()
+        query_id = str(uuid.uuid4())
+        run = runtime.start_query(query_id)
+        try:
+            graph = self._prepare(run, query_id)
+            parts = run.head_parts(graph)
+            if len(parts) == 1 and run.head_input_bytes(graph) <= runtime.driver_stage_bytes:
+                batches = list(_named(run.stream_head(graph), self.schema()))
+                return self._created(batches)
+            schema = to_spark_compatible(self.schema().empty_table()).schema
+            token, budget, threads = run.part_args(graph, parts)
+            fn = frame_function(parts, token, budget, threads, schema)
+            frame = self.spark.range(0, len(parts), 1, len(parts)).mapInArrow(
+                fn, from_arrow_schema(schema)
+            )
+        except BaseException:
+            run.close()
+            raise
+        held = _HeldResult(run)
+        runtime.held_results[query_id] = run
+        run.keep_warm()
+        frame._distfusion_result = held  # the DataFrame keeps the outputs
+        self._held.append(held)
+        return frame
+
+    def release(self) -> None:
+        """Release the outputs every :meth:`to_spark` of this DataFrame holds (idempotent).
+
+        A Spark DataFrame returned earlier fails when it is computed again.
+        """
+        for held in self._held:
+            held.run.close()
+        self._held.clear()
+
+    def _on_driver(self):
+        """The result collected here and handed to ``spark.createDataFrame``."""
+        return self._created(self.collect())
+
+    def _created(self, batches: list[pa.RecordBatch]):
+        table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
+        return self.spark.createDataFrame(to_spark_compatible(table))
+
+
+class _HeldResult:
+    """Keeps a query's outputs while referenced: closes its run when garbage collected."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+        weakref.finalize(self, _close_quietly, run)
+
+
+def _close_quietly(run) -> None:
+    """Close ``run``; at interpreter exit its workers or session may be gone already."""
+    try:
+        run.close()
+    except Exception:  # nothing left to release
+        pass
 
 
 def to_spark_compatible(table: pa.Table) -> pa.Table:

@@ -27,6 +27,7 @@ __all__ = [
     "ACTION_SET_PLAN",
     "ACTION_STATS",
     "ACTION_TASK_STATS",
+    "ACTION_WRITE_PART",
     "DEFAULT_QUERY_TTL_S",
     "TOKEN_ENV",
     "decode_task_request",
@@ -52,6 +53,10 @@ ACTION_TASK_STATS = "task_stats"
 ACTION_QUERY_METRICS = "query_metrics"
 """Body: a query id. Answer: a JSON list of the finished tasks' metrics
 (``TaskMetrics.to_dict``), one call per worker when a query ends."""
+ACTION_WRITE_PART = "write_part"
+"""Body: JSON ``{"part": HeadPart.to_json(), "spec": WriteSpec.to_json()}``: run
+a part of a head stage and write its rows as files (``distfusion.write``).
+Answer: a JSON list of the task's committed files ``{"relpath", "rows"}``."""
 
 
 def _task_fields(key: TaskKey, timeout_s: float | None) -> dict:

@@ -43,7 +43,7 @@ from distfusion.planner.fragment import MaterializedStage
 from distfusion.runtime.base import Runtime, StageStats
 from distfusion.stages import BROADCAST, SHUFFLE, Stage, StageGraph
 
-__all__ = ["AdaptiveReport", "run_adaptive", "next_wave", "coalesce_partitions"]
+__all__ = ["AdaptiveReport", "run_adaptive", "plan_final", "next_wave", "coalesce_partitions"]
 
 MAX_WAVES = 16
 """Waves run before the rest of the query runs in one go whatever is undecided."""
@@ -291,38 +291,58 @@ def run_adaptive(
     """
     report = report if report is not None else AdaptiveReport()
     run = runtime.start_query(query_id)
-    materialized: dict[str, MaterializedStage] = {}
-    ran: set[int] = set()
     try:
-        graph = plan(materialized, 1)
-        report.graphs.append(graph)
-        for _ in range(MAX_WAVES):
-            wave = next_wave(graph, ran, config.max_broadcast_bytes, shuffle_bytes)
-            if not wave:
-                break
-            graph, notes = coalesce_partitions(graph, report.stats, config, ran)
-            report.decisions.extend(notes)
-            stats = run.run_stages(graph, wave)
-            report.stats.update(stats)
-            for sid in wave:
-                stage = graph.stage(sid)
-                st = stats[sid]
-                # A computation planned twice in one graph (cut two ways) ran
-                # twice: later plans read the first; the second stays known
-                # (under its id) to stages that read it.
-                key = stage.computation
-                if key in materialized:
-                    key = f"{key}@{sid}"
-                materialized[key] = MaterializedStage(stage, st.rows, st.bytes)
-                ran.add(sid)
-            before = graph
-            graph = plan(materialized, max(ran) + 1)
-            changes = _describe_changes(before, graph, report.stats)
-            report.decisions.extend(c for c in changes if c not in report.decisions)
-            report.graphs.append(graph)
-        graph, notes = coalesce_partitions(graph, report.stats, config, ran)
-        report.decisions.extend(notes)
-        report.graphs[-1] = graph
+        graph = plan_final(plan, run, config, shuffle_bytes, report)
         yield from run.stream_head(graph)
     finally:
         run.close()
+
+
+def plan_final(
+    plan: Planner,
+    run,
+    config: PlannerConfig,
+    shuffle_bytes: float,
+    report: AdaptiveReport,
+) -> StageGraph:
+    """Run the waves adaptive execution needs on ``run``; the final graph (head not run).
+
+    What :func:`run_adaptive` does before it streams the head stage, for
+    callers that run the head themselves (results that stay distributed).
+    ``run`` is a :class:`~distfusion.runtime.base.QueryRun`; the caller closes it.
+
+    Raises:
+        PlanningError, TaskError, TransportError: as :func:`run_adaptive`.
+    """
+    materialized: dict[str, MaterializedStage] = {}
+    ran: set[int] = set()
+    graph = plan(materialized, 1)
+    report.graphs.append(graph)
+    for _ in range(MAX_WAVES):
+        wave = next_wave(graph, ran, config.max_broadcast_bytes, shuffle_bytes)
+        if not wave:
+            break
+        graph, notes = coalesce_partitions(graph, report.stats, config, ran)
+        report.decisions.extend(notes)
+        stats = run.run_stages(graph, wave)
+        report.stats.update(stats)
+        for sid in wave:
+            stage = graph.stage(sid)
+            st = stats[sid]
+            # A computation planned twice in one graph (cut two ways) ran
+            # twice: later plans read the first; the second stays known
+            # (under its id) to stages that read it.
+            key = stage.computation
+            if key in materialized:
+                key = f"{key}@{sid}"
+            materialized[key] = MaterializedStage(stage, st.rows, st.bytes)
+            ran.add(sid)
+        before = graph
+        graph = plan(materialized, max(ran) + 1)
+        changes = _describe_changes(before, graph, report.stats)
+        report.decisions.extend(c for c in changes if c not in report.decisions)
+        report.graphs.append(graph)
+    graph, notes = coalesce_partitions(graph, report.stats, config, ran)
+    report.decisions.extend(notes)
+    report.graphs[-1] = graph
+    return graph

@@ -25,12 +25,15 @@ kept until the query is closed). Both are one :class:`WorkerQueryRun`.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -43,7 +46,9 @@ from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
+from distfusion.worker.head_parts import HeadPart, head_parts, run_part
 from distfusion.worker.memory import TaskMemory, machine_memory_bytes
+from distfusion.write import WriteSpec, WrittenFile, write_part
 
 __all__ = [
     "Runtime",
@@ -408,6 +413,132 @@ class WorkerQueryRun:
             raise
         finally:
             self.close()
+
+    def head_parts(self, graph: StageGraph, split: bool = True) -> list[HeadPart]:
+        """Run every stage of ``graph`` but the head; the head cut into parts.
+
+        For results that stay distributed (``to_spark``, ``write_parquet``):
+        the caller runs each part where it likes (:func:`~distfusion.worker.head_parts.run_part`),
+        reading the head's inputs from the workers, which keep them until
+        :meth:`close`. See :func:`~distfusion.worker.head_parts.head_parts`
+        for how the head is cut (``split``: one part per producer task when
+        the head is row-wise).
+
+        Raises:
+            As :meth:`run_stages`; on any error the run is closed.
+        """
+        try:
+            self._check_open()
+            self.observer.planned(graph)
+            rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
+            self._deliver(graph, rest)
+            self._before_head()
+            head = graph.head
+            plan = TaskPlan.for_task(
+                self.query_id,
+                head,
+                0,
+                self._input_workers(head),
+                self.target_partitions,
+                memory_per_task_bytes=graph.memory_per_task_bytes,
+            )
+            return head_parts(plan, head, split)
+        except DistfusionError as exc:
+            self.close()
+            self._raise_feed_error(exc)
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def map_head_parts(
+        self,
+        graph: StageGraph,
+        fn: Callable[[int, int, Iterator[pa.RecordBatch]], object],
+        split: bool = True,
+    ) -> list:
+        """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` for every head part.
+
+        Here the parts run in threads of this process (as many at once as
+        there are workers), reading the head's inputs through the transport:
+        on the local runtime these are the workers' own threads; on Flight,
+        the coordinator reads each part's inputs (streamed, one part's rows
+        at a time per thread) from the workers. ``attempt`` is 0 (no retry).
+        A head reading a work unit feed runs whole, as :meth:`stream_head`
+        runs it. The run stays open; the caller closes it.
+
+        Returns:
+            ``fn``'s results, by part.
+
+        Raises:
+            As :meth:`head_parts`, and whatever ``fn`` raises (the first
+            failed part's error, after every part stopped).
+        """
+        parts = self.head_parts(graph, split)
+        if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
+            return [fn(0, 0, self.stream_head(graph))]
+        budget = (
+            graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
+        )
+        threads = task_threads(self.target_partitions, len(parts), len(self.urls))
+
+        def one(part: HeadPart):
+            prefix = f"distfusion-part-{self.query_id[:8]}-"
+            with tempfile.TemporaryDirectory(prefix=prefix) as spill:
+                memory = TaskMemory(budget // max(1, min(len(parts), len(self.urls))), spill)
+                batches = run_part(part, self.transport, memory, lambda: self._closed, threads)
+                return fn(part.index, 0, batches)
+
+        with ThreadPoolExecutor(max_workers=min(len(parts), len(self.urls))) as pool:
+            futures = [pool.submit(one, part) for part in parts]
+            errors = [f.exception() for f in futures]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        return [f.result() for f in futures]
+
+    def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list[list[WrittenFile]]:
+        """Run the stages of ``graph``; every head part writes its rows as a task of ``spec``'s job.
+
+        A transport that can (Flight: ``write_part``) has the workers write:
+        each part of a row-wise head goes to the worker holding the output it
+        reads (nothing crosses the network), a single part to the first
+        worker. Otherwise (in process) the parts run as :meth:`map_head_parts`
+        runs them. Tasks are committed; the caller commits or aborts the job.
+
+        Returns:
+            Each part's committed files, by part.
+
+        Raises:
+            As :meth:`map_head_parts`; TaskError naming the head stage and the
+            part when a worker failed to write it.
+        """
+        remote = getattr(self.transport, "write_part", None)
+        if remote is None:
+            return self.map_head_parts(graph, functools.partial(write_part, spec))
+        parts = self.head_parts(graph)
+        if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
+            return [write_part(spec, 0, 0, self.stream_head(graph))]
+
+        def where(part: HeadPart) -> str:
+            for i, tasks in enumerate(part.tasks):
+                if tasks:  # a split part reads one producer task: write where it ran
+                    return part.plan.input_workers[i][tasks[0]]
+            return self.urls[part.index % len(self.urls)]
+
+        def one(part: HeadPart) -> list[WrittenFile]:
+            body = json.dumps({"part": part.to_json(), "spec": spec.to_json()})
+            what = f"writing part {part.index} of stage {part.plan.key.stage_id}"
+            files = remote(where(part), body, what)
+            return [WrittenFile(f["relpath"], f["rows"]) for f in files]
+
+        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+            futures = [pool.submit(one, part) for part in parts]
+            errors = [f.exception() for f in futures]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        return [f.result() for f in futures]
 
     def _raise_feed_error(self, exc: DistfusionError) -> None:
         """Raise the feed failure that tore the query down, rather than what it caused."""

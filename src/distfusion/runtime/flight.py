@@ -374,6 +374,18 @@ class _RetryingQueryRun:
         finally:
             self.close()
 
+    def head_parts(self, graph: StageGraph, split: bool = True):
+        """See :meth:`WorkerQueryRun.head_parts` (a lost worker is not retried here)."""
+        return self._run.head_parts(graph, split)
+
+    def write_head_parts(self, graph: StageGraph, spec) -> list:
+        """See :meth:`WorkerQueryRun.write_head_parts` (a lost worker is not retried here)."""
+        return self._run.write_head_parts(graph, spec)
+
+    def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
+        """See :meth:`WorkerQueryRun.map_head_parts` (a lost worker is not retried here)."""
+        return self._run.map_head_parts(graph, fn, split)
+
     def close(self) -> None:
         """See :meth:`QueryRun.close`."""
         self._run.close()

@@ -53,6 +53,7 @@ that need it (each marked so), when a SparkRuntime is created or a task runs.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -93,8 +94,10 @@ from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
+from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory, spark_memory_per_task_bytes
 from distfusion.worker.worker import pulled_feed_chunks
+from distfusion.write import WriteSpec, write_part
 
 __all__ = [
     "SparkRuntime",
@@ -121,6 +124,9 @@ DATA_PLANES = ("flight", "shuffle")
 
 EXECUTOR_QUERY_TTL_S = 600.0
 """Seconds an executor's Flight worker keeps a query nobody asked about (driver gone)."""
+
+KEEP_WARM_S = 20.0
+"""Seconds between the keep-warm jobs of a held result (PySpark's idle timeout is 60 s)."""
 
 log = logging.getLogger("distfusion.runtime.spark")
 
@@ -277,6 +283,7 @@ class SparkRuntime:
         self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
         self._endpoint_lock = threading.Lock()
         self._memory_per_task_bytes: int | None = None
+        self.held_results: dict[str, QueryRun] = {}  # query id -> run of a result Spark reads
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
@@ -479,7 +486,10 @@ class SparkRuntime:
             return self._driver_worker
 
     def close(self) -> None:
-        """Stop the SparkSession when this runtime started it."""
+        """Release every held result, stop the SparkSession when this runtime started it."""
+        for run in list(self.held_results.values()):
+            run.close()
+        self.held_results.clear()
         if self._feed_endpoint is not None:
             self._feed_endpoint.close()
             self._feed_endpoint = None
@@ -955,6 +965,7 @@ class _SparkFlightQuery(WorkerQueryRun):
 
     def _forget(self) -> None:
         self._keepalive.set()
+        self.runtime.held_results.pop(self.query_id, None)
         if self.runtime._feed_endpoint is not None:
             self.runtime._feed_endpoint.forget(self.query_id)
         for url in self._used - set(self.placement.values()):  # failed attempts, cancelled jobs
@@ -1112,6 +1123,110 @@ class _SparkFlightQuery(WorkerQueryRun):
             self._task_stats[(sid, t)] = (m.partition_rows, m.partition_bytes)
             self.observer.task_finished(m)
         return failed
+
+    def head_input_bytes(self, graph: StageGraph) -> int:
+        """Arrow bytes of every output the head stage of ``graph`` reads (as its tasks reported)."""
+        wanted = {i.stage_id for i in graph.head.inputs}
+        return sum(sum(b) for (sid, _), (_, b) in self._task_stats.items() if sid in wanted)
+
+    def part_args(self, graph: StageGraph, parts: list[HeadPart]) -> tuple[str, int, int]:
+        """``(token, memory bytes, DataFusion threads)`` a head part needs on an executor."""
+        budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
+        threads = task_threads(self.target_partitions, len(parts), self.runtime.num_workers())
+        return self.runtime.token, budget, threads
+
+    def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
+        """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` on the executors.
+
+        One Spark job: task *i* runs head part *i*
+        (:func:`~distfusion.worker.head_parts.run_part`), reading its inputs
+        over Flight from the executors' workers, and returns ``fn``'s result
+        (which must pickle). Attempts are counted here, as for every task of
+        this data plane: a failed part returns its error, and runs again (at
+        most ``task_max_failures`` attempts); outputs lost with a Python
+        worker are computed again first. The run stays open; the caller closes it.
+
+        Returns:
+            ``fn``'s results, by part.
+
+        Raises:
+            TaskError: a part failed ``task_max_failures`` times (names the
+                head stage, the part as its task and the executor).
+            QueryCancelled: the run was closed meanwhile.
+            TransportError: Spark failed the job.
+        """
+        parts = self.head_parts(graph, split)
+        if has_feeds(graph.head):  # its feed streams from the driver: the head runs here
+            return [fn(0, 0, self.stream_head(graph))]
+        sid = graph.head.stage_id
+        attempts = {p.index: 0 for p in parts}
+        results: dict[int, object] = {}
+        pending = list(parts)
+        while pending:
+            self._check_open()
+            token, budget, threads = self.part_args(graph, parts)
+            job = _task_function(
+                [(sid, p.index) for p in pending], "_run_head_part", token, budget, threads, fn
+            )
+            records = [(attempts[p.index], p) for p in pending]
+            rdd = self.sc.parallelize(records, len(records)).mapPartitionsWithIndex(job)
+            rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")
+            self._running = True
+            try:
+                with _CallSite(self.sc, self.group, self.observer.description([sid])):
+                    out = _spark_call(rdd.collect, self._check_open, self.sc.master)
+            finally:
+                self._running = False
+            failed = set()
+            for index, value, report in out:
+                if report is None:
+                    results[index] = value
+                    continue
+                err = error_from_dict(json.loads(report))
+                attempts[index] += 1
+                if attempts[index] >= self.runtime.task_max_failures:
+                    cause = f"{err.cause} (gave up after {attempts[index]} attempts)"
+                    raise TaskError(
+                        err.stage_id, err.task_index, err.worker, cause, err.remote_traceback
+                    )
+                failed.add(index)
+            if failed:  # inputs lost with a Python worker run again; parts name the new places
+                parts = self.head_parts(graph, split)
+            pending = [p for p in parts if p.index in failed]
+        return [results[p.index] for p in parts]
+
+    def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list:
+        """Every head part writes its rows as a task of ``spec``'s job, on the executors.
+
+        :meth:`map_head_parts` with :func:`~distfusion.write.write_part`: Spark
+        schedules the parts, and a failed one runs again (its attempt's files
+        deleted, or left in the job's temporary directory when killed).
+        """
+        return self.map_head_parts(graph, functools.partial(write_part, spec))
+
+    def keep_warm(self) -> None:
+        """Keep the executors' Python workers, and the outputs they hold, alive until :meth:`close`.
+
+        PySpark ends every idle Python worker of an executor after a minute
+        without a Python task there (``PythonWorkerFactory``'s idle timeout),
+        and the outputs it holds with it. A result read later by Spark
+        (:meth:`SparkDataFrame.to_spark`) needs them for as long as it is held:
+        a tiny Python Spark job (one task per slot) runs every
+        :data:`KEEP_WARM_S` seconds until the run is closed.
+        """
+        def warm() -> None:
+            while not self._keepalive.wait(KEEP_WARM_S):
+                try:
+                    n = max(1, self.runtime.num_workers())
+                    # Job groups are per thread (PySpark pins threads): this one's only.
+                    what = f"distfusion keep warm {self.query_id[:8]}"
+                    self.sc.setJobGroup(f"{self.group}-warm", what, True)
+                    self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
+                except Exception:  # the session stopped: nothing to keep
+                    return
+
+        name = f"distfusion-warm-{self.query_id[:8]}"
+        threading.Thread(target=warm, name=name, daemon=True).start()
 
     def _collect_metrics(self) -> None:
         """Nothing to ask: every task's metrics came back with its Spark record."""
@@ -1557,6 +1672,104 @@ def _run_flight_task(index, records, bind_host, advertise_host, token, memory_pe
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
         return iter([(key.stage_id, key.task_index, url, None, report)])
     return iter([(key.stage_id, key.task_index, url, metrics.to_dict(), None)])
+
+
+_EXECUTOR_TRANSPORTS: dict[str, object] = {}
+"""This process's Flight transport to the runtime's workers, by token (head parts read with it)."""
+
+
+def _executor_transport(token: str):
+    from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
+
+    transport = _EXECUTOR_TRANSPORTS.get(token)
+    if transport is None:
+        transport = _EXECUTOR_TRANSPORTS[token] = FlightWorkerTransport(token=token)
+    return transport
+
+
+def part_batches(
+    part: HeadPart, token: str, budget: int | None, threads: int, attempt: int | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Run head ``part`` in this process (an executor), reading its inputs over Flight.
+
+    Columns are the stage output's (``c0..``). After the first batch was
+    taken, :data:`FAIL_TASK_PROPERTY` naming the head stage and the part
+    fails it (tests: a task killed mid-write). Spills go to a temporary
+    directory deleted when the part ends.
+
+    Raises:
+        TaskError: an input could not be read (its producer failed, or the
+            query's outputs were released) or the fragment failed.
+    """
+    transport = _executor_transport(token)
+    with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
+        first = True
+        for b in run_part(part, transport, TaskMemory(budget, spill), target_partitions=threads):
+            yield b
+            if first:
+                first = False
+                _maybe_inject_failure(part.plan.key.stage_id, part.index, attempt)
+
+
+def _run_head_part(index, records, token, budget, threads, fn):
+    """Spark task of :meth:`_SparkFlightQuery.map_head_parts`: ``fn`` over one head part.
+
+    The record is ``(attempt, part)``. Returns one record ``(part index,
+    fn's result, error)``: ``error`` is the error codec's JSON (with
+    ``"attempts"``) when it failed. Never raises (see :func:`_run_flight_task`).
+    """
+    attempt, part = list(records)[0]
+    url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    try:
+        value = fn(part.index, attempt, part_batches(part, token, budget, threads, attempt))
+    except Exception as exc:
+        err = exc
+        if not isinstance(exc, TaskError):
+            err = task_error(part.plan.key.stage_id, part.index, url, exc)
+        report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
+        return iter([(part.index, None, report)])
+    return iter([(part.index, value, None)])
+
+
+def frame_function(parts: list[HeadPart], token: str, budget: int | None, threads: int, schema):
+    """The ``mapInArrow`` function of a result read by Spark (``SparkDataFrame.to_spark``).
+
+    Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
+    holds the one id *i*, and yields head part *i*'s batches, with
+    ``schema``'s names and types. Like :func:`_task_function`, it refers to
+    nothing of distfusion until it runs, and carries the driver's Python UDFs.
+    """
+    shipped = udfs.specs()
+
+    def run(batches):
+        import distfusion.runtime.spark as spark_runtime  # on the executor
+
+        if shipped:
+            spark_runtime.udfs.install(shipped)
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                try:
+                    for b in spark_runtime.part_batches(parts[i], token, budget, threads):
+                        yield spark_runtime.as_schema(b, schema)
+                except spark_runtime.QueryCancelled as exc:
+                    msg = (
+                        f"{exc}: the distfusion result this Spark DataFrame reads was released "
+                        "(its DataFrame returned by to_spark() was garbage collected, "
+                        "release() was called, or the session closed); keep a reference "
+                        "to it until its last action"
+                    )
+                    raise spark_runtime.QueryCancelled(msg) from exc
+
+    return run
+
+
+def as_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s names, its columns cast where types differ."""
+    columns = [
+        c if c.type == f.type else c.cast(f.type)
+        for c, f in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _maybe_inject_failure(stage_id: int, task_index: int, attempt: int | None = None) -> None:

@@ -73,6 +73,7 @@ from distfusion.protocol.messages import (
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
+    ACTION_WRITE_PART,
     TOKEN_ENV,
     encode_task_request,
     encode_ticket,
@@ -416,6 +417,31 @@ class FlightWorkerTransport:
         try:
             return [TaskMetrics.from_dict(d) for d in json.loads(body)]
         except (KeyError, TypeError, ValueError) as exc:
+            msg = f"worker {url} answered {what} badly: {exc}"
+            raise TransportError(msg) from None
+
+    def write_part(self, url: str, body: str, what: str) -> list[dict]:
+        """Have the worker at ``url`` run a head part and write its rows (``ACTION_WRITE_PART``).
+
+        Waits until the part is written and committed (no timeout).
+
+        Args:
+            url: the worker.
+            body: ``{"part": ..., "spec": ...}`` as JSON (see the action).
+            what: names the part in errors.
+
+        Returns:
+            The committed files, ``{"relpath", "rows"}`` each.
+
+        Raises:
+            TaskError: the part failed on the worker.
+            WorkerUnavailableError: the worker cannot be reached.
+            TransportError: the worker's answer is not a file list.
+        """
+        answer = self._action(url, ACTION_WRITE_PART, body.encode(), None, what)
+        try:
+            return json.loads(answer[0])
+        except (IndexError, ValueError) as exc:
             msg = f"worker {url} answered {what} badly: {exc}"
             raise TransportError(msg) from None
 

@@ -53,8 +53,9 @@ import time
 
 import pyarrow as pa
 
-from distfusion.errors import QueryCancelled
+from distfusion.errors import QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMetrics
+from distfusion.protocol.errors import task_error
 from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
@@ -63,6 +64,7 @@ from distfusion.protocol.messages import (
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
+    ACTION_WRITE_PART,
     DEFAULT_QUERY_TTL_S,
     TOKEN_ENV,
     decode_task_request,
@@ -71,7 +73,9 @@ from distfusion.protocol.messages import (
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.transport.flight import FlightWorkerTransport, encode_error, import_flight
 from distfusion.worker.execute_task import without_views
+from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.worker import Worker
+from distfusion.write import WriteSpec, write_task
 
 __all__ = ["FlightWorker", "is_loopback"]
 
@@ -353,8 +357,38 @@ class FlightWorker:
                 stats["live_queries"] = len(self._seen)
             stats["pid"] = os.getpid()
             return [json.dumps(stats).encode()]
+        if name == ACTION_WRITE_PART:
+            return [self._write_part(body)]
         msg = f"unknown action {name!r}"
         raise KeyError(msg)
+
+    def _write_part(self, body: bytes) -> bytes:
+        """Run a head part here and write its rows as one task of a write job.
+
+        The part reads its inputs from the workers holding them (this one
+        first, for a part of a row-wise head: it is sent where its producer
+        ran); the files go to the job's temporary directory and are
+        committed as the task (:func:`distfusion.write.write_task`).
+
+        Raises:
+            ValueError: ``body`` is not a part and a write spec.
+            TaskError: the part failed (names the head stage, the part and this worker).
+        """
+        d = json.loads(body)
+        part = HeadPart.from_json(d["part"])
+        spec = WriteSpec.from_json(d["spec"])
+        self._touch(part.plan.key.query_id)
+        memory = self.worker._task_memory(part.plan)
+        try:
+            files = write_task(spec, part.index, run_part(part, self.transport, memory))
+        except TaskError:
+            raise
+        except Exception as exc:
+            key = part.plan.key
+            raise task_error(key.stage_id, key.task_index, self.url, exc) from exc
+        finally:
+            self._touch(part.plan.key.query_id)
+        return json.dumps([{"relpath": f.relpath, "rows": f.rows} for f in files]).encode()
 
     def _get(self, ticket: bytes):
         """A partition as a stream: batches converted one at a time as gRPC sends them."""
