@@ -384,7 +384,9 @@ class WorkerQueryRun:
                 self.target_partitions,
                 memory_per_task_bytes=graph.memory_per_task_bytes,
             )
-            prefix = f"distfusion-head-{self.query_id[:8]}-"
+            # named like a worker's spill root: deleted by the next one made
+            # should this process die before close() (worker.memory.remove_stale_roots)
+            prefix = f"distfusion-spill-{os.getpid()}-head-{self.query_id[:8]}-"
             self._head_spill_dir = tempfile.mkdtemp(prefix=prefix)
             budget = (
                 graph.memory_per_task_bytes
