@@ -105,3 +105,31 @@ def test_spark_computes_only_the_columns_the_query_reads(ctx, sql, columns):
     graph = _graph(ctx, sql)
     scans = [s for st in graph.stages for s in st.scans if s.source.is_spark]
     assert scans and all(s.source.options["columns"] == columns for s in scans)
+
+
+def test_leaf_task_reads_the_partition_offered_to_it(ctx, monkeypatch):
+    """A leaf task over a Spark table runs over the batches offered to it, in chunks."""
+    from distfusion.protocol.task_plan import TaskPlan
+    from distfusion.worker import execute_task
+    from distfusion.worker.spark_partitions import offering
+
+    graph = _graph(ctx, "SELECT s, k FROM sp WHERE k > 2")
+    (leaf,) = [s for s in graph.stages if s.scans]
+    assert leaf.scans[0].source.options["chunked"]
+    # What Spark computes: only the columns read (k, s), as Spark names them.
+    batches = [
+        pa.record_batch({"K": pa.array(range(i * 5, i * 5 + 5)), "S": [f"s{i}"] * 5})
+        for i in range(4)
+    ]
+    plan = TaskPlan.for_task(graph.query_id, leaf, 1, (), 1)
+    monkeypatch.setattr(execute_task, "SPARK_CHUNK_BYTES", 1)  # the fragment runs per batch
+    metrics = []
+    with offering(plan.key, "sp", iter(batches)):
+        parts = execute_task.run_task(plan, lambda i: [], on_metrics=metrics.append)
+    assert metrics[0].source_bytes == sum(b.nbytes for b in batches)
+    assert sum(len(p) for p in parts) >= 4  # one output batch per chunk at least
+    rows = sorted(r for p in parts for b in p for r in zip(*b.to_pydict().values(), strict=True))
+    assert rows == sorted((f"s{k // 5}", k) for k in range(3, 20))
+    # Not offered: a clear error, not an empty table.
+    with pytest.raises(Exception, match="'sp' is a Spark DataFrame, read only inside the Spark task"):
+        execute_task.run_task(plan, lambda i: [])

@@ -430,9 +430,10 @@ SPARK_CHUNK_BYTES = 64 * 1024 * 1024
 
 
 def _spark_chunks(
-    key, share: ScanShare, meter: TaskMeter | None, chunk_bytes: int = SPARK_CHUNK_BYTES
+    key, share: ScanShare, meter: TaskMeter | None
 ) -> Iterator[list[pa.RecordBatch]]:
-    """The batches of the Spark partition offered to task ``key``, in chunks of ``chunk_bytes``.
+    """The batches of the Spark partition offered to task ``key``, in chunks of
+    :data:`SPARK_CHUNK_BYTES`.
 
     Columns are matched by position and cast to the source's schema, or to
     its ``columns`` when the scan reads only those (:func:`_spark_schema`).
@@ -442,6 +443,7 @@ def _spark_chunks(
         TaskError: no partition was offered (:func:`~distfusion.worker.spark_partitions.take`).
     """
     schema = _spark_schema(share.source)
+    chunk_bytes = SPARK_CHUNK_BYTES
     chunk: list[pa.RecordBatch] = []
     size = 0
     for batch in take(key, share.source.name):
