@@ -86,7 +86,9 @@ def test_task_count_follows_spark_size_estimate(ctx):
 
 
 def test_other_runtimes_refuse_a_spark_table_clearly(ctx):
-    with pytest.raises(PlanningError, match=r"'sp' is a Spark DataFrame.*only the Spark runtime.*'local'"):
+    with pytest.raises(
+        PlanningError, match=r"'sp' is a Spark DataFrame.*only the Spark runtime.*'local'"
+    ):
         ctx.sql("SELECT count(*) FROM sp").collect()
     # Queries not reading it run.
     assert ctx.sql("SELECT count(*) AS n FROM one").to_pylist() == [{"n": 3}]
@@ -131,5 +133,7 @@ def test_leaf_task_reads_the_partition_offered_to_it(ctx, monkeypatch):
     rows = sorted(r for p in parts for b in p for r in zip(*b.to_pydict().values(), strict=True))
     assert rows == sorted((f"s{k // 5}", k) for k in range(3, 20))
     # Not offered: a clear error, not an empty table.
-    with pytest.raises(Exception, match="'sp' is a Spark DataFrame, read only inside the Spark task"):
+    with pytest.raises(
+        Exception, match="'sp' is a Spark DataFrame, read only inside the Spark task"
+    ):
         execute_task.run_task(plan, lambda i: [])

@@ -485,9 +485,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # Columns are named c0.. like every stage's: the query's own names may
         # repeat (SELECT * over a join); the caller restores them.
         self.seal(frag, RESULT)
-        return StageGraph(
-            self.query_id, tuple(self.stages), self.config.memory_per_task_bytes
-        )
+        return StageGraph(self.query_id, tuple(self.stages), self.config.memory_per_task_bytes)
 
 
 def _spark_columns(plan: Plan, sources: dict[str, TableSource]) -> dict[str, list[int] | None]:

@@ -432,8 +432,9 @@ SPARK_CHUNK_BYTES = 64 * 1024 * 1024
 def _spark_chunks(
     key, share: ScanShare, meter: TaskMeter | None
 ) -> Iterator[list[pa.RecordBatch]]:
-    """The batches of the Spark partition offered to task ``key``, in chunks of
-    :data:`SPARK_CHUNK_BYTES`.
+    """The batches of the Spark partition offered to task ``key``, in chunks.
+
+    A chunk holds up to :data:`SPARK_CHUNK_BYTES` of Arrow batches.
 
     Columns are matched by position and cast to the source's schema, or to
     its ``columns`` when the scan reads only those (:func:`_spark_schema`).
