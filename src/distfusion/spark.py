@@ -170,8 +170,9 @@ def sql(
         runtime: the Spark runtime to use (default: one per SparkSession, created
             on first use, with default settings).
         config: planner settings.
-        tables: more tables by name: Spark DataFrames of ``spark`` (any plan;
-            see :func:`register_spark_dataframe`), names case-insensitive.
+        tables: more tables by name: Spark DataFrames of ``spark`` (any plan:
+            native when a plain file scan, else :func:`register_spark_dataframe`),
+            names case-insensitive.
 
     Returns:
         A :class:`SparkDataFrame`; ``.to_spark()`` gives a Spark DataFrame.
@@ -187,7 +188,8 @@ def sql(
     runtime = runtime or _runtime_for(spark)
     ctx = DistributedContext(runtime=runtime, config=config)
     for name, df in (tables or {}).items():
-        register_spark_dataframe(ctx, name.lower(), df)
+        if not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
+            register_spark_dataframe(ctx, name.lower(), df)
     names = _referenced_names(query)
     unreadable: dict[str, str] = {}
     for table in spark.catalog.listTables():
