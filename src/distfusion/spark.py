@@ -45,10 +45,10 @@ Names and types of tables read through Spark:
   ``date_trunc``, ``extract`` and casts in that zone, as Spark does),
   ``TIMESTAMP_NTZ`` ``timestamp[us]`` without zone, ``STRING`` ``utf8``,
   ``DECIMAL(p,s)`` ``decimal128(p,s)``, ``DATE`` ``date32``, arrays, maps and
-  structs as Arrow's. A type PySpark cannot convert (intervals of both kinds
-  mixed, variant) raises :class:`~distfusion.errors.PlanningError`.
+  structs as Arrow's. A type PySpark cannot convert raises
+  :class:`~distfusion.errors.PlanningError` naming the table.
 
-Types: the result keeps DataFusion's types, converted to Spark's by
+Result types: the result keeps DataFusion's types, converted to Spark's by
 ``SparkSession.createDataFrame``. They match Spark SQL's for the TPC-H queries
 except where the engines' rules differ (documented in the README): Arrow's
 view and large string types become ``StringType``; DataFusion's
@@ -295,9 +295,11 @@ def register_spark_dataframe(ctx: DistributedContext, name: str, df) -> None:
 def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
     """``(partitions, sizeInBytes, rowCount)`` Spark knows of ``df`` without running it.
 
-    Partitions: of the physical plan's RDD, unless the plan is adaptive (its
-    partitions are known once its shuffles ran). Sizes: the optimized plan's
-    statistics; Spark's default for unknown (``Long.MaxValue``) is None.
+    Partitions: of the physical plan's RDD; for an adaptive plan (its
+    partitions are known once its shuffles ran) the partitioning it plans
+    before running, an upper bound (Spark may coalesce them). Sizes: the
+    optimized plan's statistics; Spark's default for unknown
+    (``Long.MaxValue``) is None.
     """
     qe = df._jdf.queryExecution()
     partitions = size = rows = None
@@ -305,6 +307,8 @@ def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
         plan = qe.executedPlan()
         if plan.getClass().getSimpleName() != "AdaptiveSparkPlanExec":
             partitions = int(plan.execute().getNumPartitions())
+        else:
+            partitions = int(plan.outputPartitioning().numPartitions()) or None
     except Exception:  # Spark's: the runtime finds out when it runs
         partitions = None
     try:
