@@ -251,9 +251,10 @@ def register_spark_dataframe(ctx: DistributedContext, name: str, df) -> None:
     fed one partition's Arrow batches inside the Spark task computing it
     (see the module's docstring). The planner sizes it with Spark's plan
     statistics (``sizeInBytes``, ``rowCount``; a missing estimate counts as
-    1 GiB) and counts its partitions when Spark knows them before running
-    (not after an adaptive shuffle). Column names are lower-cased; types map
-    as the module's docstring says. ``ctx`` keeps ``df`` alive.
+    1 GiB) and its partitions as Spark plans them before running (after an
+    adaptive shuffle Spark may make fewer: the extra tasks read none). Column
+    names are lower-cased and every column is nullable; types map as the
+    module's docstring says. ``ctx`` keeps ``df`` alive.
 
     Args:
         ctx: where to register; its runtime must be a
@@ -286,7 +287,10 @@ def register_spark_dataframe(ctx: DistributedContext, name: str, df) -> None:
             "distfusion lower-cases a Spark table's column names; alias them apart"
         )
         raise PlanningError(msg)
-    schema = pa.schema([f.with_name(n) for f, n in zip(schema, lowered, strict=True)])
+    # Nullable, as stage inputs are: a column the query does not read is NULL in the tasks.
+    schema = pa.schema(
+        [f.with_name(n).with_nullable(True) for f, n in zip(schema, lowered, strict=True)]
+    )
     partitions, size_bytes, rows = _spark_statistics(df)
     source = spark_source(name, schema, hold_dataframe(df), partitions, size_bytes, rows)
     ctx._register_streamed(source, df)
