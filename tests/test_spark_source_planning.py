@@ -137,3 +137,18 @@ def test_leaf_task_reads_the_partition_offered_to_it(ctx, monkeypatch):
         Exception, match="'sp' is a Spark DataFrame, read only inside the Spark task"
     ):
         execute_task.run_task(plan, lambda i: [])
+
+
+def test_an_empty_partition_gives_an_empty_table(ctx):
+    """A chunked leaf task offered no batch runs once over an empty table (taken once)."""
+    from distfusion.protocol.task_plan import TaskPlan
+    from distfusion.worker import execute_task
+    from distfusion.worker.spark_partitions import offering
+
+    graph = _graph(ctx, "SELECT s, count(*) AS n FROM sp WHERE k > 2 GROUP BY s")
+    (leaf,) = [s for s in graph.stages if s.scans]
+    assert leaf.scans[0].source.options["chunked"]  # a partial aggregate is linear
+    plan = TaskPlan.for_task(graph.query_id, leaf, 0, (), 1)
+    with offering(plan.key, "sp", iter(())):
+        parts = execute_task.run_task(plan, lambda i: [])
+    assert sum(b.num_rows for p in parts for b in p) == 0

@@ -312,16 +312,16 @@ def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
         if plan.getClass().getSimpleName() != "AdaptiveSparkPlanExec":
             partitions = int(plan.execute().getNumPartitions())
         else:
-            partitions = int(plan.outputPartitioning().numPartitions()) or None
+            partitions = int(plan.inputPlan().outputPartitioning().numPartitions()) or None
     except Exception:  # Spark's: the runtime finds out when it runs
         partitions = None
     try:
         stats = qe.optimizedPlan().stats()
-        size = int(str(stats.sizeInBytes().toString()))
+        size = int(str(stats.sizeInBytes()))  # a BigInt, or an int from py4j
         if size >= 2**62:
             size = None
         if stats.rowCount().isDefined():
-            rows = int(str(stats.rowCount().get().toString()))
+            rows = int(str(stats.rowCount().get()))
     except Exception:  # Spark's: no estimate
         pass
     return partitions, size, rows

@@ -530,10 +530,11 @@ def _spark_tasks(config: PlannerConfig, scan_bytes: int, partitions: int | None)
     """Tasks of a leaf stage reading a Spark DataFrame: one per partition, or fewer.
 
     The estimator's ``leaf_tasks`` over Spark's size estimate, the partitions
-    counted as work units (unknown: the task cap); the runtime coalesces the
-    DataFrame to that many partitions (``DataFrame.coalesce``, no shuffle).
+    counted as work units (unknown: one per worker, as Spark would run them);
+    the runtime coalesces the DataFrame to that many partitions
+    (``DataFrame.coalesce``, no shuffle).
     """
-    units = partitions if partitions else config.task_cap
+    units = partitions if partitions else config.workers
     tasks = config.estimator.leaf_tasks(scan_bytes, units, config.workers)
     return max(1, min(tasks, config.task_cap, units))
 

@@ -574,8 +574,10 @@ def feed_dataframes(
             register(source, batches)
             ran = True
             yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
-        if ran:
-            return
+        if not ran:  # an empty feed or partition (read once: not asked again)
+            register(source, [])
+            yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
+        return
     for share in feeds:
         batches = []
         for chunk in chunks(share):
