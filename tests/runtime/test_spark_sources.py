@@ -225,9 +225,18 @@ def test_more_tasks_than_spark_makes_partitions(spark):
 
 
 @pytest.mark.parametrize("data_plane", ["flight", "shuffle"])
-def test_a_failed_task_over_a_partition_runs_again(spark, data_plane):
+def test_a_failed_task_over_a_partition_runs_again(spark, data_plane, monkeypatch):
     """Task 1 of the leaf stage fails on its first attempt; only its partition runs again."""
     from distfusion.runtime.spark import FAIL_TASK_PROPERTY
+
+    jobs = []  # partitions of each job run on part of an RDD
+    run_job = type(spark.sparkContext).runJob
+
+    def counted(self, rdd, fn, partitions=None, allowLocal=False):
+        jobs.append(partitions)
+        return run_job(self, rdd, fn, partitions, allowLocal)
+
+    monkeypatch.setattr(type(spark.sparkContext), "runJob", counted)
 
     parts = spark.table("orders").select("o_orderkey", "o_totalprice").repartition(3)
     sql = "SELECT count(*) AS n, sum(o_totalprice) AS total FROM parts"
@@ -238,12 +247,18 @@ def test_a_failed_task_over_a_partition_runs_again(spark, data_plane):
     sc = spark.sparkContext
     try:
         df = distfusion.spark.sql(
-            spark, sql, runtime=runtime, config=SMALL_TASKS, tables={"parts": parts}
+            spark,
+            sql,
+            runtime=runtime,
+            config=DistributedConfig(tasks_per_stage=3),
+            tables={"parts": parts},
         )
         (leaf,) = [s for s in df.stage_graph().stages if s.scans]
         assert leaf.num_tasks == 3
         sc.setLocalProperty(FAIL_TASK_PROPERTY, f"{leaf.stage_id}:1:1")
         got = df.to_arrow_table()
+        if data_plane == "flight":  # Spark retries the shuffle plane's task itself
+            assert [1] in jobs
     finally:
         sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
         if data_plane != "flight":
