@@ -247,7 +247,7 @@ def _spark_source_query(runtime, data: str, out_dir: Path) -> None:
         .where("o_totalprice > 100000")
         .repartition(4)
     )
-    config = DistributedConfig(bytes_per_task=1024 * 1024)
+    config = DistributedConfig(tasks_per_stage=4)  # a task per partition
     df = distfusion.spark.sql(
         spark, SPARK_SOURCE_SQL, runtime=runtime, config=config, tables={"big_orders": orders}
     )
