@@ -429,9 +429,7 @@ SPARK_CHUNK_BYTES = 64 * 1024 * 1024
 """Most Arrow bytes of a Spark partition a chunked leaf task runs its fragment over at once."""
 
 
-def _spark_chunks(
-    key, share: ScanShare, meter: TaskMeter | None
-) -> Iterator[list[pa.RecordBatch]]:
+def _spark_chunks(key, share: ScanShare, meter: TaskMeter | None) -> Iterator[list[pa.RecordBatch]]:
     """The batches of the Spark partition offered to task ``key``, in chunks.
 
     A chunk holds up to :data:`SPARK_CHUNK_BYTES` of Arrow batches.
@@ -470,9 +468,7 @@ def _spark_schema(source) -> pa.Schema:
     return pa.schema([source.schema.field(i) for i in cols])
 
 
-def _register_spark(
-    ctx: SessionContext, source, batches: list[pa.RecordBatch], n: int
-) -> None:
+def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], n: int) -> None:
     """Register a Spark table's batches as ``source.name``, with every column of its schema.
 
     When Spark computed only some columns (``columns``), they are registered
