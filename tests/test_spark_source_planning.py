@@ -80,8 +80,11 @@ def test_task_count_follows_spark_size_estimate(ctx):
     # 400 MiB over 4 partitions at 64 MiB per task: one task per partition.
     (leaf,) = [s for s in _graph(ctx, "SELECT * FROM sp").stages if s.scans]
     assert leaf.num_tasks == 4
-    # 1 MiB of unknown partitions: one task (the DataFrame is coalesced to it).
+    # 1 MiB of unknown partitions: no fewer tasks than workers (Spark reads in them).
     (leaf,) = [s for s in _graph(ctx, "SELECT * FROM sp2").stages if s.scans]
+    assert leaf.num_tasks == 4
+    # One partition: one task.
+    (leaf,) = [s for s in _graph(ctx, "SELECT * FROM sp1").stages if s.scans]
     assert leaf.num_tasks == 1
 
 

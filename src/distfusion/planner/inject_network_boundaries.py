@@ -530,12 +530,17 @@ def _spark_tasks(config: PlannerConfig, scan_bytes: int, partitions: int | None)
     """Tasks of a leaf stage reading a Spark DataFrame: one per partition, or fewer.
 
     The estimator's ``leaf_tasks`` over Spark's size estimate, the partitions
-    counted as work units (unknown: one per worker, as Spark would run them);
-    the runtime coalesces the DataFrame to that many partitions
-    (``DataFrame.coalesce``, no shuffle).
+    counted as work units (unknown: one per worker, as Spark would run them),
+    but at least one per worker: Spark reads and converts the DataFrame inside
+    these tasks, and fewer than the slots would leave Spark's own work on
+    fewer cores (its size estimate is compressed file bytes, well below what
+    the tasks handle). The runtime coalesces the DataFrame to that many
+    partitions (``DataFrame.coalesce``, no shuffle).
     """
     units = partitions if partitions else config.workers
     tasks = config.estimator.leaf_tasks(scan_bytes, units, config.workers)
+    if not getattr(config.estimator, "tasks_per_stage", None):
+        tasks = max(tasks, config.workers)
     return max(1, min(tasks, config.task_cap, units))
 
 
