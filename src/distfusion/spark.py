@@ -22,10 +22,11 @@ with DataFusion inside a Spark task. Table names resolve from Spark's catalog
   DataFrame built with the DataFrame API, JSON, ORC, JDBC, Hive or any format
   Spark reads -- is computed by Spark: the leaf stage reading it runs over the
   DataFrame's own partitions (coalesced to the stage's task count, which
-  follows Spark's size estimate), each task inside the Spark task computing
-  its partition and fed that partition's Arrow batches
-  (:mod:`distfusion.worker.spark_partitions`). Nothing is collected on the
-  driver. It costs Spark's own work for the DataFrame plus its conversion to
+  follows Spark's size estimate, at least one task per worker), each task
+  inside the Spark task computing its partition and fed that partition's
+  Arrow batches
+  (:mod:`distfusion.worker.spark_partitions`); Spark computes only the
+  columns the query reads. Nothing is collected on the driver. It costs Spark's own work for the DataFrame plus its conversion to
   Arrow (as ``toArrow()`` pays, but per partition on the executors); a
   fragment that is linear in the table (filters, projections, partial
   aggregates) runs over each 64 MiB of batches as they come, anything else
