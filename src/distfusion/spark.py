@@ -26,8 +26,9 @@ with DataFusion inside a Spark task. Table names resolve from Spark's catalog
   inside the Spark task computing its partition and fed that partition's
   Arrow batches
   (:mod:`distfusion.worker.spark_partitions`); Spark computes only the
-  columns the query reads. Nothing is collected on the driver. It costs Spark's own work for the DataFrame plus its conversion to
-  Arrow (as ``toArrow()`` pays, but per partition on the executors); a
+  columns the query reads. Nothing is collected on the driver. It costs
+  Spark's own work for the DataFrame plus its conversion to Arrow (as
+  ``toArrow()`` pays, but per partition on the executors); a
   fragment that is linear in the table (filters, projections, partial
   aggregates) runs over each 64 MiB of batches as they come, anything else
   holds the task's partition in memory first. Only the Spark runtime runs
