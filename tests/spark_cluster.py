@@ -217,9 +217,55 @@ def main(argv: list[str]) -> int:
                 pa.ipc.new_file(f, table.schema) as w,
             ):
                 w.write_table(table)
+        _spark_source_query(runtime, data, out_dir)
     finally:
         runtime.close()
     return 0
+
+
+SPARK_SOURCE_SQL = (
+    "SELECT o_orderpriority, count(*) AS n, sum(o_totalprice) AS total "
+    "FROM big_orders GROUP BY o_orderpriority ORDER BY o_orderpriority"
+)
+
+
+def _spark_source_query(runtime, data: str, out_dir: Path) -> None:
+    """A DataFrame built with the DataFrame API read through Spark, and Spark's own answer.
+
+    Writes ``spark_source.arrow`` (distfusion), ``spark_source_expected.arrow``
+    (``spark.sql``) and ``spark_source.json``: the workers that ran the leaf
+    stage's tasks and the driver's own worker.
+    """
+    import pyarrow as pa
+
+    import distfusion.spark
+    from distfusion import DistributedConfig, tpch
+
+    spark = runtime.spark
+    orders = (
+        spark.read.parquet(tpch.table_path(data, "orders"))
+        .where("o_totalprice > 100000")
+        .repartition(4)
+    )
+    config = DistributedConfig(tasks_per_stage=4)  # a task per partition
+    df = distfusion.spark.sql(
+        spark, SPARK_SOURCE_SQL, runtime=runtime, config=config, tables={"big_orders": orders}
+    )
+    got = distfusion.spark.to_spark_compatible(df.to_arrow_table())
+    orders.createOrReplaceTempView("big_orders")
+    expected = distfusion.spark.to_spark_compatible(spark.sql(SPARK_SOURCE_SQL).toArrow())
+    for name, table in (("spark_source", got), ("spark_source_expected", expected)):
+        with (
+            pa.OSFile(str(out_dir / f"{name}.arrow"), "wb") as f,
+            pa.ipc.new_file(f, table.schema) as w,
+        ):
+            w.write_table(table)
+    graph = df._ran_graph()
+    leaf = [s for s in graph.stages if any(sc.source.is_spark for sc in s.scans)]
+    tasks = [t for s in leaf for t in df.metrics().stage(s.stage_id).tasks]
+    driver = runtime._driver_worker.url if runtime._driver_worker is not None else None
+    info = {"workers": [t.worker for t in tasks], "driver": driver, "tasks": len(tasks)}
+    (out_dir / "spark_source.json").write_text(json.dumps(info))
 
 
 if __name__ == "__main__":

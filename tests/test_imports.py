@@ -27,6 +27,7 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "pyspark.accumulators"),
     ("distfusion.runtime.spark", "pyspark.rdd"),
     ("distfusion.runtime.spark", "pyspark.serializers"),
+    ("distfusion.runtime.spark", "pyspark.sql.pandas.types"),
     ("distfusion.runtime.spark", "pyspark.traceback_utils"),
     ("distfusion.runtime.spark", "distfusion.runtime.spark"),
     ("distfusion.runtime.spark", "json"),
@@ -37,6 +38,7 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "distfusion.worker.flight_server"),
     ("distfusion.spark", "pyspark.sql.pandas.types"),
     ("distfusion.spark", "pyspark.sql.types"),
+    ("distfusion.spark", "pyspark.sql"),
     ("distfusion.transport.flight", "pyarrow.flight"),
     # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.
     ("distfusion.work_unit_feed.table", "fsspec"),

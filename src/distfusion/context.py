@@ -246,6 +246,38 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
+    """Raise unless ``runtime`` can read the Spark DataFrames ``graph`` reads.
+
+    Raises:
+        PlanningError: a stage reads a Spark DataFrame and ``runtime`` is not
+            the Spark runtime (names the table and the runtime).
+    """
+    if getattr(runtime, "reads_spark_dataframes", False):
+        return
+    for stage in graph.stages:
+        for scan in stage.scans:
+            if scan.source.is_spark:
+                msg = (
+                    f"table {scan.source.name!r} is a Spark DataFrame, read by Spark's "
+                    "executors: only the Spark runtime (SparkRuntime, distfusion.spark.sql) "
+                    f"runs a query reading it, and this context runs on "
+                    f"{getattr(runtime, 'name', type(runtime).__name__)!r}; use a "
+                    "SparkRuntime, or write the DataFrame to Parquet and register_parquet it"
+                )
+                raise PlanningError(msg)
+
+
+def _spark_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
+    """The Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan)."""
+    spark = [name for name, s in sources.items() if s.is_spark]
+    if not spark:
+        return []
+    text = df.optimized_logical_plan().display_indent()
+    scanned = set(re.findall(r"TableScan: ([^\s]+)", text))
+    return [n for n in spark if n in scanned or sql_name(n) in scanned]
+
+
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
     """``df`` run by single-node DataFusion in this process, as Arrow batches."""
     for rb in df.execute_stream():
@@ -325,6 +357,7 @@ class DistributedContext:
         self.sources: dict[str, TableSource] = {}
         self._written = False  # a write ran or may run: memory tables are read again
         self._feed_sources: dict[str, FeedTableSource] = {}
+        self._held: dict[str, object] = {}  # table -> what its source needs (a Spark DataFrame)
 
     # ------------------------------------------------------------- registration
     def register_parquet(
@@ -490,6 +523,19 @@ class DistributedContext:
         self.ctx.register_record_batches(name, [[empty]])
         self._add(table)
 
+    def _register_streamed(self, source: TableSource, held: object) -> None:
+        """Register a table read at run time (a Spark DataFrame), keeping ``held`` alive with it.
+
+        The coordinator's DataFusion context knows the table as empty, with its
+        schema: it plans queries over it; only tasks read its rows.
+        """
+        source = dataclasses.replace(source, name=table_name(source.name))
+        self._forget(sql_name(source.name))
+        self._held[source.name] = held
+        empty = pa.RecordBatch.from_pylist([], schema=source.schema)
+        self.ctx.register_record_batches(sql_name(source.name), [[empty]])
+        self._add(source)
+
     def deregister_table(self, name: str) -> None:
         """Forget table ``name`` (no error when unknown)."""
         self._forget(name)
@@ -505,6 +551,7 @@ class DistributedContext:
     def _forget(self, name: str) -> None:
         self.sources.pop(table_name(name), None)
         self._feed_sources.pop(table_name(name), None)
+        self._held.pop(table_name(name), None)
         try:
             self.ctx.deregister_table(name)
         except Exception:  # not registered: nothing to forget
@@ -806,9 +853,11 @@ class DistributedDataFrame:
         """
         plan = Plan()
         plan.ParseFromString(self._substrait())  # the planner rewrites its plan in place
-        return plan_stages(
+        graph = plan_stages(
             plan, self.context.sources, config, materialized, query_id, first_stage_id
         )
+        _check_spark_reads(graph, self.context.runtime)
+        return graph
 
     def stage_graph(self) -> StageGraph:
         """The static distributed plan (planned once, on first use).
@@ -1041,6 +1090,14 @@ class DistributedDataFrame:
         query_id = str(uuid.uuid4())
         observer = QueryObserver(query_id, self.label)
         if self.coordinator_only() is not None:
+            spark = _spark_tables_read(self.df, self.context.sources)
+            if spark:
+                msg = (
+                    f"table {spark[0]!r} is a Spark DataFrame, read only by Spark tasks, but "
+                    f"this query runs on the coordinator only ({self.coordinator_only()}); "
+                    "use spark.sql for it, or write the table to Parquet first"
+                )
+                raise PlanningError(msg)
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)
         else:
             stream = self._observed(observer, *self._start(query_id))

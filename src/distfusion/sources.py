@@ -11,6 +11,13 @@ planning time: its :class:`~distfusion.work_unit_feed.WorkUnitFeed` streams
 them to the leaf tasks while the query runs; only the feed's id and how to
 rebuild its reader travel in the plan (``options``).
 
+A Spark DataFrame (format ``"spark"``, :func:`spark_source`) has no units
+either: Spark reads it, and each leaf task is fed the Arrow batches of one
+Spark partition in the Spark task that computes that partition
+(:mod:`distfusion.worker.spark_partitions`); only the Spark runtime runs it.
+Feed and Spark tables are both *streamed* (:attr:`TableSource.streamed`):
+read once, one partition per leaf task, never in full by several tasks.
+
 Sizes come from the files themselves: Parquet footers give row counts and the
 uncompressed bytes of every column chunk (used by the task estimator and the
 broadcast decision); CSV gives only its file size.
@@ -39,12 +46,14 @@ from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = [
     "FEED",
+    "SPARK",
     "TableSource",
     "WorkUnit",
     "parquet_source",
     "csv_source",
     "memory_source",
     "feed_source",
+    "spark_source",
     "sql_name",
 ]
 
@@ -64,6 +73,12 @@ def sql_name(name: str) -> str:
 FEED = "feed"
 """The format of a table whose work units come from a work unit feed at run time."""
 
+SPARK = "spark"
+"""The format of a Spark DataFrame read through Spark, one Spark partition per leaf task."""
+
+UNKNOWN_SPARK_BYTES = 1024**3
+"""Bytes assumed for a Spark DataFrame whose plan has no size statistics (1 GiB)."""
+
 
 @dataclass(frozen=True)
 class TableSource:
@@ -71,14 +86,16 @@ class TableSource:
 
     Attributes:
         name: the table name used in SQL.
-        format: ``"parquet"``, ``"csv"``, ``"memory"`` or ``"feed"``.
+        format: ``"parquet"``, ``"csv"``, ``"memory"``, ``"feed"`` or ``"spark"``.
         schema: the Arrow schema DataFusion reads the table with.
         units: the table's work units, in a stable order.
         column_bytes: uncompressed bytes per column over all units (Parquet), used
             to size projected scans; empty when unknown.
         options: format options (CSV: ``has_header``, ``delimiter``; feed:
             ``feed_id``, ``reader`` (class path), ``state`` (base64),
-            ``tasks``, ``estimated_bytes``, and per stage ``chunked``).
+            ``tasks``, ``estimated_bytes``, and per stage ``chunked``;
+            spark: ``dataframe_id``, ``partitions``, ``estimated_bytes``,
+            ``estimated_rows``, and per stage ``chunked``).
     """
 
     name: str
@@ -94,8 +111,29 @@ class TableSource:
         return self.format == FEED
 
     @property
+    def is_spark(self) -> bool:
+        """True for a Spark DataFrame read through Spark (only the Spark runtime runs it)."""
+        return self.format == SPARK
+
+    @property
+    def streamed(self) -> bool:
+        """True when the rows reach each leaf task at run time, one partition per task.
+
+        A feed or a Spark DataFrame: no units at planning time, a task count
+        the source decides, never read in full by several tasks (no broadcast
+        scan), and a fragment linear in it may run per chunk of its rows.
+        """
+        return self.format in (FEED, SPARK)
+
+    @property
     def num_rows(self) -> int | None:
-        """Total rows, or None when a unit's count is unknown (always for a feed)."""
+        """Total rows, or None when a unit's count is unknown (always for a feed).
+
+        A Spark DataFrame: the row count of Spark's plan statistics, when it has one.
+        """
+        if self.is_spark:
+            rows = self.options.get("estimated_rows")
+            return None if rows is None else int(rows)
         if self.is_feed:
             return None
         if any(u.num_rows is None for u in self.units):
@@ -104,8 +142,8 @@ class TableSource:
 
     @property
     def size_bytes(self) -> int:
-        """Total bytes to scan over all units (a feed: its estimate, or 1 GiB)."""
-        if self.is_feed:
+        """Total bytes to scan over all units (a feed or Spark table: its estimate, or 1 GiB)."""
+        if self.streamed:
             est = self.options.get("estimated_bytes")
             return UNKNOWN_FEED_BYTES if est is None else int(est)
         return sum(u.size_bytes for u in self.units)
@@ -299,6 +337,42 @@ def feed_source(name: str, source: FeedTableSource) -> TableSource:
         "estimated_bytes": getattr(source, "estimated_bytes", None),
     }
     return TableSource(name, FEED, schema, (), {}, options)
+
+
+def spark_source(
+    name: str,
+    schema: pa.Schema,
+    dataframe_id: str,
+    partitions: int | None,
+    estimated_bytes: int | None,
+    estimated_rows: int | None = None,
+) -> TableSource:
+    """Describe a Spark DataFrame that Spark reads and leaf tasks consume partition by partition.
+
+    Args:
+        name: the table name.
+        schema: the Arrow schema of the DataFrame's batches as the tasks get them.
+        dataframe_id: the key under which the Spark runtime finds the DataFrame
+            on the driver (:func:`distfusion.runtime.spark.hold_dataframe`);
+            only this id travels in plans.
+        partitions: the DataFrame's Spark partitions when known without running
+            it (None: decided when it runs, e.g. after an adaptive shuffle).
+        estimated_bytes: Spark's ``sizeInBytes`` estimate (None: unknown, 1 GiB).
+        estimated_rows: Spark's ``rowCount`` estimate, when its plan has one.
+
+    Raises:
+        PlanningError: ``partitions`` is given and below 0.
+    """
+    if partitions is not None and partitions < 0:
+        msg = f"Spark table {name!r}: partitions must be at least 0, got {partitions}"
+        raise PlanningError(msg)
+    options = {
+        "dataframe_id": dataframe_id,
+        "partitions": partitions,
+        "estimated_bytes": UNKNOWN_SPARK_BYTES if estimated_bytes is None else estimated_bytes,
+        "estimated_rows": estimated_rows,
+    }
+    return TableSource(name, SPARK, schema, (), {}, options)
 
 
 def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUnit, ...]) -> None:

@@ -12,14 +12,45 @@ Swap ``spark.sql(q)`` for ``distfusion.spark.sql(spark, q)`` in a pipeline::
 The query runs on the same SparkSession with the
 :class:`~distfusion.runtime.spark.SparkRuntime`: every task executes natively
 with DataFusion inside a Spark task. Table names resolve from Spark's catalog
-(temp views and tables of the current database): a table whose optimized plan
-is a plain scan of Parquet or CSV files becomes a distfusion source, its files
-from ``DataFrame.inputFiles()`` and its schema from Spark. Anything else (a view
-with a filter or a join, a JDBC table, a CSV table partitioned by directory) is
-not read: using it in the query raises a :class:`~distfusion.errors.PlanningError`
-naming it.
+(temp views and tables of the current database) and from ``tables=``
+(DataFrames of the pipeline, by name). Each becomes one of two sources:
 
-Types: the result keeps DataFusion's types, converted to Spark's by
+- **native**: a table whose optimized plan is a plain scan of local Parquet or
+  CSV files (Parquet partitioned by directory too) is read by DataFusion in
+  the tasks, its files from Spark's relation and its schema from Spark.
+- **through Spark**: anything else -- a view with a filter or a join, a
+  DataFrame built with the DataFrame API, JSON, ORC, JDBC, Hive or any format
+  Spark reads -- is computed by Spark: the leaf stage reading it runs over the
+  DataFrame's own partitions (coalesced to the stage's task count, which
+  follows Spark's size estimate, at least one task per worker), each task
+  inside the Spark task computing its partition and fed that partition's
+  Arrow batches
+  (:mod:`distfusion.worker.spark_partitions`); Spark computes only the
+  columns the query reads. Nothing is collected on the driver. It costs
+  Spark's own work for the DataFrame plus its conversion to Arrow (as
+  ``toArrow()`` pays, but per partition on the executors); a
+  fragment that is linear in the table (filters, projections, partial
+  aggregates) runs over each 64 MiB of batches as they come, anything else
+  holds the task's partition in memory first. Only the Spark runtime runs
+  such a query: another runtime raises :class:`~distfusion.errors.PlanningError`.
+
+Names and types of tables read through Spark:
+
+- Spark resolves names case-insensitively, DataFusion folds unquoted
+  identifiers to lower case: table names and the columns of tables read
+  through Spark are lower-cased, so unquoted names of any case resolve as in
+  Spark (two columns differing only in case are refused). Native tables keep
+  their files' column names (quote a mixed-case one).
+- Spark types map to Arrow as PySpark's ``to_arrow_schema`` maps them (Spark's
+  own Arrow conversion): ``TIMESTAMP`` becomes ``timestamp[us]`` in
+  ``spark.sql.session.timeZone`` (the same instants; DataFusion then computes
+  ``date_trunc``, ``extract`` and casts in that zone, as Spark does),
+  ``TIMESTAMP_NTZ`` ``timestamp[us]`` without zone, ``STRING`` ``utf8``,
+  ``DECIMAL(p,s)`` ``decimal128(p,s)``, ``DATE`` ``date32``, arrays, maps and
+  structs as Arrow's. A type PySpark cannot convert raises
+  :class:`~distfusion.errors.PlanningError` naming the table.
+
+Result types: the result keeps DataFusion's types, converted to Spark's by
 ``SparkSession.createDataFrame``. They match Spark SQL's for the TPC-H queries
 except where the engines' rules differ (documented in the README): Arrow's
 view and large string types become ``StringType``; DataFusion's
@@ -42,9 +73,22 @@ import pyarrow as pa
 
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
-from distfusion.runtime.spark import SparkRuntime, frame_function, import_pyspark
+from distfusion.runtime.spark import (
+    SparkRuntime,
+    frame_function,
+    hold_dataframe,
+    import_pyspark,
+    spark_arrow_schema,
+)
+from distfusion.sources import spark_source
 
-__all__ = ["sql", "register_spark_table", "SparkDataFrame", "to_spark_compatible"]
+__all__ = [
+    "sql",
+    "register_spark_table",
+    "register_spark_dataframe",
+    "SparkDataFrame",
+    "to_spark_compatible",
+]
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
@@ -205,12 +249,15 @@ def sql(
     query: str,
     runtime: SparkRuntime | None = None,
     config: DistributedConfig | None = None,
+    tables: dict | None = None,
 ) -> SparkDataFrame:
-    """Plan ``query`` with distfusion over the tables of ``spark``'s catalog.
+    """Plan ``query`` with distfusion over the tables of ``spark``'s catalog and ``tables``.
 
     Tables the query names (temp views and tables of the current database,
-    unqualified, case-insensitive) are registered as distfusion sources with
-    :func:`register_spark_table`. Nothing runs until a result is asked for.
+    unqualified, case-insensitive) are registered with
+    :func:`register_spark_table`; ``tables`` are registered first and win
+    over catalog tables of the same name. Nothing runs until a result is
+    asked for.
 
     Args:
         spark: the SparkSession; its catalog names the tables and its
@@ -220,19 +267,26 @@ def sql(
         runtime: the Spark runtime to use (default: one per SparkSession, created
             on first use, with default settings).
         config: planner settings.
+        tables: more tables by name: Spark DataFrames of ``spark`` (any plan:
+            native when a plain file scan, else :func:`register_spark_dataframe`),
+            names case-insensitive.
 
     Returns:
         A :class:`SparkDataFrame`; ``.to_spark()`` gives a Spark DataFrame.
 
     Raises:
         ImportError: pyspark is not installed.
-        PlanningError: invalid SQL, an unknown table or column, or a table of
-            Spark's catalog that distfusion cannot read directly (the message
-            names it and says why).
+        PlanningError: invalid SQL, an unknown table or column, or a table
+            distfusion cannot read (a schema Arrow cannot express, two columns
+            differing only in case; the message names it and says why).
+        TypeError: a value of ``tables`` is not a Spark DataFrame.
     """
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
     ctx = DistributedContext(runtime=runtime, config=config)
+    for name, df in (tables or {}).items():
+        if not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
+            register_spark_dataframe(ctx, name.lower(), df)
     names = _referenced_names(query)
     unreadable: dict[str, str] = {}
     for table in spark.catalog.listTables():
@@ -256,14 +310,14 @@ def register_spark_table(
 ) -> None:
     """Register Spark table or temp view ``name`` in ``ctx`` as a distfusion source.
 
-    The table must be a plain scan of Parquet or CSV files: Spark's optimized
-    plan of ``spark.table(name)`` is a ``LogicalRelation`` over a
-    ``HadoopFsRelation``; a Parquet table partitioned by directory
-    (``partitionBy``) is registered with its partition columns, pruned by the
-    query's filters as Spark prunes them. Its files come from
-    ``DataFrame.inputFiles()`` (local paths or ``file://`` URIs), its schema
-    from Spark (converted to Arrow), CSV options (``header``, ``sep``) from the
-    relation.
+    A plain scan of local Parquet or CSV files (Spark's optimized plan of
+    ``spark.table(name)`` is a ``LogicalRelation`` over a ``HadoopFsRelation``)
+    is read natively by DataFusion in the tasks: its files come from
+    ``DataFrame.inputFiles()``, its schema from Spark (converted to Arrow),
+    CSV options (``header``, ``sep``) from the relation; a Parquet table
+    partitioned by directory (``partitionBy``) is registered with its
+    partition columns, pruned by the query's filters as Spark prunes them.
+    Anything else is read through Spark (:func:`register_spark_dataframe`).
 
     Args:
         ctx: where to register.
@@ -273,51 +327,143 @@ def register_spark_table(
             DataFusion folds unquoted identifiers).
 
     Raises:
-        PlanningError: ``name`` is unknown to Spark, is not a plain file scan, is
-            neither Parquet nor CSV, is CSV partitioned by directory, or has
-            files that are not local.
+        PlanningError: ``name`` is unknown to Spark, or read through Spark and
+            :func:`register_spark_dataframe` refuses it.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
-
     as_name = as_name or name.lower()
     try:
         df = spark.table(name)
-        plan = df._jdf.queryExecution().optimizedPlan()
     except Exception as exc:
         msg = f"table {name!r}: Spark cannot resolve it: {exc}"
         raise PlanningError(msg) from exc
+    if not _register_native(ctx, df, name, as_name):
+        register_spark_dataframe(ctx, as_name, df)
 
-    def unreadable(why: str) -> PlanningError:
-        return PlanningError(
-            f"table {name!r} from Spark's catalog cannot be read by distfusion: {why}; "
-            "use spark.sql for it, or write it to Parquet first"
+
+def register_spark_dataframe(ctx: DistributedContext, name: str, df) -> None:
+    """Register Spark DataFrame ``df`` as table ``name``, read through Spark when queried.
+
+    Nothing runs now. A leaf stage reading the table runs over ``df``'s
+    partitions (coalesced to its task count) on the Spark runtime, each task
+    fed one partition's Arrow batches inside the Spark task computing it
+    (see the module's docstring). The planner sizes it with Spark's plan
+    statistics (``sizeInBytes``, ``rowCount``; a missing estimate counts as
+    1 GiB) and its partitions as Spark plans them before running (after an
+    adaptive shuffle Spark may make fewer: the extra tasks read none). Column
+    names are lower-cased and every column is nullable; types map as the
+    module's docstring says. ``ctx`` keeps ``df`` alive.
+
+    Args:
+        ctx: where to register; its runtime must be a
+            :class:`~distfusion.runtime.spark.SparkRuntime` on ``df``'s
+            session when a query runs.
+        name: the table name.
+        df: a ``pyspark.sql.DataFrame`` (classic, not Spark Connect).
+
+    Raises:
+        TypeError: ``df`` is not a Spark DataFrame.
+        PlanningError: its schema has a type Arrow cannot express, or two
+            columns whose names differ only in case.
+    """
+    from pyspark.sql import DataFrame  # optional dependency
+
+    if not isinstance(df, DataFrame) or not hasattr(df, "_jdf"):
+        msg = f"table {name!r}: expected a (classic) pyspark.sql.DataFrame, got {type(df)!r}"
+        raise TypeError(msg)
+    time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
+    try:
+        schema = spark_arrow_schema(df.schema, time_zone)
+    except Exception as exc:
+        msg = f"table {name!r}: its Spark schema has a type Arrow cannot express ({exc})"
+        raise PlanningError(msg) from exc
+    lowered = [n.lower() for n in schema.names]
+    twins = sorted({n for n in lowered if lowered.count(n) > 1})
+    if twins:
+        msg = (
+            f"table {name!r}: columns differ only in case or repeat ({twins[0]!r}): "
+            "distfusion lower-cases a Spark table's column names; alias them apart"
         )
+        raise PlanningError(msg)
+    # Nullable, as stage inputs are: a column the query does not read is NULL in the tasks.
+    schema = pa.schema(
+        [f.with_name(n).with_nullable(True) for f, n in zip(schema, lowered, strict=True)]
+    )
+    partitions, size_bytes, rows = _spark_statistics(df)
+    source = spark_source(name, schema, hold_dataframe(df), partitions, size_bytes, rows)
+    ctx._register_streamed(source, df)
 
+
+def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
+    """``(partitions, sizeInBytes, rowCount)`` Spark knows of ``df`` without running it.
+
+    Partitions: of the physical plan's RDD; for an adaptive plan (its
+    partitions are known once its shuffles ran) the partitioning it plans
+    before running, an upper bound (Spark may coalesce them). Sizes: the
+    optimized plan's statistics; Spark's default for unknown
+    (``Long.MaxValue``) is None.
+    """
+    qe = df._jdf.queryExecution()
+    partitions = size = rows = None
+    try:
+        plan = qe.executedPlan()
+        if plan.getClass().getSimpleName() != "AdaptiveSparkPlanExec":
+            partitions = int(plan.execute().getNumPartitions())
+        else:
+            partitions = int(plan.inputPlan().outputPartitioning().numPartitions()) or None
+    except Exception:  # Spark's: the runtime finds out when it runs
+        partitions = None
+    try:
+        stats = qe.optimizedPlan().stats()
+        size = int(str(stats.sizeInBytes()))  # a BigInt, or an int from py4j
+        if size >= 2**62:
+            size = None
+        if stats.rowCount().isDefined():
+            rows = int(str(stats.rowCount().get()))
+    except Exception:  # Spark's: no estimate
+        pass
+    return partitions, size, rows
+
+
+def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bool:
+    """Register ``df`` as a native source if it is a plain scan of local Parquet or CSV files.
+
+    Returns:
+        False when it is not (distfusion then reads it through Spark): not a
+        ``LogicalRelation`` over a ``HadoopFsRelation``, neither Parquet nor
+        CSV, CSV partitioned by directory, several roots or files not on a
+        local file system, no file, or a type the native path does not map.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
+
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan()
+    except Exception as exc:
+        msg = f"table {name!r}: Spark cannot plan it: {exc}"
+        raise PlanningError(msg) from exc
     kind = plan.getClass().getSimpleName()
     if (
         kind != "LogicalRelation"
         or plan.relation().getClass().getSimpleName() != "HadoopFsRelation"
     ):
-        raise unreadable(f"it is not a plain scan of files (Spark's optimized plan is a {kind})")
+        return False
     relation = plan.relation()
     fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower())
     if fmt is None:
-        raise unreadable(f"its format is {relation.fileFormat().toString()}, not Parquet or CSV")
+        return False
     if relation.partitionSchema().nonEmpty():
-        _register_partitioned(ctx, relation, fmt, as_name, unreadable)
-        return
+        return _register_partitioned(ctx, relation, fmt, as_name)
     files = []
     for uri in df.inputFiles():
         parsed = urlparse(uri)
         if parsed.scheme not in ("", "file"):
-            raise unreadable(f"its file {uri} is not on a local file system")
+            return False
         files.append(unquote(parsed.path))
     if not files:
-        raise unreadable("it has no input file")
+        return False
     try:
         schema = to_arrow_schema(df.schema)
-    except Exception as exc:
-        raise unreadable(f"its schema has a type Arrow cannot express ({exc})") from exc
+    except Exception:  # e.g. a time stamp: read through Spark, in the session's zone
+        return False
     path = _common_path(sorted(files), fmt)
     if fmt == "parquet":
         ctx.register_parquet(as_name, path, schema=schema)
@@ -331,9 +477,10 @@ def register_spark_table(
         header = option("header", "false").lower() == "true"
         delimiter = option("sep", option("delimiter", ","))
         ctx.register_csv(as_name, path, schema=schema, has_header=header, delimiter=delimiter)
+    return True
 
 
-def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: str, unreadable):
+def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: str) -> bool:
     """Register a Parquet table Spark partitions by directory (``partitionBy``).
 
     The table's root directory is registered with Spark's partition columns
@@ -341,32 +488,34 @@ def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: 
     each file's partition values from its path and prunes directories by the
     query's filters, as Spark does.
 
-    Raises:
-        PlanningError: the table is not Parquet, has several root paths, or
-            its root is not on a local file system.
+    Returns:
+        False (read it through Spark) when the table is not Parquet, has
+        several root paths, its root is not on a local file system, or a
+        type does not map natively.
     """
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
     from pyspark.sql.types import _parse_datatype_json_string  # optional dependency
 
     if fmt != "parquet":
-        raise unreadable(f"it is {fmt.upper()} partitioned by directory (only Parquet is read so)")
+        return False
     roots = relation.location().rootPaths()
     if roots.size() != 1:
-        raise unreadable(f"it has {roots.size()} root paths; distfusion reads one directory tree")
+        return False
     parsed = urlparse(str(roots.apply(0).toUri().toString()))
     if parsed.scheme not in ("", "file"):
-        raise unreadable(f"its root {parsed.geturl()} is not on a local file system")
+        return False
     try:
         data = to_arrow_schema(_parse_datatype_json_string(relation.dataSchema().json()))
         parts = to_arrow_schema(_parse_datatype_json_string(relation.partitionSchema().json()))
-    except Exception as exc:
-        raise unreadable(f"its schema has a type Arrow cannot express ({exc})") from exc
+    except Exception:  # e.g. a time stamp: read through Spark, in the session's zone
+        return False
     ctx.register_parquet(
         as_name,
         unquote(parsed.path),
         schema=data,
         table_partition_cols=[(f.name, f.type) for f in parts],
     )
+    return True
 
 
 def _common_path(files: list[str], fmt: str) -> str:

@@ -243,6 +243,15 @@ class StageGraph:
                         f"{scan.source.options['feed_id'][:8]}, one partition per task, "
                         f"streamed while the query runs; run over {how})"
                     )
+                elif scan.source.is_spark:
+                    chunked = scan.source.options.get("chunked")
+                    how = "chunks as batches arrive" if chunked else "whole"
+                    parts = scan.source.options.get("partitions")
+                    parts = "?" if parts is None else parts
+                    lines.append(
+                        f"  <- spark scan {scan.source.name} (Spark DataFrame, {parts} "
+                        f"partitions read by Spark into {s.num_tasks} tasks; run over {how})"
+                    )
                 elif scan.replicated:
                     lines.append(
                         f"  <- broadcast scan {scan.source.name} ({n} work units, "

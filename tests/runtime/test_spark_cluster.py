@@ -52,6 +52,14 @@ def test_tpch_on_a_standalone_cluster(tmp_path, tpch_dir, oracle):
             sql = tpch.query(q)
             got = pa.ipc.open_file(str(out / f"q{q}.arrow")).read_all()
             assert_same_result(got, oracle_result(oracle, sql), ordered=is_ordered(sql))
+        # A DataFrame of the pipeline read through Spark: Spark's answer, its leaf
+        # tasks run in the executors over its 4 partitions.
+        got = pa.ipc.open_file(str(out / "spark_source.arrow")).read_all()
+        expected = pa.ipc.open_file(str(out / "spark_source_expected.arrow")).read_all()
+        assert_same_result(got, expected, ordered=True, decimal_ulps=1, check_types=False)
+        source = json.loads((out / "spark_source.json").read_text())
+        assert source["tasks"] == 4
+        assert source["driver"] not in source["workers"]
         # Tasks ran in the executors both workers launched, not in the driver.
         for i in range(2):
             logs = list((tmp_path / "cluster" / f"work-{i}").glob("app-*/*/stderr"))

@@ -112,8 +112,8 @@ class JoinDistribution(RuntimeFilters):
             return None
         names = frozenset(source_tables(build.rel, self.sources))
         total = sum(self.sources[n].size_bytes for n in names)
-        if any(self.sources[n].is_feed for n in names):
-            return None  # a feed streams each unit to one task: it cannot be read in full by all
+        if any(self.sources[n].streamed for n in names):
+            return None  # a feed or Spark table streams each part to one task, never all to all
         if not names or total > self.config.replicate_scan_bytes:
             return None
         split = set(source_tables(probe.rel, self.sources)) - probe.replicated
@@ -183,6 +183,8 @@ class JoinDistribution(RuntimeFilters):
         else:
             est = Estimate(left.est.rows * right.est.rows, left.est.bytes * max(right.est.rows, 1))
         if left.tasks == 1 and right.tasks == 1:
+            # A stage reading a Spark table reads no other stage but broadcasts.
+            left, right = self.apart(left), self.apart(right)
             new = set_children(rel, [left.rel, right.rel])
             return Fragment(
                 new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated

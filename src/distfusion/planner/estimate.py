@@ -83,7 +83,7 @@ def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
         return False
     read, names = found
     source = sources.get(read.read.named_table.names[-1])
-    if source is None or source.is_feed:  # a feed is read once, by its own leaf stage
+    if source is None or source.streamed:  # read once, by its own leaf stage
         return False
     fraction = filter_selectivity(names)
     columns = None

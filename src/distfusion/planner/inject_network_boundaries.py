@@ -74,7 +74,14 @@ from distfusion.planner.substrait import (
     unproject_read,
     unproject_source_reads,
 )
-from distfusion.planner.walk import children, rel_kind, set_children, source_tables, walk
+from distfusion.planner.walk import (
+    children,
+    field_refs,
+    rel_kind,
+    set_children,
+    source_tables,
+    walk,
+)
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     COALESCE,
@@ -118,6 +125,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # Ids stay unique in the query: above every stage that ran.
         self.next_stage_id = max(first_stage_id, max(self.ran, default=0) + 1)
         self.tables: set[str] = set()
+        self.spark_columns = _spark_columns(plan, self.sources)
 
     def seal(
         self,
@@ -211,13 +219,15 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         chunkable: frozenset[str] = frozenset(),
     ) -> tuple[SourceScan, ...]:
         scans = []
-        feeds = [n for n in source_tables(rel, self.sources) if self.sources[n].is_feed]
+        feeds = [n for n in source_tables(rel, self.sources) if self.sources[n].streamed]
         for n in source_tables(rel, self.sources):
             units = self.sources[n].units
-            if self.sources[n].is_feed:
+            if self.sources[n].streamed:
                 # Chunked only when the fragment is linear in its one feed.
                 chunked = n in chunkable and len(feeds) == 1
                 options = {**self.sources[n].options, "chunked": chunked}
+                if self.sources[n].is_spark:
+                    options["columns"] = self.spark_columns.get(n)
                 source = replace(self.sources[n], options=options)
                 scans.append(SourceScan(source, ((),) * tasks))
             elif n in replicated:
@@ -227,11 +237,34 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         return tuple(scans)
 
     def gather(self, frag: Fragment) -> Fragment:
-        """``frag`` as a single-task fragment: coalesced if it has several tasks."""
-        if frag.tasks == 1:
+        """``frag`` as a single-task fragment: coalesced if it has several tasks.
+
+        A one-task fragment reading a Spark DataFrame is sealed too: what it is
+        gathered for may run with other inputs or on the coordinator, while a
+        Spark table is read only by a stage of its own, in Spark tasks
+        (:meth:`spark_tables`).
+        """
+        if frag.tasks == 1 and not self.spark_tables(frag):
             return frag
         read, inp = self.seal(frag, COALESCE)
         return Fragment(read, 1, frag.est, [inp])
+
+    def spark_tables(self, frag: Fragment) -> set[str]:
+        """The Spark DataFrames ``frag`` reads (:func:`~distfusion.sources.spark_source`).
+
+        Each task of a stage reading one runs inside the Spark task computing
+        its partition, fed by that partition alone. So a stage reads at most
+        one Spark table, reads other stages only as broadcasts (its tasks are
+        Spark's partitions, not a shuffle's), and the head stage reads none.
+        """
+        return {n for n in source_tables(frag.rel, self.sources) if self.sources[n].is_spark}
+
+    def apart(self, frag: Fragment) -> Fragment:
+        """``frag`` (one task) sealed into a stage of its own if it reads a Spark table.
+
+        For merging one-task fragments into one stage (see :meth:`spark_tables`).
+        """
+        return self.gather(frag) if self.spark_tables(frag) else frag
 
     def shuffle_tasks(self, est: Estimate) -> int:
         n = self.config.estimator.shuffle_tasks(int(est.bytes), self.config.workers)
@@ -264,7 +297,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         """
         if visited is None:
             visited = [self.visit(c) for c in children(rel)]
-        frags = [self.gather(f) for f in visited]
+        frags = [self.gather(f) for f in visited]  # Spark tables: stages of their own
         est = sum((f.est for f in frags), Estimate(1, 64))
         inputs = [i for f in frags for i in f.inputs]
         new = Rel()
@@ -298,6 +331,10 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
         if source.is_feed:
             tasks = _feed_tasks(self.config, source.options.get("tasks"))
+            est = Estimate(rows, scan_bytes)
+            return Fragment(unproject_read(rel), tasks, est, chunkable=frozenset([name]))
+        if source.is_spark:
+            tasks = _spark_tasks(self.config, scan_bytes, source.options.get("partitions"))
             est = Estimate(rows, scan_bytes)
             return Fragment(unproject_read(rel), tasks, est, chunkable=frozenset([name]))
         tasks = self.config.estimator.leaf_tasks(scan_bytes, len(source.units), self.config.workers)
@@ -449,9 +486,63 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # Columns are named c0.. like every stage's: the query's own names may
         # repeat (SELECT * over a join); the caller restores them.
         self.seal(frag, RESULT)
-        return StageGraph(
-            self.query_id, tuple(self.stages), self.config.memory_per_task_bytes
-        )
+        return StageGraph(self.query_id, tuple(self.stages), self.config.memory_per_task_bytes)
+
+
+def _spark_columns(plan: Plan, sources: dict[str, TableSource]) -> dict[str, list[int] | None]:
+    """The columns the query reads of each Spark table: Spark computes only those.
+
+    The union over every read of the table in ``plan`` (subqueries included)
+    of its projection and the columns its filters read; None: every column (a
+    read without projection). A read of no column (``count(*)``) keeps the
+    first. Read before the walk moves projections out of the reads.
+    """
+    found: dict[str, set[int] | None] = {}
+    for m in walk(plan):
+        if not (
+            isinstance(m, Rel)
+            and m.WhichOneof("rel_type") == "read"
+            and m.read.WhichOneof("read_type") == "named_table"
+        ):
+            continue
+        name = m.read.named_table.names[-1]
+        source = sources.get(name)
+        if source is None or not source.is_spark:
+            continue
+        if not m.read.HasField("projection") or found.get(name, set()) is None:
+            found[name] = None
+            continue
+        cols = {i.field for i in m.read.projection.select.struct_items}
+        for f in ("filter", "best_effort_filter"):
+            if m.read.HasField(f):
+                cols |= field_refs(getattr(m.read, f))
+        found[name] = found.get(name, set()) | cols
+    out: dict[str, list[int] | None] = {}
+    for name, cols in found.items():
+        width = len(sources[name].schema)
+        if cols is None or len(cols) >= width:
+            out[name] = None
+        else:
+            out[name] = sorted(cols) or [0]
+    return out
+
+
+def _spark_tasks(config: PlannerConfig, scan_bytes: int, partitions: int | None) -> int:
+    """Tasks of a leaf stage reading a Spark DataFrame: one per partition, or fewer.
+
+    The estimator's ``leaf_tasks`` over Spark's size estimate, the partitions
+    counted as work units (unknown: one per worker, as Spark would run them),
+    but at least one per worker: Spark reads and converts the DataFrame inside
+    these tasks, and fewer than the slots would leave Spark's own work on
+    fewer cores (its size estimate is compressed file bytes, well below what
+    the tasks handle). The runtime coalesces the DataFrame to that many
+    partitions (``DataFrame.coalesce``, no shuffle).
+    """
+    units = partitions if partitions else config.workers
+    tasks = config.estimator.leaf_tasks(scan_bytes, units, config.workers)
+    if not getattr(config.estimator, "tasks_per_stage", None):
+        tasks = max(tasks, config.workers)
+    return max(1, min(tasks, config.task_cap, units))
 
 
 def _feed_tasks(config: PlannerConfig, desired: int | None) -> int:

@@ -39,7 +39,9 @@ class SubqueryPlanning:
         inputs: list[StageInput] = []
         for sub in own_subqueries(new):
             frag = self.gather(self.visit(sub.scalar.input))
-            if consumer.tasks == 1:  # its source reads become the consumer's
+            # Its source reads become the consumer's; not a Spark table's stage,
+            # which reads other stages only as broadcasts.
+            if consumer.tasks == 1 and not self.spark_tables(consumer):
                 sub.scalar.input.CopyFrom(frag.rel)
                 inputs.extend(frag.inputs)
                 continue

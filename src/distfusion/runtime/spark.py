@@ -47,6 +47,22 @@ one line, ``DISTFUSION_TASK_ERROR {json}`` (the protocol's error codec,
 driver turns back into a :class:`~distfusion.errors.TaskError` naming the
 stage and the task.
 
+A leaf stage reading a Spark DataFrame (:func:`~distfusion.sources.spark_source`)
+starts from the DataFrame itself rather than from ``parallelize``: its RDD is
+the DataFrame coalesced to the stage's task count and converted to Arrow by
+Spark in each partition (``Dataset.toArrowBatchRdd``, what ``toArrow()``
+collects, here left distributed), and task *i* runs in the Spark task that
+computes partition *i*, fed that partition's batches
+(:mod:`distfusion.worker.spark_partitions`). Spark's readers, pushdowns and
+shuffles compute the DataFrame; nothing of it reaches the driver. On either
+data plane the task's output then goes where every other task's goes::
+
+    DataFrame.coalesce(n) -> toArrowBatchRdd (Spark)  partition i: Arrow batches
+      .mapPartitionsWithIndex(run task i, fed partition i)  -> output as any task's
+
+When Spark makes fewer partitions than the stage has tasks (an adaptive
+shuffle coalesced), the tasks past them run over an empty partition.
+
 ``pyspark`` is an optional dependency: it is imported inside the functions
 that need it (each marked so), when a SparkRuntime is created or a task runs.
 """
@@ -66,6 +82,8 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -91,19 +109,22 @@ from distfusion.runtime.base import (
     task_threads,
 )
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
-from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
+from distfusion.stages import BROADCAST, SourceScan, Stage, StageGraph, StageInput
 from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory, spark_memory_per_task_bytes
+from distfusion.worker.spark_partitions import offering
 from distfusion.worker.worker import pulled_feed_chunks
 from distfusion.write import WriteSpec, write_part
 
 __all__ = [
     "SparkRuntime",
     "FAIL_TASK_PROPERTY",
+    "hold_dataframe",
     "import_pyspark",
     "job_group",
+    "spark_scan",
     "with_local_retries",
 ]
 
@@ -160,6 +181,121 @@ def with_local_retries(master: str, task_max_failures: int) -> str:
     return f"local[{m.group(1)},{task_max_failures}]"
 
 
+_DATAFRAMES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+"""Spark DataFrames read as tables, by id (driver side; weak: the context holds them)."""
+
+
+def hold_dataframe(df) -> str:
+    """An id for Spark DataFrame ``df``, under which the Spark runtime finds it to read it.
+
+    Only a weak reference is kept here: whoever registered ``df`` as a table
+    (a :class:`~distfusion.context.DistributedContext`) keeps it alive.
+    """
+    dataframe_id = uuid.uuid4().hex
+    _DATAFRAMES[dataframe_id] = df
+    return dataframe_id
+
+
+def held_dataframe(dataframe_id: str, table: str):
+    """The DataFrame :func:`hold_dataframe` gave ``dataframe_id``.
+
+    Raises:
+        PlanningError: it is gone (its context was closed or collected).
+    """
+    df = _DATAFRAMES.get(dataframe_id)
+    if df is None:
+        msg = (
+            f"table {table!r}: its Spark DataFrame is no longer held (the context that "
+            "registered it is gone); plan the query again"
+        )
+        raise PlanningError(msg)
+    return df
+
+
+def spark_scan(stage: Stage) -> SourceScan | None:
+    """The Spark DataFrame ``stage`` reads, if any (the planner allows one per stage)."""
+    return next((scan for scan in stage.scans if scan.source.is_spark), None)
+
+
+def _spark_input(sc, stage: Stage, scan: SourceScan):
+    """The DataFrame of ``scan`` as an RDD of Arrow batches, at most ``stage.num_tasks`` partitions.
+
+    Only the columns the query reads (the scan's ``columns``) are selected;
+    then ``DataFrame.coalesce(n)`` (no shuffle; fewer partitions stay as they are)
+    then Spark's own Arrow conversion in each partition
+    (``Dataset.toArrowBatchRdd``, batches of
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, time stamps in
+    ``spark.sql.session.timeZone``). An adaptive plan runs its shuffles now.
+
+    Returns:
+        ``(rdd, partitions, read_schema)``: each record of ``rdd`` one Arrow
+        IPC record batch message; ``read_schema`` the Arrow schema Spark wrote
+        them with.
+
+    Raises:
+        PlanningError: the DataFrame is gone, or Spark cannot convert it to Arrow.
+    """
+    from pyspark.rdd import RDD  # optional dependency
+    from pyspark.serializers import NoOpSerializer  # optional dependency
+
+    table = scan.source.name
+    df = held_dataframe(scan.source.options["dataframe_id"], table)
+    if df.sparkSession.sparkContext is not sc:
+        msg = f"table {table!r}: its Spark DataFrame belongs to another SparkSession"
+        raise PlanningError(msg)
+    cols = scan.source.options.get("columns")
+    if cols is not None:  # only what the query reads: Spark prunes the rest at its source
+        from pyspark.sql import functions as F  # optional dependency
+
+        names = df.columns
+        df = df.select(*[F.col("`" + names[i].replace("`", "``") + "`") for i in cols])
+    conf = df.sparkSession.conf
+    time_zone = conf.get("spark.sql.session.timeZone")
+    max_records = int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
+    try:
+        read_schema = spark_arrow_schema(df.schema, time_zone)
+        jrdd = df.coalesce(stage.num_tasks)._jdf.toArrowBatchRdd(
+            max_records, time_zone, False, False
+        )
+    except Exception as exc:
+        msg = f"table {table!r}: Spark cannot read it as Arrow batches: {_first_line(exc)}"
+        raise PlanningError(msg) from exc
+    rdd = RDD(jrdd.toJavaRDD(), sc, NoOpSerializer())
+    return rdd, rdd.getNumPartitions(), read_schema
+
+
+def spark_arrow_schema(struct, time_zone: str) -> pa.Schema:
+    """Spark schema ``struct`` as Arrow types, as Spark's Arrow conversion writes them.
+
+    PySpark's ``to_arrow_schema``: ``TimestampType`` -> ``timestamp[us, tz=time_zone]``,
+    ``TimestampNTZType`` -> ``timestamp[us]``, ``StringType`` -> ``string``
+    (not large), decimals, dates, nested types as Arrow's.
+
+    Raises:
+        Exception: a type Arrow cannot express (PySpark's error).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
+
+    return to_arrow_schema(struct, timezone=time_zone, prefers_large_types=False)
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else repr(exc))[:limit]
+
+
+def _spark_batches(records, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Arrow IPC record batch messages (``toArrowBatchRdd``'s records) as batches of ``schema``."""
+    for payload in records:
+        yield pa.ipc.read_record_batch(pa.py_buffer(payload), schema)
+
+
+def _drain(records) -> None:
+    """Read what is left of a task's input: PySpark reuses a Python worker only then."""
+    for _ in records:
+        pass
+
+
 class SparkRuntime:
     """Runs stage graphs on Spark: each stage is an RDD, each task a Spark task.
 
@@ -201,6 +337,8 @@ class SparkRuntime:
     """
 
     name = "spark"
+    reads_spark_dataframes = True
+    """Leaf stages may read Spark DataFrames (:func:`~distfusion.sources.spark_source`)."""
     bytes_per_task = 256 * 1024 * 1024
     """Default input bytes per task (``DistributedConfig.bytes_per_task``).
 
@@ -790,6 +928,14 @@ class _SparkQuery:
             for i, inp in enumerate(stage.inputs)
             if inp.boundary == BROADCAST
         }
+        scan = spark_scan(stage)
+        if scan is not None and read:
+            msg = (
+                f"stage {stage_id} reads Spark table {scan.source.name!r} and stage "
+                f"{read[0].stage_id} through a {read[0].boundary}: the planner reads a Spark "
+                "table in a stage of its own"
+            )
+            raise PlanningError(msg)
         if read:
             # Each input is partitioned on its own, inside the producer's Python
             # worker; the union of RDDs with one partitioner is Spark's
@@ -807,9 +953,7 @@ class _SparkQuery:
             base = self.sc.parallelize(range(stage.num_tasks), stage.num_tasks)
         if has_feeds(stage):
             stage = self.feeds.serve(self.runtime.feed_endpoint(), stage)
-        fn = _task_function(
-            [(stage_id, t) for t in range(stage.num_tasks)],
-            "_run_task",
+        args = (
             self.query_id,
             pickle.dumps(stage),
             bool(read),
@@ -822,7 +966,20 @@ class _SparkQuery:
             self.metrics_acc,
             self.graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes,
         )
-        rdd = base.mapPartitionsWithIndex(fn)
+        tasks = [(stage_id, t) for t in range(stage.num_tasks)]
+        if scan is None:
+            rdd = base.mapPartitionsWithIndex(_task_function(tasks, "_run_task", *args))
+        else:
+            # Over the DataFrame's partitions; tasks past them read an empty one.
+            arrow, parts, read_schema = _spark_input(self.sc, stage, scan)
+            table = scan.source.name
+            spark = (table, read_schema, 0, False)
+            rdd = arrow.mapPartitionsWithIndex(_task_function(tasks, "_run_task", *args, spark))
+            if parts < stage.num_tasks:
+                rest = stage.num_tasks - parts
+                fn = _task_function(tasks[parts:], "_run_task", *args, (table, None, parts, True))
+                pad = self.sc.parallelize(range(rest), rest).mapPartitionsWithIndex(fn)
+                rdd = self.sc.union([rdd, pad])
         rdd.setName(f"distfusion {self.query_id[:8]} stage {stage_id}")
         if self.uses.get(stage_id, 0) > 1:
             rdd.persist()
@@ -848,7 +1005,9 @@ class _SparkQuery:
             here = [
                 sid
                 for sid in round_
-                if graph.stage(sid).num_tasks == 1 and sid not in self.ran
+                if graph.stage(sid).num_tasks == 1
+                and sid not in self.ran
+                and spark_scan(graph.stage(sid)) is None  # a Spark table is read by Spark
             ]
             # Inputs of stages run here come in the same job, unless run here
             # earlier in the round (stage ids are in producer order).
@@ -944,6 +1103,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._rounds: list[list[int]] = []  # stage ids by round, in the order they ran
         self._used: set[str] = set()  # every worker URL a task of this query ran on
         self._recoveries = 0  # times lost outputs were computed again (at most task_max_failures)
+        self._spark_inputs: dict[int, tuple] = {}  # stage id -> _spark_input(...)
         self._running = False
         self._memory: int | None = None  # the graph's memory_per_task_bytes
         self._keepalive = threading.Event()
@@ -1083,34 +1243,80 @@ class _SparkFlightQuery(WorkerQueryRun):
     def _spark_round(
         self, tasks: list[tuple[int, int]], attempts: dict[tuple[int, int], int]
     ) -> list[tuple[tuple[int, int], TaskError]]:
-        """One Spark job running ``tasks``; records where each ran; returns the failed ones."""
+        """One Spark job running ``tasks``; records where each ran; returns the failed ones.
+
+        Tasks of a stage reading a Spark table run over the DataFrame's
+        partitions (:func:`_spark_input`), the others over their plans
+        (``parallelize``); all in one job (a union), except a stage reading a
+        Spark table with only some of its tasks to run (a retry), which runs
+        those partitions only, in a job of its own (``SparkContext.runJob``).
+        """
         self._check_open()
         slots = self.runtime.num_workers()
-        plans = []
-        for sid, t in tasks:
-            stage = self._stages[sid]
-            threads = task_threads(self.target_partitions, stage.num_tasks, slots)
-            plan = TaskPlan.for_task(
-                self.query_id,
-                stage,
-                t,
-                self._input_workers(stage),
-                threads,
-                keep_output=True,
-                memory_per_task_bytes=self._memory,
-            )
-            plans.append((attempts[(sid, t)], plan.to_json()))
-        fn = _task_function(tasks, "_run_flight_task", *self.runtime.executor_worker_args())
-        rdd = self.sc.parallelize(plans, len(plans)).mapPartitionsWithIndex(fn)
-        stage_ids = ", ".join(str(sid) for sid in dict.fromkeys(sid for sid, _ in tasks))
-        rdd.setName(f"distfusion {self.query_id[:8]} stages {stage_ids}")
+        plain: list[tuple[int, int]] = []
+        plain_plans = []
+        spark_plans: dict[int, dict[int, tuple[int, str]]] = {}
         description = self.observer.description(list(dict.fromkeys(sid for sid, _ in tasks)))
-        self._running = True
-        try:
-            with _CallSite(self.sc, self.group, description):
-                results = _spark_call(rdd.collect, self._check_open, self.sc.master)
-        finally:
-            self._running = False
+        stage_ids = ", ".join(str(sid) for sid in dict.fromkeys(sid for sid, _ in tasks))
+        with _CallSite(self.sc, self.group, description):  # an adaptive DataFrame runs here
+            for sid, t in tasks:
+                stage = self._stages[sid]
+                threads = task_threads(self.target_partitions, stage.num_tasks, slots)
+                plan = TaskPlan.for_task(
+                    self.query_id,
+                    stage,
+                    t,
+                    self._input_workers(stage),
+                    threads,
+                    keep_output=True,
+                    memory_per_task_bytes=self._memory,
+                )
+                record = (attempts[(sid, t)], plan.to_json())
+                scan = spark_scan(stage)
+                if scan is not None and t < self._spark_input(stage, scan)[1]:
+                    spark_plans.setdefault(sid, {})[t] = record
+                    continue
+                plain.append((sid, t))
+                plain_plans.append(record if scan is None else (*record, scan.source.name))
+            whole, partial = [], []
+            if plain:
+                fn = _task_function(plain, "_run_flight_task", *self.runtime.executor_worker_args())
+                rdd = self.sc.parallelize(plain_plans, len(plain_plans)).mapPartitionsWithIndex(fn)
+                whole.append(rdd)
+            for sid, plans in spark_plans.items():
+                stage = self._stages[sid]
+                scan = spark_scan(stage)
+                arrow, parts, read_schema = self._spark_input(stage, scan)
+                fn = _task_function(
+                    [(sid, t) for t in range(parts)],
+                    "_run_flight_spark_task",
+                    plans,
+                    scan.source.name,
+                    read_schema,
+                    *self.runtime.executor_worker_args(),
+                )
+                rdd = arrow.mapPartitionsWithIndex(fn)
+                if len(plans) == parts:
+                    whole.append(rdd)
+                else:
+                    partial.append((rdd, sorted(plans)))
+            self._running = True
+            results = []
+            try:
+                if whole:
+                    rdd = whole[0] if len(whole) == 1 else self.sc.union(whole)
+                    rdd.setName(f"distfusion {self.query_id[:8]} stages {stage_ids}")
+                    results += _spark_call(rdd.collect, self._check_open, self.sc.master)
+                for rdd, partitions in partial:
+                    results += _spark_call(
+                        lambda rdd=rdd, partitions=partitions: self.sc.runJob(
+                            rdd, lambda it: it, partitions
+                        ),
+                        self._check_open,
+                        self.sc.master,
+                    )
+            finally:
+                self._running = False
         failed = []
         for sid, t, url, metrics, report in results:
             self._used.add(url)
@@ -1227,6 +1433,12 @@ class _SparkFlightQuery(WorkerQueryRun):
 
         name = f"distfusion-warm-{self.query_id[:8]}"
         threading.Thread(target=warm, name=name, daemon=True).start()
+
+    def _spark_input(self, stage: Stage, scan: SourceScan) -> tuple:
+        """:func:`_spark_input` of ``stage``, made once per stage of the query."""
+        if stage.stage_id not in self._spark_inputs:
+            self._spark_inputs[stage.stage_id] = _spark_input(self.sc, stage, scan)
+        return self._spark_inputs[stage.stage_id]
 
     def _collect_metrics(self) -> None:
         """Nothing to ask: every task's metrics came back with its Spark record."""
@@ -1568,11 +1780,18 @@ def _run_task(
     stats=None,
     metrics=None,
     memory_per_task_bytes=None,
+    spark=None,
 ):
     """Run task ``task_index`` of the pickled stage inside a Spark task.
 
     DataFusion runs within ``memory_per_task_bytes`` (None: unbounded),
     spilling to a temporary directory deleted when the task ends.
+
+    ``spark``: for a stage reading a Spark DataFrame, ``(table, read schema,
+    offset, empty)``: the task is ``offset + task_index`` and ``records`` are
+    its partition's Arrow messages (:func:`_spark_input`), offered to the task
+    as ``table``'s rows; ``empty``: the task has no partition (Spark made
+    fewer), ``records`` are ignored.
 
     Yields records ``(consumer partition, (task_index, ipc bytes))``
     (:func:`_output_records`); adds each output partition's rows and Arrow
@@ -1586,18 +1805,28 @@ def _run_task(
     """
     stage: Stage = pickle.loads(stage_bytes)
     worker = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    table, batches = None, iter(())
+    if spark is not None:
+        table, read_schema, offset, empty = spark
+        task_index += offset
+        if not empty:
+            batches = _spark_batches(records, read_schema)
     try:
         plan = TaskPlan.for_task(query_id, stage, task_index, (), target_partitions)
         _maybe_inject_failure(stage.stage_id, task_index)
         # Drain the input even when the stage reads none (a leaf reads its task
         # index): PySpark reuses a Python worker only after its task read the
         # whole input, and a fresh worker costs ~1 s of imports and zip scans.
-        records = list(records)
+        # A Spark table's partition is read by the task, then drained.
+        records = list(records) if table is None else records
         inputs = _group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
         measured: list[TaskMetrics] = []
-        with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
+        with (
+            tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir,
+            offering(plan.key, table, batches),
+        ):
             parts = run_task(
                 plan,
                 lambda i: _decode(inputs[i]),
@@ -1606,6 +1835,8 @@ def _run_task(
                 memory=TaskMemory(memory_per_task_bytes, spill_dir),
                 on_metrics=measured.append,
             )
+        if table is not None:
+            _drain(records)
         out = list(_output_records(task_index, parts, compression))
         if stats is not None:
             stats.add(_partition_stats(stage.stage_id, task_index, parts))
@@ -1648,7 +1879,10 @@ def _executor_worker(
 def _run_flight_task(index, records, bind_host, advertise_host, token, memory_per_task_bytes):
     """Run the task plan of this Spark partition on this process's Flight worker.
 
-    The record is ``(attempt, task plan JSON)``. Returns one record
+    The record is ``(attempt, task plan JSON)``, or ``(attempt, plan, table)``
+    for a task of a stage reading Spark table ``table`` that has no partition
+    of it (Spark made fewer partitions than the stage has tasks): the task
+    reads an empty one. Returns one record
     ``(stage id, task index, worker URL, metrics, error)``: the output stays
     on the worker; the task's metrics travel (``TaskMetrics.to_dict``: rows
     and Arrow bytes per output partition among them), or, when the task
@@ -1656,22 +1890,68 @@ def _run_flight_task(index, records, bind_host, advertise_host, token, memory_pe
     Never raises for a failed task: PySpark would end this process and every
     output it holds.
     """
-    attempt, payload = list(records)[0]  # drained: PySpark reuses this process
+    record = list(records)[0]  # drained: PySpark reuses this process
+    attempt, payload = record[:2]
+    table = record[2] if len(record) > 2 else None
     plan = TaskPlan.from_json(payload)
+    result = _flight_task(
+        plan, attempt, table, iter(()), bind_host, advertise_host, token, memory_per_task_bytes
+    )
+    return iter([result])
+
+
+def _run_flight_spark_task(
+    index, records, plans, table, read_schema, bind_host, advertise_host, token, memory
+):
+    """Run the task of Spark table ``table``'s partition ``index`` on this process's Flight worker.
+
+    ``records`` are the partition's Arrow messages (:func:`_spark_input`);
+    ``plans`` maps partition index to ``(attempt, task plan JSON)``. The
+    partition's batches are offered to the task, which reads them as it runs;
+    what it left is drained. Returns what :func:`_run_flight_task` does (no
+    record for a partition without a plan).
+    """
+    if index not in plans:
+        _drain(records)
+        return iter(())
+    attempt, payload = plans[index]
+    plan = TaskPlan.from_json(payload)
+    try:
+        result = _flight_task(
+            plan,
+            attempt,
+            table,
+            _spark_batches(records, read_schema),
+            bind_host,
+            advertise_host,
+            token,
+            memory,
+        )
+    finally:
+        _drain(records)
+    return iter([result])
+
+
+def _flight_task(plan, attempt, table, batches, bind_host, advertise_host, token, memory):
+    """Run ``plan`` on this process's Flight worker; ``(stage, task, url, metrics, error)``.
+
+    ``table``: the Spark table whose partition (``batches``) the task reads, or None.
+    """
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     try:
-        worker = _executor_worker(bind_host, advertise_host, token, memory_per_task_bytes)
+        worker = _executor_worker(bind_host, advertise_host, token, memory)
         url = worker.url
         _maybe_inject_failure(key.stage_id, key.task_index, attempt)
-        metrics = worker.run_task(plan)
+        with offering(key, table, batches):
+            metrics = worker.run_task(plan)
     except Exception as exc:
         err = exc
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
-        return iter([(key.stage_id, key.task_index, url, None, report)])
-    return iter([(key.stage_id, key.task_index, url, metrics.to_dict(), None)])
+        return (key.stage_id, key.task_index, url, None, report)
+    return (key.stage_id, key.task_index, url, metrics.to_dict(), None)
 
 
 _EXECUTOR_TRANSPORTS: dict[str, object] = {}

@@ -38,10 +38,11 @@ from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
-from distfusion.sources import WorkUnit, register_scan
+from distfusion.sources import WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
 from distfusion.worker.memory import TaskMemory
+from distfusion.worker.spark_partitions import take
 
 __all__ = [
     "PartitionSink",
@@ -435,58 +436,160 @@ def _register_feed(
     ctx.register_record_batches(name, parts)
 
 
+SPARK_CHUNK_BYTES = 64 * 1024 * 1024
+"""Most Arrow bytes of a Spark partition a chunked leaf task runs its fragment over at once."""
+
+
+def _spark_chunks(key, share: ScanShare, meter: TaskMeter | None) -> Iterator[list[pa.RecordBatch]]:
+    """The batches of the Spark partition offered to task ``key``, in chunks.
+
+    A chunk holds up to :data:`SPARK_CHUNK_BYTES` of Arrow batches.
+
+    Columns are matched by position and cast to the source's schema, or to
+    its ``columns`` when the scan reads only those (:func:`_spark_schema`).
+    The bytes read count as the task's source bytes (``meter``).
+
+    Raises:
+        TaskError: no partition was offered (:func:`~distfusion.worker.spark_partitions.take`).
+    """
+    schema = _spark_schema(share.source)
+    chunk_bytes = SPARK_CHUNK_BYTES
+    chunk: list[pa.RecordBatch] = []
+    size = 0
+    for batch in take(key, share.source.name):
+        if not batch.num_rows:
+            continue
+        batch = _conform_positional(batch, schema)
+        if meter is not None:
+            meter.unit_bytes += batch.nbytes
+        chunk.append(batch)
+        size += batch.nbytes
+        if size >= chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _spark_schema(source) -> pa.Schema:
+    """The columns Spark computes of Spark table ``source``: its ``columns`` option, or all."""
+    cols = source.options.get("columns")
+    if cols is None:
+        return source.schema
+    return pa.schema([source.schema.field(i) for i in cols])
+
+
+def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], n: int) -> None:
+    """Register a Spark table's batches as ``source.name``, with every column of its schema.
+
+    When Spark computed only some columns (``columns``), they are registered
+    as a table of their own and ``source.name`` is a view over it adding the
+    others as typed NULLs: the fragment's positional field references stay
+    valid, and DataFusion prunes those columns (no fragment reads them).
+    """
+    cols = source.options.get("columns")
+    if cols is None:
+        _register_feed(ctx, source.name, source.schema, batches, n)
+        return
+    inner = f"__distfusion_spark_{source.name}"
+    _register_feed(ctx, inner, _spark_schema(source), batches, n)
+    table = ctx.table(sql_name(inner))
+    exprs = [
+        col(f'"{f.name}"') if i in cols else lit(None).cast(f.type).alias(f.name)
+        for i, f in enumerate(source.schema)
+    ]
+    if source.name in ctx.catalog().schema().names():
+        ctx.deregister_table(sql_name(source.name))
+    ctx.register_view(sql_name(source.name), table.select(*exprs))
+
+
+def _conform_positional(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema`` (names and types), columns matched by position."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = [
+        c if c.type == f.type else c.cast(f.type)
+        for c, f in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
 def feed_dataframes(
     plan: TaskPlan,
     read_input: Callable[[int], list[pa.RecordBatch]],
     feed_chunks: FeedChunks,
     memory: TaskMemory | None = None,
+    meter: TaskMeter | None = None,
 ) -> Iterator[tuple[SessionContext, DataFrame]]:
-    """The fragment of a task that reads work unit feeds, as DataFrames to run in turn.
+    """The fragment of a task that reads streamed tables, as DataFrames to run in turn.
 
-    Yields ``(context, DataFrame)`` pairs (one context for the whole task,
-    bounded by ``memory``).
+    Streamed tables are work unit feeds and Spark DataFrames
+    (:attr:`~distfusion.sources.TableSource.streamed`); a Spark table's rows
+    are the batches of the Spark partition offered to this task
+    (:mod:`distfusion.worker.spark_partitions`), in chunks of
+    :data:`SPARK_CHUNK_BYTES`. Yields ``(context, DataFrame)`` pairs (one
+    context for the whole task, bounded by ``memory``).
 
-    A fragment linear in its one feed (the planner marks its scan ``chunked``)
-    yields one DataFrame per chunk of units, as the chunk arrives: reading and
-    executing start with the first unit, and the outputs concatenated equal
-    one run over every unit (docs/work-unit-feeds.md). Otherwise each unit is
-    read as it arrives and one DataFrame over all of them is yielded at the end
-    of the feeds. An empty feed yields one DataFrame over an empty table (a
-    global partial aggregate then says "0 rows", as a task without units does).
+    A fragment linear in its one streamed table (the planner marks its scan
+    ``chunked``) yields one DataFrame per chunk, as the chunk arrives: reading
+    and executing start with the first unit or batch, and the outputs
+    concatenated equal one run over all of them (docs/work-unit-feeds.md).
+    Otherwise each chunk is read as it arrives and one DataFrame over all of
+    them is yielded at the end (the task then holds the whole partition in
+    memory). An empty feed or partition yields one DataFrame over an empty
+    table (a global partial aggregate then says "0 rows", as a task without
+    units does).
 
     Raises:
         FeedError: a feed's provider failed, or the feed cannot be reached.
+        TaskError: a Spark table's partition was not offered to this task.
         Exception: DataFusion's error; ``read``'s error.
     """
     ctx = task_context(plan.target_partitions, memory)
-    feeds = [s for s in plan.scans if s.source.is_feed]
+    feeds = [s for s in plan.scans if s.source.streamed]
     for share in plan.scans:
-        if not share.source.is_feed:
+        if not share.source.streamed:
             register_scan(ctx, share.source, share.units)
     for i, inp in enumerate(plan.inputs):
         bind_input(ctx, inp, read_input(i), plan.target_partitions)
     readers = {}
     for share in feeds:
         o = share.source.options
-        readers[share.source.name] = rebuild_source(
-            o["feed_id"], o["reader"], o["state"], share.source.schema
-        )
+        if share.source.is_feed:
+            readers[share.source.name] = rebuild_source(
+                o["feed_id"], o["reader"], o["state"], share.source.schema
+            )
+
+    def chunks(share: ScanShare) -> Iterator[list[pa.RecordBatch]]:
+        if share.source.is_spark:
+            return _spark_chunks(plan.key, share, meter)
+        reader = readers[share.source.name]
+        return (_read_units(reader, c, share.source.schema) for c in feed_chunks(share))
+
     n = plan.target_partitions
+
+    def register(source, batches: list[pa.RecordBatch]) -> None:
+        if source.is_spark:
+            _register_spark(ctx, source, batches, n)
+        else:
+            _register_feed(ctx, source.name, source.schema, batches, n)
+
     if len(feeds) == 1 and feeds[0].source.options.get("chunked"):
         source = feeds[0].source
         ran = False
-        for chunk in feed_chunks(feeds[0]):
-            batches = _read_units(readers[source.name], chunk, source.schema)
-            _register_feed(ctx, source.name, source.schema, batches, n)
+        for batches in chunks(feeds[0]):
+            register(source, batches)
             ran = True
             yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
-        if ran:
-            return
+        if not ran:  # an empty feed or partition (read once: not asked again)
+            register(source, [])
+            yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
+        return
     for share in feeds:
         batches = []
-        for chunk in feed_chunks(share):
-            batches.extend(_read_units(readers[share.source.name], chunk, share.source.schema))
-        _register_feed(ctx, share.source.name, share.source.schema, batches, n)
+        for chunk in chunks(share):
+            batches.extend(chunk)
+        register(share.source, batches)
     yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
 
 
@@ -586,8 +689,8 @@ def run_task_into(
     if meter is not None:
         read_input = meter.reading(read_input)
     try:
-        if any(s.source.is_feed for s in plan.scans):
-            for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
+        if any(s.source.streamed for s in plan.scans):
+            for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory, meter):
                 _partition_into(df, plan, cancelled, sink, metrics, meter)
             return metrics
         read_once = _read_once(plan, read_input)
@@ -688,8 +791,8 @@ def stream_head_stage(
     read_input = meter.reading(read_input)
     rows = nbytes = 0
     try:
-        if any(s.source.is_feed for s in plan.scans):
-            for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
+        if any(s.source.streamed for s in plan.scans):
+            for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory, meter):
                 meter.executed(df)
                 for batch in stream_batches(df, cancelled):
                     rows += batch.num_rows
