@@ -226,3 +226,23 @@ def test_register_udaf_and_udwf_take_their_kind():
         ).name
         == "median"
     )
+
+
+def test_pyspark_users_pass_udfs_to_distfusion_spark_sql(runtime_for, tpch_dir):
+    import distfusion.spark
+
+    runtime = runtime_for("spark", 2)
+    spark = runtime.spark
+    spark.read.parquet(tpch.table_path(tpch_dir, "orders")).createOrReplaceTempView("orders")
+    sql = QUERIES["udaf-mergeable-group-by"]
+    df = distfusion.spark.sql(spark, sql, runtime=runtime, udfs=[*UDFS, *UDAFS, *UDWFS])
+    oracle = SessionContext()
+    oracle.register_parquet("orders", tpch.table_path(tpch_dir, "orders"))
+    for u in UDAFS:
+        oracle.register_udaf(u)
+    got = df.to_arrow_table()
+    # the table's types are Spark's (string, not DataFusion's string_view)
+    expected = oracle.sql(sql).to_arrow_table().cast(got.schema)
+    assert_same_result(got, expected, is_ordered(sql))
+    with pytest.raises(TypeError, match="register_udf takes"):
+        distfusion.spark.sql(spark, sql, runtime=runtime, udfs=[len])

@@ -70,6 +70,7 @@ import weakref
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+from datafusion import AggregateUDF, WindowUDF
 
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
@@ -250,6 +251,7 @@ def sql(
     runtime: SparkRuntime | None = None,
     config: DistributedConfig | None = None,
     tables: dict | None = None,
+    udfs: list | None = None,
 ) -> SparkDataFrame:
     """Plan ``query`` with distfusion over the tables of ``spark``'s catalog and ``tables``.
 
@@ -270,6 +272,8 @@ def sql(
         tables: more tables by name: Spark DataFrames of ``spark`` (any plan:
             native when a plain file scan, else :func:`register_spark_dataframe`),
             names case-insensitive.
+        udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
+            ``udwf``); they travel to the executors with the tasks.
 
     Returns:
         A :class:`SparkDataFrame`; ``.to_spark()`` gives a Spark DataFrame.
@@ -279,11 +283,19 @@ def sql(
         PlanningError: invalid SQL, an unknown table or column, or a table
             distfusion cannot read (a schema Arrow cannot express, two columns
             differing only in case; the message names it and says why).
-        TypeError: a value of ``tables`` is not a Spark DataFrame.
+        TypeError: a value of ``tables`` is not a Spark DataFrame, or one of
+            ``udfs`` is not a DataFusion UDF.
     """
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
     ctx = DistributedContext(runtime=runtime, config=config)
+    for f in udfs or ():
+        if isinstance(f, AggregateUDF):
+            ctx.register_udaf(f)
+        elif isinstance(f, WindowUDF):
+            ctx.register_udwf(f)
+        else:
+            ctx.register_udf(f)  # TypeError for anything else
     for name, df in (tables or {}).items():
         if not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
