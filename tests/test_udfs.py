@@ -246,3 +246,27 @@ def test_pyspark_users_pass_udfs_to_distfusion_spark_sql(runtime_for, tpch_dir):
     assert_same_result(got, expected, is_ordered(sql))
     with pytest.raises(TypeError, match="register_udf takes"):
         distfusion.spark.sql(spark, sql, runtime=runtime, udfs=[len])
+
+
+@pytest.mark.parametrize("runtime", ["local", "flight"])
+def test_cli_query_loads_udfs_for_the_sql_and_the_workers_it_starts(
+    runtime, tpch_dir, tmp_path, capsys
+):
+    import pyarrow.parquet as pq
+
+    from distfusion.cli import main
+
+    out = tmp_path / "r.parquet"
+    sql = QUERIES["udaf-mergeable-group-by"]
+    argv = ["query", sql, "--tpch", str(tpch_dir), "--runtime", runtime, "--workers", "2"]
+    argv += ["--udf", "tests.udf_funcs:ALL", "--output", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    oracle = SessionContext()
+    oracle.register_parquet("orders", tpch.table_path(tpch_dir, "orders"))
+    for u in UDAFS:
+        oracle.register_udaf(u)
+    expected = oracle.sql(sql).to_arrow_table()
+    got = pq.read_table(out)
+    assert_same_result(got.cast(expected.schema), expected, is_ordered(sql))
+    assert main(["query", "SELECT 1", "--runtime", "local", "--udf", "tests.udf_funcs"]) == 2
+    assert "module:name" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """The ``distfusion`` command line.
 
 ```
-distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--runtime spark|local|flight]
-                 [--workers N] [--master spark://host:7077] [--explain]
+distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--udf module:name]
+                 [--runtime spark|local|flight] [--workers N] [--master spark://host:7077] [--explain]
                  [--output out.parquet|out.csv|DIR/ [--output-format parquet|csv] [--overwrite]]
                  [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from distfusion import tpch
+from distfusion import tpch, udfs
 from distfusion.bench import run_tpch_bench
 from distfusion.context import DistributedConfig, DistributedContext
 from distfusion.display import print_table
@@ -127,9 +127,16 @@ def cmd_query(args) -> int:
     config = DistributedConfig(
         tasks_per_stage=args.tasks_per_stage, memory_per_task_bytes=args.memory_per_task
     )
+    try:
+        for reference in args.udf:
+            udfs.load(reference)
+    except (ValueError, ImportError, AttributeError) as exc:
+        print(f"error: --udf {exc}", file=sys.stderr)
+        return 2
     with DistributedContext(
         runtime=lambda: make_runtime(args), config=config
     ) as ctx:
+        udfs.add_to(ctx.ctx)
         _register_tables(ctx, args)
         df = ctx.sql(sql)
         if args.explain:
@@ -264,6 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="register a Parquet/CSV file, directory or glob",
     )
     q.add_argument("--tpch", metavar="DIR", help="register the eight TPC-H tables under DIR")
+    q.add_argument(
+        "--udf",
+        action="append",
+        default=[],
+        metavar="MODULE:NAME",
+        help="Python UDFs the SQL calls (a datafusion ScalarUDF, AggregateUDF or WindowUDF, "
+        "or a list of them, made with distfusion.udf/udaf/udwf to run on Spark); "
+        "Flight workers started here load them too; repeatable",
+    )
     q.add_argument("--explain", action="store_true", help="print the distributed plan first")
     q.add_argument(
         "--explain-analyze",

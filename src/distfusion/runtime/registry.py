@@ -83,7 +83,8 @@ def runtime_options(args) -> dict[str, Any]:
     Args:
         args: parsed flags: ``runtime``, and optionally ``master`` (Spark),
             ``workers_url``, ``token``, ``tls_root_certs`` (a PEM file; Flight),
-            ``command``. Spark's console progress bar stays off.
+            ``udf`` (``module:name`` references the Flight workers it starts
+            load), ``command``. Spark's console progress bar stays off.
 
     Raises:
         ValueError: ``--workers-url`` lists no URL.
@@ -111,4 +112,6 @@ def runtime_options(args) -> dict[str, Any]:
             msg = f"--workers-url lists no URL: {urls_arg!r}"
             raise ValueError(msg)
         options["urls"] = urls
+    elif getattr(args, "udf", None):
+        options["udfs"] = tuple(args.udf)
     return options
