@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -184,19 +185,44 @@ class TaskMeter:
         self._start = time.perf_counter()
         self._cpu = time.thread_time()
 
-    def reading(
-        self, read_input: Callable[[int], list[pa.RecordBatch]]
-    ) -> Callable[[int], list[pa.RecordBatch]]:
-        """``read_input`` timed, its batches counted per input."""
+    def reading(self, read_input: Callable[[int], Any]) -> Callable[[int], Any]:
+        """``read_input`` timed, its batches counted per input.
 
-        def read(i: int) -> list[pa.RecordBatch]:
-            start = time.perf_counter()
-            batches = read_input(i)
-            self.input_wait_s += time.perf_counter() - start
+        ``read_input(i)`` returns a list of batches, or
+        :class:`~distfusion.worker.stream_inputs.InputStreams`: then each
+        batch is counted, and the wait for it timed, as it is pulled.
+        """
+        from distfusion.worker.stream_inputs import InputStreams  # worker/ sits above metrics/
+
+        def count(i: int, batch: pa.RecordBatch) -> None:
             if 0 <= i < len(self.input_rows):
-                self.input_rows[i] += sum(b.num_rows for b in batches)
-                self.input_bytes[i] += sum(b.nbytes for b in batches)
-            return batches
+                self.input_rows[i] += batch.num_rows
+                self.input_bytes[i] += batch.nbytes
+
+        def timed(i: int, open_):
+            def read():
+                start = time.perf_counter()
+                it = iter(open_())
+                while True:
+                    batch = next(it, None)
+                    self.input_wait_s += time.perf_counter() - start
+                    if batch is None:
+                        return
+                    count(i, batch)
+                    yield batch
+                    start = time.perf_counter()
+
+            return read
+
+        def read(i: int):
+            start = time.perf_counter()
+            got = read_input(i)
+            if isinstance(got, InputStreams):
+                return InputStreams(timed(i, o) for o in got.opens)
+            self.input_wait_s += time.perf_counter() - start
+            for b in got:
+                count(i, b)
+            return got
 
         return read
 

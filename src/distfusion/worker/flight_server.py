@@ -357,7 +357,12 @@ class FlightWorker:
         raise KeyError(msg)
 
     def _get(self, ticket: bytes):
-        """A partition as a stream: batches converted one at a time as gRPC sends them."""
+        """A partition as a stream: each batch sent as the task produces it.
+
+        Waits for the task's plan (at most the ticket's ``timeout_s``: the
+        client polls again), then for the first batch; the stream then
+        follows the task (streamed exchange) and ends with its error, if any.
+        """
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
         batches = iter(self.worker.execute_partition(key, partition, timeout_s))
@@ -370,9 +375,12 @@ class FlightWorker:
 
         def rest():
             yield first
-            for b in batches:
-                b = without_views(b)
-                yield b if b.schema.equals(schema) else _conform(b, schema)
+            try:
+                for b in batches:
+                    b = without_views(b)
+                    yield b if b.schema.equals(schema) else _conform(b, schema)
+            except Exception as exc:  # the task failed or was cancelled while streaming
+                raise encode_error(exc, self.sends_tracebacks) from None
 
         return flight.GeneratorStream(schema, rest())
 
