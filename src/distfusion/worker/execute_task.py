@@ -41,7 +41,7 @@ from distfusion.sources import WorkUnit, register_scan
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
 from distfusion.worker.memory import TaskMemory
-from distfusion.worker.stream_inputs import InputBinding, InputStreams
+from distfusion.worker.stream_inputs import InputBinding, InputStreams, stream_plan
 
 __all__ = [
     "Inputs",
@@ -152,7 +152,7 @@ def bind_input(
     batches: Inputs,
     target_partitions: int,
     binding: InputBinding | None = None,
-) -> bool:
+) -> int | None:
     """Register input ``inp`` as table ``inp.table``, split into up to ``target_partitions``.
 
     ``batches`` given as :class:`~distfusion.worker.stream_inputs.InputStreams`
@@ -161,27 +161,27 @@ def bind_input(
     they are read whole first and registered as a memory table.
 
     Returns:
-        Whether the input is streamed.
+        None when the input is streamed; else its Arrow bytes.
     """
     if isinstance(batches, InputStreams):
         if binding is not None:
             dataset = binding.stream(inp.table, inp.schema, batches, target_partitions)
             if dataset is not None:
                 ctx.register_dataset(inp.table, dataset)
-                return True
+                return None
         batches = batches.read_all()
     batches = _as_declared(batches, inp.schema)
     if not batches:
         ctx.register_record_batches(
             inp.table, [[pa.RecordBatch.from_pylist([], schema=inp.schema)]]
         )
-        return False
+        return 0
     n = max(1, min(target_partitions, len(batches)))
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
     for i, b in enumerate(batches):
         parts[i % n].append(b)
     ctx.register_record_batches(inp.table, parts)
-    return False
+    return sum(b.nbytes for b in batches)
 
 
 def build_dataframe(
@@ -210,9 +210,25 @@ def build_dataframe(
     ctx = task_context(plan.target_partitions, memory, settings)
     for share in plan.scans:
         register_scan(ctx, share.source, share.units)
+    inputs = [read_input(i) for i in range(len(plan.inputs))]
+    decide = None
+    if binding is not None and any(isinstance(x, InputStreams) for x in inputs):
+        decide = stream_plan(plan.fragment, [inp.table for inp in plan.inputs])
+    whole: dict[str, int] = {}
     streamed = False
-    for i, inp in enumerate(plan.inputs):
-        streamed |= bind_input(ctx, inp, read_input(i), plan.target_partitions, binding)
+    # Inputs read whole go first: a probe side streams once its build side's size is known.
+    order = sorted(
+        range(len(inputs)),
+        key=lambda i: decide is not None and plan.inputs[i].table not in decide.whole,
+    )
+    for i in order:
+        inp = plan.inputs[i]
+        stream = decide is not None and decide.streams(inp.table, whole)
+        size = bind_input(ctx, inp, inputs[i], plan.target_partitions, binding if stream else None)
+        if size is None:
+            streamed = True
+        else:
+            whole[inp.table] = size
     if streamed:  # filters pushed into a dataset scan would run in pyarrow (stream_inputs)
         ctx.remove_optimizer_rule("push_down_filter")
     return ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))

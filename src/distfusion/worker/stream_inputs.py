@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -59,11 +60,14 @@ from distfusion.errors import QueryCancelled
 
 __all__ = [
     "EXTRA_TOKIO_THREADS",
+    "MAX_BUILD_BYTES",
     "InputBinding",
     "InputStreams",
     "PullSlots",
     "StreamDataset",
+    "StreamPlan",
     "pull_slots",
+    "stream_plan",
 ]
 
 EXTRA_TOKIO_THREADS = 32
@@ -71,7 +75,12 @@ EXTRA_TOKIO_THREADS = 32
 for (``TOKIO_WORKER_THREADS``): at most this many DataFusion partitions of a process
 wait on streamed inputs at once. An idle tokio thread is parked (no CPU)."""
 
+MAX_BUILD_BYTES = 4 * 1024 * 1024
+"""A join's probe side is streamed only when its build side, read whole first, is at
+most this many Arrow bytes (see :func:`stream_plan`)."""
+
 _TOKIO_ENV = "TOKIO_WORKER_THREADS"
+_JOINS = {"join", "cross", "hash_join", "merge_join", "nested_loop_join"}
 
 
 def _cores() -> int:
@@ -108,6 +117,95 @@ def _tokio_threads() -> int:
         return int(os.environ.get(_TOKIO_ENV, "")) or _cores()
     except ValueError:
         return _cores()
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """Which inputs of a fragment may be streamed (:func:`stream_plan`).
+
+    Attributes:
+        whole: input tables read whole first (a join's build side, an input
+            read in a subquery, or every input of a plan that cannot be read).
+        gated: input table -> the input tables whose bytes, read whole, must
+            not pass :data:`MAX_BUILD_BYTES` for it to be streamed (a join's
+            probe side and the inputs of its build side). Other inputs are
+            streamed.
+    """
+
+    whole: frozenset[str]
+    gated: dict[str, frozenset[str]]
+
+    def streams(self, table: str, whole_bytes: dict[str, int]) -> bool:
+        """Whether ``table`` is streamed, given the bytes of the inputs read whole so far."""
+        if table in self.whole:
+            return False
+        gate = self.gated.get(table)
+        if gate is None:
+            return True
+        if any(t not in whole_bytes for t in gate):
+            return False
+        return sum(whole_bytes[t] for t in gate) <= MAX_BUILD_BYTES
+
+
+def stream_plan(fragment: bytes, tables: list[str]) -> StreamPlan:
+    """Which of the input ``tables`` of Substrait ``fragment`` may be streamed.
+
+    DataFusion picks a hash join's build side and mode from its inputs'
+    statistics (``JoinSelection``: the smaller side builds, a small one is
+    collected once). A streamed input has none (``DatasetExec`` reports
+    unknown statistics), so streaming a join's inputs would let the fragment's
+    left side build whatever its size: TPC-H got slower. The rule keeps
+    DataFusion's choices:
+
+    - every input under a join's left (build) side is read whole (a memory
+      table, exact statistics), and so is every input read in a subquery
+      (decorrelated into a join);
+    - an input under a join's right (probe) side is streamed when the left
+      side reads only inputs and those, read whole, hold at most
+      :data:`MAX_BUILD_BYTES`: DataFusion then collects the small left side
+      and probes with the stream, as it would (it swaps sides only for a
+      right side smaller still);
+    - an input under no join (unions, filters, aggregates, sorts) is streamed.
+
+    A fragment that cannot be parsed reads every input whole.
+    """
+    from substrait.proto import Plan
+
+    from distfusion.planner.walk import children, rel_kind, relations, source_tables
+
+    names = set(tables)
+    try:
+        plan = Plan()
+        plan.ParseFromString(fragment)
+        root = plan.relations[0].root.input
+        whole = set(source_tables(root, names))  # every input; those not in a subquery removed:
+        direct = {
+            r.read.named_table.names[-1]
+            for r in relations(root)
+            if rel_kind(r) == "read" and len(r.read.named_table.names)
+        }
+        whole -= direct
+        gated: dict[str, set[str]] = {}
+        for rel in relations(root):
+            if rel_kind(rel) not in _JOINS:
+                continue
+            left, *right = children(rel)
+            build = set(source_tables(left, names))
+            whole |= build
+            only_inputs = all(
+                rel_kind(r) != "read"
+                or (len(r.read.named_table.names) and r.read.named_table.names[-1] in names)
+                for r in relations(left)
+            )
+            for side in right:
+                for t in source_tables(side, names):
+                    if not only_inputs:
+                        whole.add(t)
+                    else:
+                        gated.setdefault(t, set()).update(build)
+    except Exception:  # a plan this walk does not know: nothing streamed, as before
+        return StreamPlan(frozenset(names), {})
+    return StreamPlan(frozenset(whole), {t: frozenset(g) for t, g in gated.items()})
 
 
 class PullSlots:
