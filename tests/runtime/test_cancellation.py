@@ -33,6 +33,15 @@ HEAVY = (
     "SELECT sum(a.l_quantity * b.l_quantity) AS s FROM lineitem a "
     "JOIN lineitem b ON a.l_suppkey = b.l_suppkey AND a.l_orderkey <> b.l_orderkey"
 )
+# The same join's rows, a few of them: satisfied by the first batches of the
+# join (streamed to the head stage), long before the join could end.
+HEAVY_LIMIT = (
+    "SELECT a.l_orderkey, b.l_orderkey AS other FROM lineitem a "
+    "JOIN lineitem b ON a.l_suppkey = b.l_suppkey AND a.l_orderkey <> b.l_orderkey LIMIT 5"
+)
+STOP_WITHIN_S = 10.0
+"""Bound for every worker to be idle after a satisfied LIMIT: about a second of
+work is left (a batch per task), the rest is margin for a busy machine."""
 BROADCAST_ALL = 2**40
 STOP_TIMEOUT_S = 30.0
 """Wide bound for a task to notice its cancellation (it polls every 0.05 s)."""
@@ -169,3 +178,33 @@ def test_spark_cancellation_stops_datafusion_in_the_executor_workers(runtime_for
     finally:
         run.close()
         thread.join(STOP_TIMEOUT_S)
+
+
+def _limit_query(runtime, tpch_dir) -> int:
+    """Run HEAVY_LIMIT to its end on ``runtime``; the rows it returned."""
+    config = DistributedConfig(tasks_per_stage=2, broadcast_threshold_bytes=BROADCAST_ALL)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    return ctx.sql(HEAVY_LIMIT).to_arrow_table().num_rows
+
+
+def test_local_satisfied_limit_stops_the_join_in_the_workers(tpch_dir):
+    runtime = LocalRuntime(workers=2)
+    try:
+        assert _limit_query(runtime, tpch_dir) == 5
+        wait_until_idle([os.getpid()], STOP_WITHIN_S)
+        assert all(s["live_tasks"] == 0 for s in runtime.stats().values())
+    finally:
+        runtime.close()
+
+
+def test_flight_satisfied_limit_stops_the_join_in_the_worker_processes(two_workers, tpch_dir):
+    runtime = FlightRuntime([p.url for p in two_workers])
+    try:
+        assert _limit_query(runtime, tpch_dir) == 5
+        wait_until_idle([p.proc.pid for p in two_workers], STOP_WITHIN_S)
+        wait_until(
+            lambda: not any(s["live_tasks"] for s in runtime.stats().values()), STOP_TIMEOUT_S
+        )
+    finally:
+        runtime.close()
