@@ -39,6 +39,19 @@ HEAVY_LIMIT = (
     "SELECT a.l_orderkey, b.l_orderkey AS other FROM lineitem a "
     "JOIN lineitem b ON a.l_suppkey = b.l_suppkey AND a.l_orderkey <> b.l_orderkey LIMIT 5"
 )
+# A shuffle join in a stage of its own: the small side (one line per order,
+# ~2 MiB per task) builds, lineitem streams in as the probe side, 1,500
+# matches per row feed an aggregate. Tens of seconds of CPU per task,
+# uncancelled; the pulls of the probe side are where a cancelled task stops
+# (read whole, the join would run to its end: the aggregate yields nothing before).
+STREAMED_JOIN = (
+    "SELECT sum(a.l_quantity * b.l_quantity) AS s "
+    "FROM (SELECT l_suppkey % 100 AS k, l_quantity FROM lineitem WHERE l_linenumber = 1) b "
+    "JOIN lineitem a ON a.l_suppkey % 100 = b.k"
+)
+SHUFFLED = DistributedConfig(
+    tasks_per_stage=2, broadcast_threshold_bytes=0, max_broadcast_bytes=0, adaptive=False
+)
 STOP_WITHIN_S = 10.0
 """Bound for every worker to be idle after a satisfied LIMIT: about a second of
 work is left (a batch per task), the rest is margin for a busy machine."""
@@ -59,12 +72,13 @@ def wait_until(predicate, timeout_s: float) -> float:
     return time.monotonic() - start
 
 
-def _start_heavy(runtime, tpch_dir, tasks: int):
-    """Run every non-head stage of HEAVY in a thread; returns (run, thread, errors)."""
-    config = DistributedConfig(tasks_per_stage=tasks, broadcast_threshold_bytes=BROADCAST_ALL)
+def _start_heavy(runtime, tpch_dir, tasks: int, sql: str = HEAVY, config=None):
+    """Run every non-head stage of ``sql`` in a thread; returns (run, thread, errors)."""
+    if config is None:
+        config = DistributedConfig(tasks_per_stage=tasks, broadcast_threshold_bytes=BROADCAST_ALL)
     ctx = DistributedContext(runtime=runtime, config=config)
     tpch.register_tpch(ctx, tpch_dir)
-    graph = ctx.sql(HEAVY).stage_graph()
+    graph = ctx.sql(sql).stage_graph()
     run = runtime.start_query(graph.query_id)
     errors: list[BaseException] = []
 
@@ -206,5 +220,43 @@ def test_flight_satisfied_limit_stops_the_join_in_the_worker_processes(two_worke
         wait_until(
             lambda: not any(s["live_tasks"] for s in runtime.stats().values()), STOP_TIMEOUT_S
         )
+    finally:
+        runtime.close()
+
+
+def _interrupt_streamed_join(runtime, tpch_dir, pids: list[int]) -> None:
+    """Close a query while its join stage runs over a streamed probe side; all idle soon after."""
+    run, thread, errors = _start_heavy(runtime, tpch_dir, 2, STREAMED_JOIN, SHUFFLED)
+    try:
+        wait_until(
+            lambda: sum(s.get("running_tasks", 0) for s in runtime.stats().values()) > 0, 60
+        )
+        time.sleep(4.0)  # past the leaf stages, into the join
+        assert thread.is_alive(), "the query ended before it could be cancelled"
+        assert sum(cpu_in(pid, 1.0) for pid in pids) > IDLE_CPU_S, "the join was not running"
+        run.close()
+        wait_until_idle(pids, STOP_WITHIN_S)
+        thread.join(STOP_TIMEOUT_S)
+        assert not thread.is_alive()
+        assert errors and isinstance(errors[0], QueryCancelled), errors
+    finally:
+        run.close()
+
+
+def test_local_interrupted_streamed_join_stops_within_seconds(tpch_dir):
+    runtime = LocalRuntime(workers=2)
+    try:
+        _interrupt_streamed_join(runtime, tpch_dir, [os.getpid()])
+        wait_until(
+            lambda: not any(s["running_tasks"] for s in runtime.stats().values()), STOP_TIMEOUT_S
+        )
+    finally:
+        runtime.close()
+
+
+def test_flight_interrupted_streamed_join_stops_within_seconds(two_workers, tpch_dir):
+    runtime = FlightRuntime([p.url for p in two_workers])
+    try:
+        _interrupt_streamed_join(runtime, tpch_dir, [p.proc.pid for p in two_workers])
     finally:
         runtime.close()

@@ -171,7 +171,7 @@ class FlightWorker:
         slots: tasks run at the same time.
         query_ttl_s: seconds without any call about a query (plan, read,
             keepalive) after which its state is dropped.
-        input_timeout_s: longest a task waits for one input partition, seconds;
+        input_timeout_s: longest a task waits for a producer task's plan, seconds;
             None waits as long as the producer runs.
         advertise_url: the URL this worker reports in errors (default the bound
             ``grpc://host:port``).

@@ -149,10 +149,10 @@ class TaskOutput:
         Raises:
             RuntimeError: a reader took batches already (:attr:`streamed`).
         """
-        if self._streamed:
-            msg = "a consumer read this task's output already: it cannot run again"
-            raise RuntimeError(msg)
         with self._lock:
+            if self._streamed:
+                msg = "a consumer read this task's output already: it cannot run again"
+                raise RuntimeError(msg)
             writers, self._writers = self._writers, {}
             files, self._files = self._files, {}
             for writer, _ in writers.values():

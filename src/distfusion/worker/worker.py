@@ -93,8 +93,9 @@ class Worker:
         transport: used by tasks to read their inputs from producer tasks (any
             :class:`~distfusion.transport.base.WorkerTransport`).
         slots: tasks run at the same time (threads in the pool).
-        input_timeout_s: longest a task waits for a producer partition before
-            failing; None waits as long as the producer runs.
+        input_timeout_s: longest a task waits for a producer task's plan
+            before failing (its batches then come as it makes them); None
+            waits as long as the query runs.
         memory_per_task_bytes: DataFusion memory pool of a task whose plan
             sets none, bytes; None: :func:`~distfusion.worker.memory.default_memory_per_task_bytes`
             of ``slots`` (half the machine's memory shared by the slots).
@@ -179,7 +180,8 @@ class Worker:
         Waits for the task's plan (at most ``timeout_s``), then returns an
         iterator that yields each batch as soon as the task added it and ends
         when the task finished (streamed exchange; the task may still be
-        queued or running when this returns). The partition is freed once
+        queued or running when this returns). Waits between batches have no
+        bound: the producer's end, failure or cancellation ends them. The partition is freed once
         all its readers read it to the end, unless the plan says
         ``keep_output`` (then it is held until :meth:`cancel_query`).
 
@@ -188,8 +190,7 @@ class Worker:
                 worker), here or while iterating.
             QueryCancelled: the query was cancelled on this worker (here or
                 while iterating).
-            TimeoutError: ``timeout_s`` seconds passed without the plan
-                arriving, or (while iterating) without a batch.
+            TimeoutError: ``timeout_s`` seconds passed without the plan arriving.
             KeyError: no such task or partition (already read by all its readers).
         """
         task = self._wait(key, timeout_s, done=False)
@@ -202,12 +203,12 @@ class Worker:
                 raise KeyError(msg)
             if not task.plan.keep_output:
                 task.reads_left[partition] -= 1
-        return self._stream(task, partition, timeout_s)
+        return self._stream(task, partition)
 
-    def _stream(self, task: _Task, partition: int, timeout_s: float | None):
+    def _stream(self, task: _Task, partition: int):
         qid = task.plan.key.query_id
         try:
-            yield from task.output.stream(partition, lambda: self.is_cancelled(qid), timeout_s)
+            yield from task.output.stream(partition, lambda: self.is_cancelled(qid))
         except KeyError:  # freed under the reader: the query was cancelled
             raise QueryCancelled(f"query {qid} was cancelled") from None
         if task.plan.keep_output:
