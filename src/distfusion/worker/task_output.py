@@ -273,11 +273,11 @@ class TaskOutput:
                 with self._lock:
                     deadline = None if timeout_s is None else time.monotonic() + timeout_s
                     while True:
+                        if self._error is not None:
+                            raise self._error
                         if partition in self._freed:
                             msg = f"partition {partition} was freed"
                             raise KeyError(msg)
-                        if self._error is not None:
-                            raise self._error
                         if i < self._count[partition]:
                             break
                         if self._finished:
