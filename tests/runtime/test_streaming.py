@@ -22,9 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from distfusion import DistributedConfig, DistributedContext
+from distfusion import DistributedConfig, DistributedContext, QueryCancelled
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
+from distfusion.worker.task_output import TaskOutput
 from tests.flight_cluster import start_workers, stop_workers
 from tests.udf_funcs import FREE_BELOW, gated
 
@@ -112,3 +113,43 @@ def test_rows_reach_the_caller_before_the_producer_finishes(runtime, tables, tmp
     assert not os.path.exists(f"{gate}.timeout"), "the producer waited for rows nobody got"
     assert closed_when_first_rows_came, "the first rows came after the producer finished"
     assert rows == FILES * ROWS_PER_FILE
+
+
+# ------------------------------------------------------------------ the exchange buffer
+def _batch(i: int) -> pa.RecordBatch:
+    keys = range(i * 100, (i + 1) * 100)
+    return pa.record_batch({"k": pa.array(keys, pa.int64()), "s": [f"row {k}" for k in keys]})
+
+
+def test_a_task_output_is_read_while_written_and_across_its_spill(tmp_path):
+    """A reader gets each batch as it is added, before and after the partition spills."""
+    path = str(tmp_path / "p0.arrow")
+    out = TaskOutput(1, lambda p: path, memory_limit_bytes=None)
+    reader = out.stream(0)
+    out.add(0, _batch(0))
+    out.add(0, _batch(1))
+    assert next(reader).column("k")[0].as_py() == 0  # the task has not finished
+    out.spill()  # batch 1 now in the file, read from there
+    out.add(0, _batch(2))  # appended to the file
+    assert next(reader).column("k")[0].as_py() == 100
+    assert next(reader).column("k")[0].as_py() == 200
+    out.add(0, _batch(3))
+    out.finish()
+    assert [b.column("k")[0].as_py() for b in reader] == [300]
+    whole = pa.Table.from_batches(out.read(0))
+    assert whole.column("k").to_pylist() == list(range(400))
+    out.close()
+    assert not os.path.exists(path)
+
+
+def test_readers_of_a_failed_or_freed_output_raise(tmp_path):
+    out = TaskOutput(2)
+    first, second = out.stream(0), out.stream(1)
+    out.add(0, _batch(0))
+    assert next(first).num_rows == 100
+    out.fail(QueryCancelled("query q was cancelled"))
+    with pytest.raises(QueryCancelled):
+        next(first)
+    out.close()
+    with pytest.raises(QueryCancelled):  # the error comes before the freed partition
+        next(second)
