@@ -17,7 +17,12 @@ partitions each pull their own stream::
 (``SessionContext.from_arrow`` and ``register_record_batches`` read everything
 before planning: they are what a materialised input uses.)
 
-Two limits of pulling from Python, and what this module does about them:
+Three limits of pulling from Python, and what this module does about them:
+
+- **A streamed input has no statistics** (``DatasetExec`` reports them
+  unknown), and DataFusion picks a hash join's build side and mode from
+  statistics: :func:`stream_plan` reads a join's build side whole first and
+  streams its probe side only behind a small build side.
 
 - **A waiting pull holds a tokio thread.** DataFusion polls ``DatasetExec``
   on datafusion-python's one tokio runtime; a pull waiting for the producer
@@ -39,7 +44,7 @@ Two limits of pulling from Python, and what this module does about them:
 
 Cancellation: a pull that waits checks its ``cancelled()`` every 0.1 s and
 raises :class:`~distfusion.errors.QueryCancelled`, which fails DataFusion's
-stream wherever it pulls -- inside a hash join's build or an aggregate -- so
+stream wherever it pulls -- a join's probe side, an aggregate, a sort -- so
 the task's DataFusion work stops within about a batch. DataFusion reports the
 error as text; :attr:`InputBinding.error` keeps the Python exception so the
 task raises the producer's own error (a :class:`~distfusion.errors.TaskError`
