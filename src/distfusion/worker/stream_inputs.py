@@ -291,7 +291,10 @@ class _Stream:
     """The batches of some producer partitions in turn, kept for a run again when asked.
 
     :meth:`batches` may be called again (a task run again after DataFusion's
-    "Resources exhausted"): it replays what was read, then reads on.
+    "Resources exhausted"): the new pass replays what was read, then reads
+    on. Pulls are serialised: the pull of an abandoned pass may still wait
+    on a tokio thread (DataFusion drops a failed stream only after that pull
+    returns); its batch is kept for the new pass.
     """
 
     def __init__(
@@ -307,14 +310,10 @@ class _Stream:
         self._binding = binding
         self._kept: list[pa.RecordBatch] | None = [] if keep else None
         self._passes = 0
+        self._lock = threading.Lock()
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        self._passes += 1
-        if self._passes > 1:
-            if self._kept is None:
-                msg = "a streamed input cannot be read twice"
-                raise RuntimeError(msg)
-            yield from list(self._kept)
+    def _pull(self) -> pa.RecordBatch | None:
+        """The next non-empty batch of the producer partitions (None at their end); lock held."""
         while True:
             try:
                 if self._binding.cancelled():
@@ -322,7 +321,7 @@ class _Stream:
                 if self._it is None:
                     open_ = next(self._opens, None)
                     if open_ is None:
-                        return
+                        return None
                     self._it = iter(open_())
                 batch = next(self._it, None)
             except BaseException as exc:
@@ -330,12 +329,29 @@ class _Stream:
                 raise
             if batch is None:
                 self._it = None
-                continue
-            if batch.num_rows == 0:
-                continue
-            batch = _conform(batch, self._schema)
-            if self._kept is not None:
-                self._kept.append(batch)
+            elif batch.num_rows:
+                return _conform(batch, self._schema)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        self._passes += 1
+        if self._passes > 1 and self._kept is None:
+            msg = "a streamed input cannot be read twice"
+            raise RuntimeError(msg)
+        i = 0
+        while True:
+            kept = self._kept
+            if kept is not None and i < len(kept):  # read before (a run again)
+                batch = kept[i]
+            else:
+                with self._lock:
+                    if kept is not None and i < len(kept):  # an abandoned pass pulled it
+                        continue
+                    batch = self._pull()
+                    if batch is None:
+                        return
+                    if kept is not None:
+                        kept.append(batch)
+            i += 1
             yield batch
 
 
