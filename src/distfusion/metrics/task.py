@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
@@ -169,10 +168,19 @@ class TaskMeter:
         num_inputs: inputs of the stage (for :attr:`TaskMetrics.input_rows`).
         unit_bytes: bytes of the work units the task reads (used for
             ``source_bytes`` when DataFusion reports no ``bytes_scanned``).
+        operators: walk the executed plans for DataFusion's operator metrics
+            (``operators``, and the compute, spill and scan figures summed
+            from them); False: the task's own clocks and sizes only.
     """
 
     def __init__(
-        self, stage_id: int, task_index: int, worker: str, num_inputs: int, unit_bytes: int = 0
+        self,
+        stage_id: int,
+        task_index: int,
+        worker: str,
+        num_inputs: int,
+        unit_bytes: int = 0,
+        operators: bool = True,
     ) -> None:
         self.stage_id = stage_id
         self.task_index = task_index
@@ -182,53 +190,37 @@ class TaskMeter:
         self.input_bytes = [0] * num_inputs
         self.input_wait_s = 0.0
         self.frames: list = []
+        self.operators = operators
         self._start = time.perf_counter()
         self._cpu = time.thread_time()
 
-    def reading(self, read_input: Callable[[int], Any]) -> Callable[[int], Any]:
-        """``read_input`` timed, its batches counted per input.
+    def reading(
+        self, read_input: Callable[[int], list[pa.RecordBatch]]
+    ) -> Callable[[int], list[pa.RecordBatch]]:
+        """``read_input`` timed, its batches counted per input."""
 
-        ``read_input(i)`` returns a list of batches, or
-        :class:`~distfusion.worker.stream_inputs.InputStreams`: then each
-        batch is counted, and the wait for it timed, as it is pulled.
-        """
-        from distfusion.worker.stream_inputs import InputStreams  # worker/ sits above metrics/
-
-        def count(i: int, batch: pa.RecordBatch) -> None:
-            if 0 <= i < len(self.input_rows):
-                self.input_rows[i] += batch.num_rows
-                self.input_bytes[i] += batch.nbytes
-
-        def timed(i: int, open_):
-            def read():
-                start = time.perf_counter()
-                it = iter(open_())
-                while True:
-                    batch = next(it, None)
-                    self.input_wait_s += time.perf_counter() - start
-                    if batch is None:
-                        return
-                    count(i, batch)
-                    yield batch
-                    start = time.perf_counter()
-
-            return read
-
-        def read(i: int):
+        def read(i: int) -> list[pa.RecordBatch]:
             start = time.perf_counter()
-            got = read_input(i)
-            if isinstance(got, InputStreams):
-                return InputStreams(timed(i, o) for o in got.opens)
+            batches = read_input(i)
             self.input_wait_s += time.perf_counter() - start
-            for b in got:
-                count(i, b)
-            return got
+            if 0 <= i < len(self.input_rows):
+                self.input_rows[i] += sum(b.num_rows for b in batches)
+                self.input_bytes[i] += sum(b.nbytes for b in batches)
+            return batches
 
         return read
 
+    def count_input(self, i: int, batch: pa.RecordBatch, waited_s: float = 0.0) -> None:
+        """Count ``batch`` of input ``i``, pulled as a stream after ``waited_s`` seconds."""
+        self.input_wait_s += waited_s
+        if 0 <= i < len(self.input_rows):
+            self.input_rows[i] += batch.num_rows
+            self.input_bytes[i] += batch.nbytes
+
     def executed(self, df) -> None:
         """Record that DataFrame ``df`` is (being) executed by this task."""
-        self.frames.append(df)
+        if self.operators:
+            self.frames.append(df)
 
     def finish(
         self,

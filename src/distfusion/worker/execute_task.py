@@ -41,7 +41,7 @@ from distfusion.sources import WorkUnit, register_scan
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
 from distfusion.worker.memory import TaskMemory
-from distfusion.worker.stream_inputs import InputBinding, InputStreams, stream_plan
+from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
 
 __all__ = [
     "Inputs",
@@ -641,7 +641,7 @@ def run_task_into(
     """
     metrics = SpillMetrics()
     if meter is not None:
-        read_input = meter.reading(read_input)
+        read_input = metered(meter, read_input)
     try:
         if any(s.source.is_feed for s in plan.scans):
             for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory):
@@ -741,7 +741,7 @@ def stream_head_stage(
         TaskError: the fragment failed here (worker ``coordinator``).
     """
     meter = task_meter(plan, COORDINATOR)
-    read_input = meter.reading(read_input)
+    read_input = metered(meter, read_input)
     rows = nbytes = 0
     try:
         if any(s.source.is_feed for s in plan.scans):

@@ -55,13 +55,16 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+from substrait.proto import Plan
 
 from distfusion.errors import QueryCancelled
+from distfusion.planner.walk import children, rel_kind, relations, source_tables
 
 __all__ = [
     "EXTRA_TOKIO_THREADS",
@@ -69,6 +72,7 @@ __all__ = [
     "InputBinding",
     "InputStreams",
     "PullSlots",
+    "metered",
     "StreamDataset",
     "StreamPlan",
     "pull_slots",
@@ -177,10 +181,6 @@ def stream_plan(fragment: bytes, tables: list[str]) -> StreamPlan:
 
     A fragment that cannot be parsed reads every input whole.
     """
-    from substrait.proto import Plan
-
-    from distfusion.planner.walk import children, rel_kind, relations, source_tables
-
     names = set(tables)
     try:
         plan = Plan()
@@ -256,6 +256,33 @@ class PullSlots:
 
 pull_slots = PullSlots()
 """The process's :class:`PullSlots`."""
+
+
+def metered(meter, read_input: Callable[[int], object]) -> Callable[[int], object]:
+    """``read_input`` counted by ``meter`` (a :class:`~distfusion.metrics.task.TaskMeter`).
+
+    Inputs read as lists go through ``meter.reading``; each batch of
+    :class:`InputStreams` is counted, and the wait for it timed, as it is pulled.
+    """
+    whole = meter.reading(read_input)
+
+    def timed(i: int, open_):
+        def read():
+            start = time.perf_counter()
+            for batch in open_():
+                meter.count_input(i, batch, time.perf_counter() - start)
+                yield batch
+                start = time.perf_counter()
+
+        return read
+
+    def read(i: int):
+        got = read_input(i)
+        if isinstance(got, InputStreams):
+            return InputStreams(timed(i, o) for o in got.opens)
+        return whole(lambda _: got)(i)
+
+    return read
 
 
 class InputStreams:
