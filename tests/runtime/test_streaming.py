@@ -69,19 +69,23 @@ def flight_workers_with_gate():
     stop_workers(procs)
 
 
+# One DataFusion partition per task: a gated call holds a tokio thread while it
+# waits, as the streams' pulls may hold the threads beyond the cores
+# (PullSlots): together they must leave a thread free. The join plan then holds
+# 2 gated calls + 3 pulls of the 6 threads of 2 cores (with 2 partitions, all 6).
 @pytest.fixture(params=["local", "flight"])
 def runtime(request):
     if request.param == "local":
-        rt = LocalRuntime(workers=2, slots=2)
+        rt = LocalRuntime(workers=2, slots=2, target_partitions=1)
     else:
-        rt = FlightRuntime(request.getfixturevalue("flight_workers_with_gate"))
+        rt = FlightRuntime(request.getfixturevalue("flight_workers_with_gate"), target_partitions=1)
     yield rt
     rt.close()
 
 
-def _context(runtime, tables) -> DistributedContext:
+def _context(runtime, tables, tasks: int) -> DistributedContext:
     config = DistributedConfig(
-        tasks_per_stage=2,
+        tasks_per_stage=tasks,
         broadcast_threshold_bytes=0,
         max_broadcast_bytes=0,
         replicate_scan_bytes=0,
@@ -95,13 +99,15 @@ def _context(runtime, tables) -> DistributedContext:
 
 
 @pytest.mark.parametrize(
-    ("sql", "stages"),
-    [(HEAD_READS_PRODUCER, 2), (JOIN_STAGE_READS_PRODUCER, 4)],
+    ("sql", "stages", "tasks"),
+    [(HEAD_READS_PRODUCER, 2, 2), (JOIN_STAGE_READS_PRODUCER, 4, 2)],
     ids=["head_reads_producer", "join_stage_reads_producer"],
 )
-def test_rows_reach_the_caller_before_the_producer_finishes(runtime, tables, tmp_path, sql, stages):
+def test_rows_reach_the_caller_before_the_producer_finishes(
+    runtime, tables, tmp_path, sql, stages, tasks
+):
     gate = str(tmp_path / "gate")
-    df = _context(runtime, tables).sql(sql.format(gate=gate))
+    df = _context(runtime, tables, tasks).sql(sql.format(gate=gate))
     assert len(df.stage_graph().stages) == stages, df.explain()
     rows = 0
     closed_when_first_rows_came = None
