@@ -261,11 +261,9 @@ pull_slots = PullSlots()
 def metered(meter, read_input: Callable[[int], object]) -> Callable[[int], object]:
     """``read_input`` counted by ``meter`` (a :class:`~distfusion.metrics.task.TaskMeter`).
 
-    Inputs read as lists go through ``meter.reading``; each batch of
+    An input read as a list is timed and counted at once; each batch of
     :class:`InputStreams` is counted, and the wait for it timed, as it is pulled.
     """
-    whole = meter.reading(read_input)
-
     def timed(i: int, open_):
         def read():
             start = time.perf_counter()
@@ -277,10 +275,14 @@ def metered(meter, read_input: Callable[[int], object]) -> Callable[[int], objec
         return read
 
     def read(i: int):
+        start = time.perf_counter()
         got = read_input(i)
         if isinstance(got, InputStreams):
             return InputStreams(timed(i, o) for o in got.opens)
-        return whole(lambda _: got)(i)
+        meter.input_wait_s += time.perf_counter() - start
+        for batch in got:
+            meter.count_input(i, batch)
+        return got
 
     return read
 
