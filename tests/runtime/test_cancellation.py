@@ -29,6 +29,7 @@ import pytest
 from distfusion import DistributedConfig, DistributedContext, QueryCancelled, tpch
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
+from distfusion.worker import stream_inputs
 from distfusion.worker.worker import Worker
 from tests.cpu import IDLE_CPU_S, cpu_in, wait_until_idle
 from tests.flight_cluster import start_workers, stop_workers
@@ -91,7 +92,7 @@ def _start_heavy(runtime, tpch_dir):
 
 @pytest.fixture
 def two_workers():
-    procs = start_workers(2)
+    procs = start_workers(2, env={"DISTFUSION_STREAM_TASK_INPUTS": "1"})
     yield procs
     stop_workers(procs)
 
@@ -154,7 +155,13 @@ def _interrupt_streamed_join(runtime, tpch_dir, pids: list[int], urls: list[str]
         run.close()
 
 
-def test_local_interrupted_join_stops_datafusion_within_seconds(tpch_dir):
+@pytest.fixture
+def streamed_tasks(monkeypatch):
+    """Tasks in this process stream their inputs (off by default)."""
+    monkeypatch.setattr(stream_inputs, "STREAM_TASK_INPUTS", True)
+
+
+def test_local_interrupted_join_stops_datafusion_within_seconds(tpch_dir, streamed_tasks):
     runtime = LocalRuntime(workers=2)
     try:
         _interrupt_streamed_join(
@@ -166,7 +173,7 @@ def test_local_interrupted_join_stops_datafusion_within_seconds(tpch_dir):
         runtime.close()
 
 
-def test_worker_close_stops_the_join_without_waiting(tpch_dir):
+def test_worker_close_stops_the_join_without_waiting(tpch_dir, streamed_tasks):
     runtime = LocalRuntime(workers=2)
     workers: list[Worker] = list(runtime.transport.workers.values())
 

@@ -25,6 +25,7 @@ import pytest
 from distfusion import DistributedConfig, DistributedContext, QueryCancelled
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
+from distfusion.worker import stream_inputs
 from distfusion.worker.task_output import TaskOutput
 from tests.flight_cluster import start_workers, stop_workers
 from tests.udf_funcs import FREE_BELOW, gated
@@ -64,7 +65,14 @@ def tables(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def flight_workers_with_gate():
-    procs = start_workers(2, "--slots", "2", "--udf", "tests.udf_funcs:STREAMING_UDFS")
+    procs = start_workers(
+        2,
+        "--slots",
+        "2",
+        "--udf",
+        "tests.udf_funcs:STREAMING_UDFS",
+        env={"DISTFUSION_STREAM_TASK_INPUTS": "1"},
+    )
     yield [p.url for p in procs]
     stop_workers(procs)
 
@@ -74,7 +82,8 @@ def flight_workers_with_gate():
 # (PullSlots): together they must leave a thread free. The join plan then holds
 # 2 gated calls + 3 pulls of the 6 threads of 2 cores (with 2 partitions, all 6).
 @pytest.fixture(params=["local", "flight"])
-def runtime(request):
+def runtime(request, monkeypatch):
+    monkeypatch.setattr(stream_inputs, "STREAM_TASK_INPUTS", True)  # the join stage's too
     if request.param == "local":
         rt = LocalRuntime(workers=2, slots=2, target_partitions=1)
     else:

@@ -40,6 +40,7 @@ from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
 from distfusion.sources import WorkUnit, register_scan
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
+from distfusion.worker import stream_inputs
 from distfusion.worker.memory import TaskMemory
 from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
 
@@ -650,10 +651,11 @@ def run_task_into(
         read_once = _read_once(plan, read_input)
         attempts = _attempts(memory)
         binding = InputBinding(cancelled, keep=len(attempts) > 1)
+        streams = binding if stream_inputs.STREAM_TASK_INPUTS else None
         try:
             for n, (mem, settings) in enumerate(attempts):
                 try:
-                    ctx, df = build_dataframe(plan, read_once, mem, settings, binding)
+                    ctx, df = build_dataframe(plan, read_once, mem, settings, streams)
                     _partition_into(df, plan, cancelled, sink, metrics, meter, binding)
                     return metrics
                 except (TaskError, QueryCancelled):
