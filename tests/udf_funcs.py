@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -110,3 +112,34 @@ UDAFS = [geo_mean, median_key]
 UDWFS = [running_max]
 # What Flight workers load (--udf tests.udf_funcs:ALL).
 ALL = [*UDFS, *UDAFS, *UDWFS]
+
+
+# ------------------------------------------------------------------ a producer that pauses
+GATE_TIMEOUT_S = 60.0
+"""Longest a gated call waits for its gate file before it goes on (and says so)."""
+FREE_BELOW = 8192
+"""Values below this pass :func:`gated` at once (a first row group of 8192 keys)."""
+
+
+def _gated(values: pa.Array, gates: pa.Array) -> pa.Array:
+    """``values`` unchanged; a batch holding a value >= :data:`FREE_BELOW` waits for the gate.
+
+    ``gates`` holds one path (a literal): a batch of small values passes at
+    once (the producer's first batch goes out), the others wait until the
+    file exists. A call that waited :data:`GATE_TIMEOUT_S` in vain writes
+    ``<path>.timeout`` and goes on, so a test fails rather than hangs.
+    """
+    gate = gates[0].as_py()
+    if len(values) and pc.max(values).as_py() >= FREE_BELOW:
+        deadline = time.monotonic() + GATE_TIMEOUT_S
+        while not os.path.exists(gate):
+            if time.monotonic() > deadline:
+                with open(f"{gate}.timeout", "w") as f:
+                    f.write("the gate never opened\n")
+                break
+            time.sleep(0.02)
+    return values
+
+
+gated = distfusion.udf(_gated, [pa.int64(), pa.string()], pa.int64(), "volatile", name="gated")
+STREAMING_UDFS = [gated]

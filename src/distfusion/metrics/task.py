@@ -210,6 +210,13 @@ class TaskMeter:
 
         return read
 
+    def count_input(self, i: int, batch: pa.RecordBatch, waited_s: float = 0.0) -> None:
+        """Count ``batch`` of input ``i``, pulled as a stream after ``waited_s`` seconds."""
+        self.input_wait_s += waited_s
+        if 0 <= i < len(self.input_rows):
+            self.input_rows[i] += batch.num_rows
+            self.input_bytes[i] += batch.nbytes
+
     def executed(self, df) -> None:
         """Record that DataFrame ``df`` is (being) executed by this task."""
         if self.operators:

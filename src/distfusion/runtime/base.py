@@ -48,6 +48,7 @@ from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.head_parts import HeadPart, head_parts, run_part
 from distfusion.worker.memory import TaskMemory, machine_memory_bytes
+from distfusion.worker.stream_inputs import InputStreams
 from distfusion.write import WriteSpec, WrittenFile, write_part
 
 __all__ = [
@@ -395,11 +396,11 @@ class WorkerQueryRun:
             )
             memory = TaskMemory(budget, self._head_spill_dir)
 
-            def read_input(i: int) -> list[pa.RecordBatch]:
-                out: list[pa.RecordBatch] = []
-                for url, producer, part in plan.input_reads(i):
-                    out.extend(self.transport.execute_partition(url, producer, part))
-                return out
+            def opener(url: str, producer: TaskKey, part: int):
+                return lambda: self.transport.execute_partition(url, producer, part)
+
+            def read_input(i: int) -> InputStreams:
+                return InputStreams(opener(*read) for read in plan.input_reads(i))
 
             yield from stream_head_stage(
                 plan,
@@ -556,6 +557,9 @@ class WorkerQueryRun:
             self._closed = True
         try:
             self.feeds.close()
+            abort = getattr(self.transport, "abort_query", None)
+            if abort is not None:  # reads of this process blocked on a stream end now
+                abort(self.query_id, QueryCancelled(f"query {self.query_id} was closed"))
             self._collect_metrics()
             for url in sorted(set(self.placement.values())):
                 self.transport.cancel_query(url, self.query_id)

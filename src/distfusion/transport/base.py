@@ -5,7 +5,7 @@ execution never know which transport runs:
 
 =====================  ======================================================
 ``set_plan``           deliver one task's plan to a worker; it starts the task
-``execute_partition``  read one output partition of a task as Arrow batches
+``execute_partition``  read one output partition of a task as Arrow batches, as made
 ``task_stats``         wait for a task; rows and bytes of each output partition
 ``query_metrics``      metrics of every task of a query a worker finished
 ``stream_feed``        stream a work unit feed's partition to the leaf task reading it
@@ -47,11 +47,15 @@ class WorkerTransport(Protocol):
     ) -> Iterator[pa.RecordBatch]:
         """Stream output ``partition`` of task ``key`` from the worker at ``url``.
 
-        Waits for the task to finish (at most ``timeout_s`` seconds when given).
+        Streamed exchange: waits for the task's plan (at most ``timeout_s``
+        seconds when given), then yields each batch as the task produces it
+        (the task may still run) and ends when the task ends. Errors come
+        here or while iterating.
 
         Raises:
             TaskError: the task failed; stage, task, worker and cause are kept.
             QueryCancelled: the query was cancelled.
+            TimeoutError: the task's plan did not arrive within ``timeout_s``.
             WorkerUnavailableError: the worker cannot be reached.
         """
         ...

@@ -237,6 +237,7 @@ class FlightWorkerTransport:
         self.poll_s = poll_s
         self._clients: dict[str, object] = {}
         self._aborted: dict[str, Exception] = {}  # query id -> error to raise in its reads
+        self._readers: dict[str, set] = {}  # query id -> its open DoGet streams
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------- plumbing
@@ -289,33 +290,83 @@ class FlightWorkerTransport:
     def execute_partition(
         self, url: str, key: TaskKey, partition: int, timeout_s: float | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """See :meth:`WorkerTransport.execute_partition`.
+        """See :meth:`WorkerTransport.execute_partition`: one ``DoGet`` stream, read as it comes.
 
-        The partition is read completely before this returns (the consumers bind
-        it as a table anyway), so every error is raised here.
+        The worker answers once the task's plan is there (long-polled like
+        :meth:`task_stats`), then sends each batch as the task produces it;
+        this returns after its first batch (or the end) and yields the rest
+        as they arrive, one batch in memory at a time. The stream has no
+        deadline (it lasts as long as the producer runs); :meth:`abort_query`
+        cancels it at once.
 
         Raises:
-            TaskError: the task failed on its worker (its fields as the worker set them).
-            QueryCancelled: the query was cancelled on the worker.
-            TimeoutError: the task did not finish within ``timeout_s`` seconds.
+            TaskError: the task failed on its worker (its fields as the worker
+                set them), here or while iterating.
+            QueryCancelled: the query was cancelled on the worker or aborted here.
+            TimeoutError: the task's plan did not arrive within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached or died while
                 streaming; names the URL, the stage and the task.
             AuthenticationError: the worker rejected the token.
         """
         what = f"reading partition {partition} of {task_name(key)}"
         client = self._client(url)
+        qid = key.query_id
 
-        def read(wait_s: float) -> Iterator[pa.RecordBatch]:
+        def failure(exc: Exception) -> Exception:
+            aborted = self._aborted.get(qid)
+            if aborted is not None:
+                return aborted
+            if isinstance(exc, self._flight.FlightError):
+                return decode_error(url, what, exc)
+            return WorkerUnavailableError(url, f"{what}: {exc}")
+
+        def open_stream(wait_s: float):
             ticket = self._flight.Ticket(encode_ticket(key, partition, wait_s))
             try:
-                reader = client.do_get(ticket, self._options(wait_s + self.action_timeout_s))
-                return iter([chunk.data for chunk in reader])
-            except self._flight.FlightError as exc:
-                raise decode_error(url, what, exc) from None
-            except OSError as exc:
-                raise WorkerUnavailableError(url, f"{what}: {exc}") from None
+                reader = client.do_get(ticket, self._options(None))
+            except (self._flight.FlightError, OSError) as exc:
+                raise failure(exc) from None
+            with self._lock:
+                self._readers.setdefault(qid, set()).add(reader)
+            try:
+                return reader, reader.read_chunk().data
+            except StopIteration:
+                return reader, None
+            except (self._flight.FlightError, OSError) as exc:
+                self._drop_reader(qid, reader)
+                raise failure(exc) from None
 
-        return self._long_poll(url, key, timeout_s, read)
+        reader, first = self._long_poll(url, key, timeout_s, open_stream)
+        return self._rest(qid, reader, first, failure)
+
+    def _rest(self, qid: str, reader, first, failure) -> Iterator[pa.RecordBatch]:
+        """The batches of an open ``DoGet`` stream after its ``first``; the reader dropped after."""
+        try:
+            if first is None:
+                return
+            yield first
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return
+                except (self._flight.FlightError, OSError) as exc:
+                    raise failure(exc) from None
+                yield chunk.data
+        finally:
+            self._drop_reader(qid, reader)
+
+    def _drop_reader(self, qid: str, reader) -> None:
+        with self._lock:
+            readers = self._readers.get(qid)
+            if readers is not None:
+                readers.discard(reader)
+                if not readers:
+                    del self._readers[qid]
+        try:
+            reader.cancel()  # a stream left before its end: the worker stops sending
+        except Exception:  # already finished or broken: nothing to stop
+            pass
 
     def task_stats(
         self, url: str, key: TaskKey, timeout_s: float | None = None
@@ -474,13 +525,21 @@ class FlightWorkerTransport:
     def abort_query(self, query_id: str, error: Exception) -> None:
         """Make every read of ``query_id`` through this transport raise ``error``.
 
-        Takes effect within one poll round (``poll_s``); for a coordinator that
-        learnt a worker of the query died while it waits on another one.
+        Takes effect within one poll round (``poll_s``); open partition
+        streams of the query are cancelled at once. For a coordinator that
+        learnt a worker of the query died while it waits on another one, and
+        for a worker whose query was cancelled.
         """
         with self._lock:
             self._aborted[query_id] = error
             while len(self._aborted) > _ABORTED_KEPT:
                 del self._aborted[next(iter(self._aborted))]
+            readers = list(self._readers.get(query_id, ()))
+        for reader in readers:  # streams blocked on a batch end now
+            try:
+                reader.cancel()
+            except Exception:
+                pass
 
     def forget_query(self, query_id: str) -> None:
         """Drop what :meth:`abort_query` recorded for ``query_id``."""

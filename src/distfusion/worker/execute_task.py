@@ -41,10 +41,13 @@ from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
 from distfusion.sources import WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
+from distfusion.worker import stream_inputs
 from distfusion.worker.memory import TaskMemory
 from distfusion.worker.spark_partitions import take
+from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
 
 __all__ = [
+    "Inputs",
     "PartitionSink",
     "SpillMetrics",
     "build_dataframe",
@@ -142,37 +145,66 @@ def _as_declared(batches: list[pa.RecordBatch], schema: pa.Schema) -> list[pa.Re
     return out
 
 
+Inputs = list[pa.RecordBatch] | InputStreams
+"""What ``read_input(i)`` returns: the input's batches, or streams to pull them from."""
+
+
 def bind_input(
-    ctx: SessionContext, inp: StageInput, batches: list[pa.RecordBatch], target_partitions: int
-) -> None:
-    """Register ``batches`` as table ``inp.table``, split into up to ``target_partitions``."""
+    ctx: SessionContext,
+    inp: StageInput,
+    batches: Inputs,
+    target_partitions: int,
+    binding: InputBinding | None = None,
+) -> int | None:
+    """Register input ``inp`` as table ``inp.table``, split into up to ``target_partitions``.
+
+    ``batches`` given as :class:`~distfusion.worker.stream_inputs.InputStreams`
+    are streamed (DataFusion pulls them per batch, one stream per partition)
+    when ``binding`` is given and the process has pull slots for them; else
+    they are read whole first and registered as a memory table.
+
+    Returns:
+        None when the input is streamed; else its Arrow bytes.
+    """
+    if isinstance(batches, InputStreams):
+        if binding is not None:
+            dataset = binding.stream(inp.table, inp.schema, batches, target_partitions)
+            if dataset is not None:
+                ctx.register_dataset(inp.table, dataset)
+                return None
+        batches = batches.read_all()
     batches = _as_declared(batches, inp.schema)
     if not batches:
         ctx.register_record_batches(
             inp.table, [[pa.RecordBatch.from_pylist([], schema=inp.schema)]]
         )
-        return
+        return 0
     n = max(1, min(target_partitions, len(batches)))
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
     for i, b in enumerate(batches):
         parts[i % n].append(b)
     ctx.register_record_batches(inp.table, parts)
+    return sum(b.nbytes for b in batches)
 
 
 def build_dataframe(
     plan: TaskPlan,
-    read_input: Callable[[int], list[pa.RecordBatch]],
+    read_input: Callable[[int], Inputs],
     memory: TaskMemory | None = None,
     settings: dict[str, str] | None = None,
+    binding: InputBinding | None = None,
 ) -> tuple[SessionContext, DataFrame]:
     """The task's fragment as a DataFusion DataFrame, inputs bound.
 
     Args:
         plan: the task plan.
         read_input: ``read_input(i)`` returns the batches of ``plan.inputs[i]`` this
-            task reads (its partition from every producer task).
+            task reads (its partition from every producer task), as a list or
+            as :class:`~distfusion.worker.stream_inputs.InputStreams`.
         memory: the task's memory pool and spill directory (see :func:`task_context`).
         settings: more DataFusion settings.
+        binding: streams the inputs given as streams (see :func:`bind_input`);
+            None reads them whole.
 
     Raises:
         Exception: DataFusion's error (file unreadable, fragment rejected); the
@@ -181,8 +213,27 @@ def build_dataframe(
     ctx = task_context(plan.target_partitions, memory, settings)
     for share in plan.scans:
         register_scan(ctx, share.source, share.units)
-    for i, inp in enumerate(plan.inputs):
-        bind_input(ctx, inp, read_input(i), plan.target_partitions)
+    inputs = [read_input(i) for i in range(len(plan.inputs))]
+    decide = None
+    if binding is not None and any(isinstance(x, InputStreams) for x in inputs):
+        decide = stream_plan(plan.fragment, [inp.table for inp in plan.inputs])
+    whole: dict[str, int] = {}
+    streamed = False
+    # Inputs read whole go first: a probe side streams once its build side's size is known.
+    order = sorted(
+        range(len(inputs)),
+        key=lambda i: decide is not None and plan.inputs[i].table not in decide.whole,
+    )
+    for i in order:
+        inp = plan.inputs[i]
+        stream = decide is not None and decide.streams(inp.table, whole)
+        size = bind_input(ctx, inp, inputs[i], plan.target_partitions, binding if stream else None)
+        if size is None:
+            streamed = True
+        else:
+            whole[inp.table] = size
+    if streamed:  # filters pushed into a dataset scan would run in pyarrow (stream_inputs)
+        ctx.remove_optimizer_rule("push_down_filter")
     return ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
 
 
@@ -221,13 +272,18 @@ def stream_batches(
     df: DataFrame,
     cancelled: Callable[[], bool],
     metrics: SpillMetrics | None = None,
+    binding: InputBinding | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Execute ``df``, yielding Arrow batches; stops with QueryCancelled when asked.
 
     ``cancelled()`` is checked between batches: DataFusion's work stops at its
-    next batch (an operator that yields nothing for a long time, a hash join's
-    build, runs to its first batch). ``metrics`` then gets what the operators
-    spilled.
+    next batch. Over streamed inputs (``binding``) the pulls check it too and
+    fail DataFusion's stream wherever it pulls (a hash join's build, an
+    aggregate); the error a pull raised (a producer's TaskError, the
+    cancellation) is raised here rather than DataFusion's text of it. Over
+    inputs read whole, an operator that yields nothing for a long time (a
+    hash join's build) runs to its first batch. ``metrics`` then gets what
+    the operators spilled.
 
     Polling every partition of the physical plan from an event loop instead
     (to drop the streams the moment the flag is set) cost 15% of TPC-H SF10
@@ -238,12 +294,17 @@ def stream_batches(
         QueryCancelled: ``cancelled()`` became true.
         Exception: DataFusion's error while executing.
     """
-    for rb in df.execute_stream():
-        if cancelled():
-            raise QueryCancelled("query cancelled")
-        batch = rb.to_pyarrow()
-        if batch.num_rows:
-            yield batch
+    try:
+        for rb in df.execute_stream():
+            if cancelled():
+                raise QueryCancelled("query cancelled")
+            batch = rb.to_pyarrow()
+            if batch.num_rows:
+                yield batch
+    except Exception as exc:
+        if binding is not None and binding.error is not None and exc is not binding.error:
+            raise binding.error from None
+        raise
     if metrics is not None:
         metrics.add_plan(df.execution_plan())
 
@@ -338,6 +399,7 @@ def _partition_into(
     sink: PartitionSink,
     metrics: SpillMetrics | None,
     meter: TaskMeter | None = None,
+    binding: InputBinding | None = None,
 ) -> None:
     out = plan.output
     n = out.num_partitions
@@ -347,7 +409,7 @@ def _partition_into(
     def batches(frame: DataFrame) -> Iterator[pa.RecordBatch]:
         if meter is not None:
             meter.executed(frame)
-        return stream_batches(frame, cancelled, metrics)
+        return stream_batches(frame, cancelled, metrics, binding)
 
     if out.kind != SHUFFLE or n == 1:
         if len(keep) != len(schema):
@@ -615,14 +677,21 @@ def _attempts(memory: TaskMemory | None) -> list[tuple[TaskMemory | None, dict[s
 
 
 def _read_once(
-    plan: TaskPlan, read_input: Callable[[int], list[pa.RecordBatch]]
-) -> Callable[[int], list[pa.RecordBatch]]:
-    """``read_input`` reading each input once, kept as bound for a run again (views cast once)."""
-    inputs: dict[int, list[pa.RecordBatch]] = {}
+    plan: TaskPlan, read_input: Callable[[int], Inputs]
+) -> Callable[[int], Inputs]:
+    """``read_input`` reading each input once, kept as bound for a run again (views cast once).
 
-    def read(i: int) -> list[pa.RecordBatch]:
+    Streamed inputs are kept as their streams: a run again replays them
+    (:class:`~distfusion.worker.stream_inputs.InputBinding`).
+    """
+    inputs: dict[int, Inputs] = {}
+
+    def read(i: int) -> Inputs:
         if i not in inputs:
-            inputs[i] = _as_declared(read_input(i), plan.inputs[i].schema)
+            got = read_input(i)
+            if not isinstance(got, InputStreams):
+                got = _as_declared(got, plan.inputs[i].schema)
+            inputs[i] = got
         return inputs[i]
 
     return read
@@ -687,7 +756,7 @@ def run_task_into(
     """
     metrics = SpillMetrics()
     if meter is not None:
-        read_input = meter.reading(read_input)
+        read_input = metered(meter, read_input)
     try:
         if any(s.source.streamed for s in plan.scans):
             for _ctx, df in feed_dataframes(plan, read_input, feed_chunks, memory, meter):
@@ -695,18 +764,25 @@ def run_task_into(
             return metrics
         read_once = _read_once(plan, read_input)
         attempts = _attempts(memory)
-        for n, (mem, settings) in enumerate(attempts):
-            try:
-                ctx, df = build_dataframe(plan, read_once, mem, settings)
-                _partition_into(df, plan, cancelled, sink, metrics, meter)
-                return metrics
-            except (TaskError, QueryCancelled):
-                raise
-            except Exception as exc:
-                if n + 1 == len(attempts) or not _exhausted(exc):
+        binding = InputBinding(cancelled, keep=len(attempts) > 1)
+        streams = binding if stream_inputs.STREAM_TASK_INPUTS else None
+        try:
+            for n, (mem, settings) in enumerate(attempts):
+                try:
+                    ctx, df = build_dataframe(plan, read_once, mem, settings, streams)
+                    _partition_into(df, plan, cancelled, sink, metrics, meter, binding)
+                    return metrics
+                except (TaskError, QueryCancelled):
                     raise
-                sink.reset()
-                _warn_again(plan, memory, n, exc)
+                except Exception as exc:
+                    last = n + 1 == len(attempts)
+                    if last or not _exhausted(exc) or getattr(sink, "streamed", False):
+                        raise
+                    sink.reset()
+                    binding.error = None
+                    _warn_again(plan, memory, n, exc)
+        finally:
+            binding.close()
         raise AssertionError("unreachable")  # pragma: no cover
     except (TaskError, QueryCancelled):
         raise
@@ -788,7 +864,7 @@ def stream_head_stage(
         TaskError: the fragment failed here (worker ``coordinator``).
     """
     meter = task_meter(plan, COORDINATOR)
-    read_input = meter.reading(read_input)
+    read_input = metered(meter, read_input)
     rows = nbytes = 0
     try:
         if any(s.source.streamed for s in plan.scans):
@@ -801,23 +877,28 @@ def stream_head_stage(
         else:
             read_once = _read_once(plan, read_input)
             attempts = _attempts(memory)
-            for n, (mem, settings) in enumerate(attempts):
-                yielded = False
-                try:
-                    _ctx, df = build_dataframe(plan, read_once, mem, settings)
-                    meter.executed(df)
-                    for batch in stream_batches(df, cancelled):
-                        yielded = True
-                        rows += batch.num_rows
-                        nbytes += batch.nbytes
-                        yield batch
-                    break
-                except DistfusionError:
-                    raise
-                except Exception as exc:
-                    if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+            binding = InputBinding(cancelled, keep=len(attempts) > 1)
+            try:
+                for n, (mem, settings) in enumerate(attempts):
+                    yielded = False
+                    try:
+                        _ctx, df = build_dataframe(plan, read_once, mem, settings, binding)
+                        meter.executed(df)
+                        for batch in stream_batches(df, cancelled, None, binding):
+                            yielded = True
+                            rows += batch.num_rows
+                            nbytes += batch.nbytes
+                            yield batch
+                        break
+                    except DistfusionError:
                         raise
-                    _warn_again(plan, memory, n, exc)
+                    except Exception as exc:
+                        if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+                            raise
+                        binding.error = None
+                        _warn_again(plan, memory, n, exc)
+            finally:
+                binding.close()
         if on_metrics is not None:
             on_metrics(meter.finish(None, rows, nbytes))
     except DistfusionError:

@@ -175,7 +175,7 @@ class FlightWorker:
         slots: tasks run at the same time.
         query_ttl_s: seconds without any call about a query (plan, read,
             keepalive) after which its state is dropped.
-        input_timeout_s: longest a task waits for one input partition, seconds;
+        input_timeout_s: longest a task waits for a producer task's plan, seconds;
             None waits as long as the producer runs.
         advertise_url: the URL this worker reports in errors (default the bound
             ``grpc://host:port``).
@@ -391,7 +391,12 @@ class FlightWorker:
         return json.dumps([{"relpath": f.relpath, "rows": f.rows} for f in files]).encode()
 
     def _get(self, ticket: bytes):
-        """A partition as a stream: batches converted one at a time as gRPC sends them."""
+        """A partition as a stream: each batch sent as the task produces it.
+
+        Waits for the task's plan (at most the ticket's ``timeout_s``: the
+        client polls again), then for the first batch; the stream then
+        follows the task (streamed exchange) and ends with its error, if any.
+        """
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
         batches = iter(self.worker.execute_partition(key, partition, timeout_s))
@@ -404,9 +409,12 @@ class FlightWorker:
 
         def rest():
             yield first
-            for b in batches:
-                b = without_views(b)
-                yield b if b.schema.equals(schema) else _conform(b, schema)
+            try:
+                for b in batches:
+                    b = without_views(b)
+                    yield b if b.schema.equals(schema) else _conform(b, schema)
+            except Exception as exc:  # the task failed or was cancelled while streaming
+                raise encode_error(exc, self.sends_tracebacks) from None
 
         return flight.GeneratorStream(schema, rest())
 

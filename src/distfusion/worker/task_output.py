@@ -1,15 +1,24 @@
-"""A task's output partitions: held in memory, spilled to Arrow IPC files past a budget.
+"""A task's output partitions: readable while written, spilled to Arrow IPC files past a budget.
 
 A worker holds what its tasks produced until the consumer tasks read it (the
-exchange buffer). Small outputs stay in memory, as lists of batches; once a
+exchange buffer). Consumers read a partition as a stream while the task still
+writes it (:meth:`TaskOutput.stream`): each batch is readable as soon as the
+task added it. Small outputs stay in memory, as lists of batches; once a
 task's output passes its budget, or the worker's outputs together pass the
-worker's, the partitions are written to Arrow IPC files (as Spark writes its
-shuffle files) and read back, memory-mapped, when a consumer asks::
+worker's, the partitions are written to Arrow IPC stream files (as Spark writes
+its shuffle files) and the batches that follow go straight to the file::
 
     add(p, batch) ──> in memory ──(held bytes > memory_limit_bytes)──> s1-t0-p<p>.arrow
-                                                                          │
-    read(p) <── the list, or the file's batches (memory-mapped) <─────────┘
+                         │                                              │ (IPC stream,
+    stream(p) <── batch i as soon as it is added: from the list, or ────┘  appended)
+                  read from the file (a reader switches when the partition spills)
+    finish() / fail(exc): readers end, or raise exc
     free(p) / close(): drop the list, delete the file
+
+A reader waits for the next batch with a condition variable, so a consumer
+gets a batch the moment it is added. Batch ``i`` of a partition keeps its
+index when the partition spills: a reader that took ``i`` batches from memory
+skips ``i`` batches of the file and goes on.
 
 The files are in the query's spill directory
 (:class:`~distfusion.worker.memory.SpillDirs`), which the worker deletes when the
@@ -20,21 +29,27 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from distfusion.errors import QueryCancelled
 from distfusion.worker.execute_task import without_views
 
 __all__ = ["TaskOutput"]
 
+_POLL_S = 0.1
+"""How often a waiting reader checks its ``cancelled()`` callback, seconds."""
+
 
 class TaskOutput:
-    """The output partitions of one task, in memory or in Arrow IPC files.
+    """The output partitions of one task, in memory or in Arrow IPC files, readable while written.
 
-    Written by the task's thread (:meth:`add`, then :meth:`finish`), read by
-    consumers afterwards (:meth:`read`); :meth:`spill` and :meth:`free` may run
-    from other threads.
+    Written by the task's thread (:meth:`add`, then :meth:`finish` or
+    :meth:`fail`), read by consumers at the same time (:meth:`stream`) or
+    afterwards (:meth:`read`); :meth:`spill` and :meth:`free` may run from
+    other threads.
 
     Args:
         num_partitions: output partitions of the task.
@@ -61,17 +76,22 @@ class TaskOutput:
         self._spill_path = spill_path
         self._limit = memory_limit_bytes
         self._batches: list[list[pa.RecordBatch]] = [[] for _ in range(num_partitions)]
+        self._count = [0] * num_partitions  # batches added to each partition (memory or file)
         self._held = 0
         self._files: dict[int, str] = {}
-        self._writers: dict[int, tuple[pa.ipc.RecordBatchFileWriter, pa.Schema]] = {}
+        self._writers: dict[int, tuple[pa.ipc.RecordBatchStreamWriter, pa.Schema]] = {}
         self._file_bytes = 0
         self._freed: set[int] = set()
         self._finished = False
-        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._streamed = False
+        self._lock = threading.Condition()
 
     # ------------------------------------------------------------- writing
     def add(self, partition: int, batch: pa.RecordBatch) -> None:
         """Append ``batch`` to ``partition`` (spills everything held when past the limit).
+
+        Readers waiting on the partition get it at once.
 
         Raises:
             OSError: a spill file cannot be written (disk full).
@@ -81,37 +101,73 @@ class TaskOutput:
         self.rows[partition] += batch.num_rows
         self.nbytes[partition] += batch.nbytes
         with self._lock:
+            if partition in self._freed:  # cancelled meanwhile: nobody reads it
+                return
             if partition in self._writers:
                 self._write(partition, batch)
-                return
-            self._batches[partition].append(batch)
-            self._held += batch.nbytes
-            over = self._limit is not None and self._held > self._limit
+                over = False
+            else:
+                self._batches[partition].append(batch)
+                self._held += batch.nbytes
+                over = self._limit is not None and self._held > self._limit
+            self._count[partition] += 1
+            self._lock.notify_all()
         if over:
             self.spill()
 
     def finish(self) -> None:
-        """The task wrote its last batch: close the spill files (complete and readable now)."""
-        self._finished = True
+        """The task wrote its last batch: close the spill files; readers reach the end."""
+        with self._lock:
+            self._finished = True
+            self._lock.notify_all()
         self._close_writers()
+
+    def fail(self, error: BaseException) -> None:
+        """The task failed (or was cancelled): readers raise ``error`` at their next batch."""
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            self._lock.notify_all()
+
+    @property
+    def streamed(self) -> bool:
+        """Whether a reader took a batch already (then :meth:`reset` would lose rows)."""
+        return self._streamed
 
     def _close_writers(self) -> None:
         with self._lock:
             writers, self._writers = self._writers, {}
             for p, (writer, _) in writers.items():
                 writer.close()
-                self._file_bytes += os.path.getsize(self._files[p])
+                path = self._files.get(p)
+                if path is not None:
+                    self._file_bytes += os.path.getsize(path)
 
     def reset(self) -> None:
-        """Forget everything written (a task attempt that will run again)."""
-        self.close()
+        """Forget everything written (a task attempt that will run again).
+
+        Raises:
+            RuntimeError: a reader took batches already (:attr:`streamed`).
+        """
         with self._lock:
+            if self._streamed:
+                msg = "a consumer read this task's output already: it cannot run again"
+                raise RuntimeError(msg)
+            writers, self._writers = self._writers, {}
+            files, self._files = self._files, {}
+            for writer, _ in writers.values():
+                writer.close()
+            for path in files.values():
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
             self.rows = [0] * self.num_partitions
             self.nbytes = [0] * self.num_partitions
             self._batches = [[] for _ in range(self.num_partitions)]
+            self._count = [0] * self.num_partitions
             self._held = 0
             self._file_bytes = 0
-            self._freed = set()
             self._finished = False
 
     def spill(self) -> int:
@@ -129,7 +185,7 @@ class TaskOutput:
         with self._lock:
             for p in range(self.num_partitions):
                 batches = self._batches[p]
-                if not batches:
+                if not batches or p in self._freed:
                     continue
                 for b in batches:
                     self._write(p, b)
@@ -149,7 +205,7 @@ class TaskOutput:
                 msg = f"partition {p} was spilled and closed; cannot append"
                 raise RuntimeError(msg)
             path = self._spill_path(p)
-            writer = pa.ipc.new_file(path, batch.schema)
+            writer = pa.ipc.new_stream(path, batch.schema)
             entry = (writer, batch.schema)
             self._writers[p] = entry
             self._files[p] = path
@@ -174,7 +230,7 @@ class TaskOutput:
         return partition in self._files
 
     def read(self, partition: int) -> list[pa.RecordBatch]:
-        """The batches of ``partition`` (from memory, or its file memory-mapped).
+        """The batches of ``partition`` once the task finished (from memory, or its file).
 
         Raises:
             KeyError: the partition was freed.
@@ -187,12 +243,69 @@ class TaskOutput:
             path = self._files.get(partition)
             if path is None:
                 return list(self._batches[partition])
-        reader = pa.ipc.open_file(pa.memory_map(path))
-        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        return pa.ipc.open_stream(pa.memory_map(path)).read_all().to_batches()
 
-    def iter_read(self, partition: int) -> Iterator[pa.RecordBatch]:
-        """:meth:`read` as an iterator."""
-        return iter(self.read(partition))
+    def stream(
+        self,
+        partition: int,
+        cancelled: Callable[[], bool] = lambda: False,
+        timeout_s: float | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """The batches of ``partition`` as the task adds them, until it finishes.
+
+        Args:
+            partition: the output partition.
+            cancelled: checked every 0.1 s while waiting for a batch; true
+                raises QueryCancelled.
+            timeout_s: longest wait for one batch (or the end), seconds; None: no limit.
+
+        Raises:
+            KeyError: the partition was freed (the query was cancelled).
+            QueryCancelled: ``cancelled()`` became true while waiting.
+            TimeoutError: no batch came within ``timeout_s``.
+            OSError: its spill file is gone or unreadable.
+            Exception: the task's error (:meth:`fail`), at the batch where it failed.
+        """
+        i = 0
+        reader = None
+        try:
+            while True:
+                with self._lock:
+                    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                    while True:
+                        if self._error is not None:
+                            raise self._error
+                        if partition in self._freed:
+                            msg = f"partition {partition} was freed"
+                            raise KeyError(msg)
+                        if i < self._count[partition]:
+                            break
+                        if self._finished:
+                            return
+                        if cancelled():
+                            raise QueryCancelled("query cancelled")
+                        wait_s = _POLL_S
+                        if deadline is not None:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                msg = f"no batch of partition {partition} within {timeout_s} s"
+                                raise TimeoutError(msg)
+                            wait_s = min(wait_s, left)
+                        self._lock.wait(wait_s)
+                    path = self._files.get(partition)
+                    batch = None if path is not None else self._batches[partition][i]
+                    self._streamed = True
+                if batch is None:  # spilled: read on from the file (its batch i is complete)
+                    if reader is None:
+                        reader = pa.ipc.open_stream(pa.OSFile(path))
+                        for _ in range(i):
+                            reader.read_next_batch()
+                    batch = reader.read_next_batch()
+                i += 1
+                yield batch
+        finally:
+            if reader is not None:
+                reader.close()
 
     def free(self, partition: int) -> None:
         """Drop ``partition``: its batches, or its file (deleted). Idempotent."""
@@ -204,6 +317,7 @@ class TaskOutput:
             self._freed.add(partition)
             path = self._files.pop(partition, None)
             entry = self._writers.pop(partition, None)
+            self._lock.notify_all()
         if entry is not None:
             entry[0].close()
         if path is not None:

@@ -64,6 +64,7 @@ from distfusion.work_unit_feed.unit import WorkUnit
 from distfusion.worker.execute_task import run_task_into, task_meter
 from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
 from distfusion.worker.memory import SpillDirs, TaskMemory, default_memory_per_task_bytes
+from distfusion.worker.stream_inputs import InputStreams
 from distfusion.worker.task_output import TaskOutput
 
 __all__ = ["Worker", "pulled_feed_chunks"]
@@ -76,9 +77,10 @@ log = logging.getLogger("distfusion.worker")
 @dataclass
 class _Task:
     plan: TaskPlan
+    output: TaskOutput
     done: threading.Event = field(default_factory=threading.Event)
-    output: TaskOutput | None = None
-    reads_left: list[int] = field(default_factory=list)
+    reads_left: list[int] = field(default_factory=list)  # reads not started, per partition
+    reads_done: list[int] = field(default_factory=list)  # reads read to the end, per partition
     error: BaseException | None = None
     metrics: TaskMetrics | None = None  # rows and bytes per output partition among them
 
@@ -91,8 +93,9 @@ class Worker:
         transport: used by tasks to read their inputs from producer tasks (any
             :class:`~distfusion.transport.base.WorkerTransport`).
         slots: tasks run at the same time (threads in the pool).
-        input_timeout_s: longest a task waits for a producer partition before
-            failing; None waits as long as the producer runs.
+        input_timeout_s: longest a task waits for a producer task's plan
+            before failing (its batches then come as it makes them); None
+            waits as long as the query runs.
         memory_per_task_bytes: DataFusion memory pool of a task whose plan
             sets none, bytes; None: :func:`~distfusion.worker.memory.default_memory_per_task_bytes`
             of ``slots`` (half the machine's memory shared by the slots).
@@ -152,8 +155,18 @@ class Worker:
 
     # ---------------------------------------------------------------- protocol
     def set_plan(self, plan: TaskPlan) -> None:
-        """Accept a task and queue it for execution (returns at once)."""
-        task = _Task(plan, reads_left=[plan.output.readers] * plan.output.num_partitions)
+        """Accept a task and queue it for execution (returns at once).
+
+        Its output exists from now on: consumers may start reading it (they
+        wait for its batches).
+        """
+        n = plan.output.num_partitions
+        task = _Task(
+            plan,
+            self._task_output(plan),
+            reads_left=[plan.output.readers] * n,
+            reads_done=[0] * n,
+        )
         with self._lock:
             self._tasks[plan.key] = task
             self._lock.notify_all()
@@ -162,42 +175,51 @@ class Worker:
     def execute_partition(
         self, key: TaskKey, partition: int, timeout_s: float | None = None
     ) -> Iterator[pa.RecordBatch]:
-        """The batches of output ``partition`` of task ``key``, once the task is done.
+        """The batches of output ``partition`` of task ``key``, as the task produces them.
 
-        Blocks until the task finishes. The partition is freed after it has been
-        read by all its readers, unless the plan says ``keep_output`` (then it
-        is held until :meth:`cancel_query`).
+        Waits for the task's plan (at most ``timeout_s``), then returns an
+        iterator that yields each batch as soon as the task added it and ends
+        when the task finished (streamed exchange; the task may still be
+        queued or running when this returns). Waits between batches have no
+        bound: the producer's end, failure or cancellation ends them. The partition is freed once
+        all its readers read it to the end, unless the plan says
+        ``keep_output`` (then it is held until :meth:`cancel_query`).
 
         Raises:
-            TaskError: the task failed (its own error, with stage, task, worker).
-            QueryCancelled: the query was cancelled on this worker.
-            TimeoutError: ``timeout_s`` seconds passed without the task finishing.
+            TaskError: the task failed (its own error, with stage, task,
+                worker), here or while iterating.
+            QueryCancelled: the query was cancelled on this worker (here or
+                while iterating).
+            TimeoutError: ``timeout_s`` seconds passed without the plan arriving.
             KeyError: no such task or partition (already read by all its readers).
         """
-        task = self._wait(key, timeout_s)
+        task = self._wait(key, timeout_s, done=False)
         with self._lock:
             if task.error is not None:
                 raise task.error
             output = task.output
-            if (
-                output is None
-                or not 0 <= partition < output.num_partitions
-                or task.reads_left[partition] <= 0
-            ):
+            if not 0 <= partition < output.num_partitions or task.reads_left[partition] <= 0:
                 msg = f"partition {partition} of task {key} is not held by worker {self.url}"
                 raise KeyError(msg)
-            batches = output.read(partition) if not output.is_spilled(partition) else None
-            last = False
             if not task.plan.keep_output:
                 task.reads_left[partition] -= 1
-                last = task.reads_left[partition] == 0
-                if not any(task.reads_left):
-                    self._tasks.pop(key, None)
-        if batches is None:  # a file: read (memory-mapped) outside the lock
-            batches = output.read(partition)
+        return self._stream(task, partition)
+
+    def _stream(self, task: _Task, partition: int):
+        qid = task.plan.key.query_id
+        try:
+            yield from task.output.stream(partition, lambda: self.is_cancelled(qid))
+        except KeyError:  # freed under the reader: the query was cancelled
+            raise QueryCancelled(f"query {qid} was cancelled") from None
+        if task.plan.keep_output:
+            return
+        with self._lock:
+            task.reads_done[partition] += 1
+            last = task.reads_done[partition] == task.plan.output.readers
+            if task.done.is_set() and self._all_read(task):
+                self._tasks.pop(task.plan.key, None)
         if last:
-            output.free(partition)
-        return iter(batches)
+            task.output.free(partition)
 
     def task_stats(
         self, key: TaskKey, timeout_s: float | None = None
@@ -226,7 +248,7 @@ class Worker:
             QueryCancelled: the query was cancelled on this worker.
             TimeoutError: ``timeout_s`` seconds passed without the task finishing.
         """
-        task = self._wait(key, timeout_s)
+        task = self._wait(key, timeout_s, done=True)
         with self._lock:
             if task.error is not None:
                 raise task.error
@@ -270,8 +292,10 @@ class Worker:
     def cancel_query(self, query_id: str) -> None:
         """Stop every task of ``query_id`` and drop all its state on this worker.
 
-        Running tasks stop at DataFusion's next batch; their outputs and the
-        query's spill directory are deleted.
+        Running tasks stop at DataFusion's next batch, or at their next pull
+        of a streamed input (inside a hash join's build or an aggregate);
+        readers of their outputs raise QueryCancelled; the outputs and the
+        query's spill directory are deleted. Returns without waiting.
         """
         outputs = []
         with self._lock:
@@ -285,10 +309,10 @@ class Worker:
                 task = self._tasks.pop(key)
                 if not task.done.is_set():
                     task.error = QueryCancelled(f"query {query_id} was cancelled")
-                if task.output is not None:
-                    outputs.append(task.output)
+                outputs.append(task.output)
             self._lock.notify_all()
         for output in outputs:
+            output.fail(QueryCancelled(f"query {query_id} was cancelled"))
             output.close()
         self.spill.remove_query(query_id)
 
@@ -306,7 +330,7 @@ class Worker:
             "memory_per_task_bytes": the default task budget}``.
         """
         with self._lock:
-            outputs = [t.output for t in self._tasks.values() if t.output is not None]
+            outputs = [t.output for t in self._tasks.values()]
             on_disk = sum(o.spilled_bytes for o in outputs)
             in_memory = sum(o.held_bytes for o in outputs)
             stats = {
@@ -326,34 +350,37 @@ class Worker:
         """Cancel everything, stop the thread pool and delete the spill directory.
 
         Does not wait for running tasks: they see the cancellation at
-        DataFusion's next batch and end.
+        DataFusion's next batch or their next pull of a streamed input, and end.
         """
         with self._lock:
             self._closed = True
             for qid in {k.query_id for k in self._tasks}:
                 self._cancelled[qid] = None
-            outputs = [t.output for t in self._tasks.values() if t.output is not None]
+            outputs = [t.output for t in self._tasks.values()]
             self._tasks.clear()
             self._metrics.clear()
             self._lock.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for output in outputs:
+            output.fail(QueryCancelled(f"worker {self.url} closed"))
             output.close()
         self.spill.close()
 
     # ---------------------------------------------------------------- internals
-    def _wait(self, key: TaskKey, timeout_s: float | None) -> _Task:
+    def _wait(self, key: TaskKey, timeout_s: float | None, done: bool) -> _Task:
+        """Task ``key`` once its plan arrived (``done``: once it finished)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             while True:
                 if key.query_id in self._cancelled or self._closed:
                     raise QueryCancelled(f"query {key.query_id} was cancelled")
                 task = self._tasks.get(key)
-                if task is not None and task.done.is_set():
+                if task is not None and (task.done.is_set() or not done):
                     return task
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    msg = f"task {key} on worker {self.url} did not finish within {timeout_s} s"
+                    what = "finish" if done else "arrive"
+                    msg = f"task {key} on worker {self.url} did not {what} within {timeout_s} s"
                     raise TimeoutError(msg)
                 self._lock.wait(0.5 if remaining is None else min(0.5, remaining))
 
@@ -385,15 +412,32 @@ class Worker:
         feed = RemoteWorkUnitFeed(o["feed_id"], share.source.name, plan.key.task_index, inbox)
         return feed.chunks()
 
-    def _read_input(self, plan: TaskPlan, i: int) -> list[pa.RecordBatch]:
-        batches: list[pa.RecordBatch] = []
-        for url, producer, part in plan.input_reads(i):
-            batches.extend(
-                self.transport.execute_partition(
-                    url, producer, part, timeout_s=self.input_timeout_s
-                )
+    def _read_input(self, plan: TaskPlan, i: int) -> InputStreams:
+        """Input ``i`` of ``plan``: one stream per producer partition, opened when pulled."""
+
+        def opener(url: str, producer: TaskKey, part: int):
+            return lambda: self.transport.execute_partition(
+                url, producer, part, timeout_s=self.input_timeout_s
             )
-        return batches
+
+        return InputStreams(opener(*read) for read in plan.input_reads(i))
+
+    @staticmethod
+    def _all_read(task: _Task) -> bool:
+        """Whether every partition of ``task`` was read to the end by all its readers."""
+        readers = task.plan.output.readers
+        return not task.plan.keep_output and all(d >= readers for d in task.reads_done)
+
+    def _task_output(self, plan: TaskPlan) -> TaskOutput:
+        """An empty output for ``plan``'s task, spilling in its query's spill directory."""
+        key = plan.key
+        budget = plan.memory_per_task_bytes or self.memory_per_task_bytes
+
+        def spill_path(p: int) -> str:
+            directory = self.spill.query_dir(key.query_id)
+            return os.path.join(directory, f"s{key.stage_id}-t{key.task_index}-p{p}.arrow")
+
+        return TaskOutput(plan.output.num_partitions, spill_path, budget)
 
     def _task_memory(self, plan: TaskPlan) -> TaskMemory:
         budget = plan.memory_per_task_bytes or self.memory_per_task_bytes
@@ -403,19 +447,13 @@ class Worker:
         plan = task.plan
         key = plan.key
         qid = key.query_id
-        output = None
+        output = task.output
         with self._lock:
             self._running += 1
         try:
             if self.is_cancelled(qid):
                 raise QueryCancelled(f"query {qid} was cancelled")
             memory = self._task_memory(plan)
-            spill_dir = memory.spill_dir
-
-            def spill_path(p: int) -> str:
-                return os.path.join(spill_dir, f"s{key.stage_id}-t{key.task_index}-p{p}.arrow")
-
-            output = TaskOutput(plan.output.num_partitions, spill_path, memory.pool_bytes)
             meter = task_meter(plan, self.url)
             metrics = run_task_into(
                 output,
@@ -430,7 +468,6 @@ class Worker:
             output.finish()
             task_metrics = meter.finish(sizes=(tuple(output.rows), tuple(output.nbytes)))
             with self._lock:
-                task.output = output
                 task.metrics = task_metrics
                 self._spilled_bytes += metrics.spilled_bytes
                 self._spill_count += metrics.spill_count
@@ -449,10 +486,12 @@ class Worker:
                     self._inboxes.pop(k).close()
                 task.done.set()
                 cancelled = self.is_cancelled(qid)
-                if cancelled:
+                if cancelled or self._all_read(task):
                     self._tasks.pop(key, None)
                 self._lock.notify_all()
-            if output is not None and (task.error is not None or cancelled):
+            if task.error is not None:
+                output.fail(task.error)
+            if task.error is not None or cancelled:
                 output.close()
             if cancelled:  # cancel_query may have run while this task still wrote
                 self.spill.remove_query(qid)
@@ -462,7 +501,7 @@ class Worker:
     def _limit_outputs_held(self) -> None:
         """Spill finished outputs, largest first, while those held in memory pass the budget."""
         with self._lock:
-            outputs = [t.output for t in self._tasks.values() if t.output is not None]
+            outputs = [t.output for t in self._tasks.values()]
         held = sum(o.held_bytes for o in outputs)
         if held <= self.output_memory_bytes:
             return
