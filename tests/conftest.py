@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-from datafusion import SessionContext
+# Streamed exchanges on for the whole suite (and the workers it starts): the
+# tokio threads they need are fixed when DataFusion's runtime starts, before
+# distfusion is imported (distfusion.worker.stream_inputs.STREAM_EXCHANGES).
+os.environ.setdefault("DISTFUSION_STREAM_EXCHANGES", "1")
 
-from distfusion import tpch
-from distfusion.runtime.registry import runtime_from_name
-from tests.flight_cluster import start_workers, stop_workers
+import pytest  # noqa: E402
+from datafusion import SessionContext  # noqa: E402
+
+from distfusion import tpch  # noqa: E402
+from distfusion.runtime.registry import runtime_from_name  # noqa: E402
+from tests.flight_cluster import start_workers, stop_workers  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TPCH_SCALE = float(os.environ.get("DISTFUSION_TEST_SCALE", "0.1"))

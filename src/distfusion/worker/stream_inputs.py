@@ -30,8 +30,10 @@ Three limits of pulling from Python, and what this module does about them:
   in the process runs -- not even the producer task the pull waits for (the
   local runtime, or a Flight worker running both): a deadlock. The runtime
   has ``TOKIO_WORKER_THREADS`` threads (tokio reads the variable when the
-  runtime starts); importing distfusion sets it to the cores plus
-  :data:`EXTRA_TOKIO_THREADS` when unset, and a task streams an input only
+  runtime starts; the cores when unset). With
+  ``DISTFUSION_STREAM_EXCHANGES=1`` (:data:`STREAM_EXCHANGES`), importing
+  distfusion sets it to the cores plus :data:`EXTRA_TOKIO_THREADS` when
+  unset, and a task streams an input only
   when its partitions fit in the threads beyond the cores that other streams
   do not hold (:class:`PullSlots`); otherwise it reads the input whole first,
   as before. A process whose DataFusion started before distfusion was
@@ -72,6 +74,7 @@ __all__ = [
     "InputBinding",
     "InputStreams",
     "PullSlots",
+    "STREAM_EXCHANGES",
     "STREAM_TASK_INPUTS",
     "metered",
     "StreamDataset",
@@ -91,6 +94,18 @@ the noise of a busy machine)."""
 MAX_BUILD_BYTES = 4 * 1024 * 1024
 """A join's probe side is streamed only when its build side, read whole first, is at
 most this many Arrow bytes (see :func:`stream_plan`)."""
+
+STREAM_EXCHANGES = os.environ.get("DISTFUSION_STREAM_EXCHANGES", "") == "1"
+"""Whether importing distfusion gives DataFusion's runtime the threads streamed inputs need.
+
+Off by default: the extra tokio threads slow every DataFusion query of the
+process, single-node ones included. TPC-H SF1, local runtime, 2 cores, all
+22 queries, medians of 3, two rounds each on a quiet machine: distfusion
+5.54 / 5.55 s without, 5.88 / 5.92 s with (+6%); single-node DataFusion in
+the same processes 4.47 / 4.37 s against 4.93 / 5.06 s (+12%). Without them
+no input is streamed (:class:`PullSlots` has no thread to give) unless
+``TOKIO_WORKER_THREADS`` is set above the cores by the user; producers still
+hand out their batches as they make them and Flight streams them."""
 
 STREAM_TASK_INPUTS = os.environ.get("DISTFUSION_STREAM_TASK_INPUTS", "") == "1"
 """Whether tasks on workers stream their inputs (the head stage always does).
@@ -126,7 +141,7 @@ def _running_tokio_threads() -> int:
 _STARTED_BEFORE = _running_tokio_threads() > 0
 """DataFusion's runtime ran before distfusion was imported: its thread count is unknown."""
 
-if _TOKIO_ENV not in os.environ:  # read by tokio when datafusion-python's runtime starts
+if STREAM_EXCHANGES and _TOKIO_ENV not in os.environ:  # read when DataFusion's runtime starts
     os.environ[_TOKIO_ENV] = str(_cores() + EXTRA_TOKIO_THREADS)
 
 
