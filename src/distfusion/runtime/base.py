@@ -371,20 +371,8 @@ class WorkerQueryRun:
             TransportError: a worker could not be reached.
         """
         try:
-            self._check_open()
-            self.observer.planned(graph)
-            rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
-            self._deliver(graph, rest)
-            self._before_head()
             head = graph.head
-            plan = TaskPlan.for_task(
-                self.query_id,
-                head,
-                0,
-                self._input_workers(head),
-                self.target_partitions,
-                memory_per_task_bytes=graph.memory_per_task_bytes,
-            )
+            plan = self._head_plan(graph)
             # named like a worker's spill root: deleted by the next one made
             # should this process die before close() (worker.memory.remove_stale_roots)
             prefix = f"distfusion-spill-{os.getpid()}-head-{self.query_id[:8]}-"
@@ -417,6 +405,23 @@ class WorkerQueryRun:
         finally:
             self.close()
 
+    def _head_plan(self, graph: StageGraph) -> TaskPlan:
+        """Deliver every stage of ``graph`` not delivered yet; the head stage's task plan."""
+        self._check_open()
+        self.observer.planned(graph)
+        rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
+        self._deliver(graph, rest)
+        self._before_head()
+        head = graph.head
+        return TaskPlan.for_task(
+            self.query_id,
+            head,
+            0,
+            self._input_workers(head),
+            self.target_partitions,
+            memory_per_task_bytes=graph.memory_per_task_bytes,
+        )
+
     def head_parts(self, graph: StageGraph, split: bool = True) -> list[HeadPart]:
         """Run every stage of ``graph`` but the head; the head cut into parts.
 
@@ -431,20 +436,8 @@ class WorkerQueryRun:
             As :meth:`run_stages`; on any error the run is closed.
         """
         try:
-            self._check_open()
-            self.observer.planned(graph)
-            rest = [s for s in graph.stages[:-1] if s.stage_id not in self._delivered]
-            self._deliver(graph, rest)
-            self._before_head()
             head = graph.head
-            plan = TaskPlan.for_task(
-                self.query_id,
-                head,
-                0,
-                self._input_workers(head),
-                self.target_partitions,
-                memory_per_task_bytes=graph.memory_per_task_bytes,
-            )
+            plan = self._head_plan(graph)
             return head_parts(plan, head, split)
         except DistfusionError as exc:
             self.close()
