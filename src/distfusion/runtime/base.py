@@ -25,6 +25,7 @@ kept until the query is closed). Both are one :class:`WorkerQueryRun`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -331,7 +332,7 @@ class WorkerQueryRun:
             TransportError: a worker could not be reached.
         """
         self._check_open()
-        try:
+        with self._closed_on_error():
             order = {s.stage_id: i for i, s in enumerate(graph.stages)}
             unknown = [sid for sid in stage_ids if sid not in order]
             if unknown or graph.head.stage_id in stage_ids:
@@ -346,13 +347,6 @@ class WorkerQueryRun:
             self._deliver(graph, new)
             for stage in new:
                 self._stats[stage.stage_id] = self._measure(stage)
-        except DistfusionError as exc:
-            self.close()
-            self._raise_feed_error(exc)
-            raise
-        except BaseException:
-            self.close()
-            raise
         return {sid: self._stats[sid] for sid in wanted}
 
     def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
@@ -405,6 +399,19 @@ class WorkerQueryRun:
         finally:
             self.close()
 
+    @contextlib.contextmanager
+    def _closed_on_error(self) -> Iterator[None]:
+        """Close the run when the block raises (a feed's error first: :meth:`_raise_feed_error`)."""
+        try:
+            yield
+        except DistfusionError as exc:
+            self.close()
+            self._raise_feed_error(exc)
+            raise
+        except BaseException:
+            self.close()
+            raise
+
     def _head_plan(self, graph: StageGraph) -> TaskPlan:
         """Deliver every stage of ``graph`` not delivered yet; the head stage's task plan."""
         self._check_open()
@@ -435,17 +442,8 @@ class WorkerQueryRun:
         Raises:
             As :meth:`run_stages`; on any error the run is closed.
         """
-        try:
-            head = graph.head
-            plan = self._head_plan(graph)
-            return head_parts(plan, head, split)
-        except DistfusionError as exc:
-            self.close()
-            self._raise_feed_error(exc)
-            raise
-        except BaseException:
-            self.close()
-            raise
+        with self._closed_on_error():
+            return head_parts(self._head_plan(graph), graph.head, split)
 
     def map_head_parts(
         self,
