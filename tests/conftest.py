@@ -71,6 +71,26 @@ def spark_session():
     runtime.close()
 
 
+@pytest.fixture(scope="module")
+def spark(spark_session, tpch_dir):
+    """The session's SparkSession with the TPC-H tables as temp views over Parquet (native)."""
+    for table in tpch.TABLES:
+        spark_session.read.parquet(tpch.table_path(tpch_dir, table)).createOrReplaceTempView(table)
+    yield spark_session
+    for table in tpch.TABLES:
+        spark_session.catalog.dropTempView(table)
+
+
+@pytest.fixture
+def fail_task(spark_session):
+    """``fail_task("STAGE:TASK:ATTEMPTS")`` makes that task raise inside Spark (cleared after)."""
+    from distfusion.runtime.spark import FAIL_TASK_PROPERTY
+
+    sc = spark_session.sparkContext
+    yield lambda spec: sc.setLocalProperty(FAIL_TASK_PROPERTY, spec)
+    sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
+
+
 # Runtime name -> options(request, workers) for runtime_from_name: what a runtime
 # shares across the test session (worker processes, the SparkSession). Every
 # runtime of the registry is tested; one without an entry is created from its name.

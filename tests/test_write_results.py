@@ -19,7 +19,6 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
-from distfusion.runtime.spark import FAIL_TASK_PROPERTY
 from distfusion.spark import SparkDataFrame
 from distfusion.worker.head_parts import row_wise
 from distfusion.write import FileCommitter, OutputExistsError, WriteSpec, file_schema, write_task
@@ -207,13 +206,6 @@ def spark_ctx(runtime_for, tpch_dir) -> DistributedContext:
     )
     tpch.register_tpch(ctx, tpch_dir)
     return ctx
-
-
-@pytest.fixture
-def fail_task(spark_session):
-    sc = spark_session.sparkContext
-    yield lambda spec: sc.setLocalProperty(FAIL_TASK_PROPERTY, spec)
-    sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
 
 
 def test_task_killed_mid_write_on_spark_leaves_no_partial_or_duplicate_file(

@@ -17,7 +17,7 @@ import pytest
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
 from distfusion.resolver import SparkWorkerResolver
-from distfusion.runtime.spark import FAIL_TASK_PROPERTY, job_group, with_local_retries
+from distfusion.runtime.spark import job_group, with_local_retries
 from tests.compare import assert_same_result, is_ordered, oracle_result
 from tests.conftest import REPO
 
@@ -32,14 +32,6 @@ def ctx(runtime, tpch_dir) -> DistributedContext:
     ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
     tpch.register_tpch(ctx, tpch_dir)
     return ctx
-
-
-@pytest.fixture
-def fail_task(spark_session):
-    """``fail_task("STAGE:TASK:ATTEMPTS")`` makes that task raise inside Spark (cleared after)."""
-    sc = spark_session.sparkContext
-    yield lambda spec: sc.setLocalProperty(FAIL_TASK_PROPERTY, spec)
-    sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
 
 
 @pytest.fixture

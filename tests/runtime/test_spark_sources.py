@@ -23,16 +23,6 @@ from tests.compare import assert_same_result, is_ordered
 SMALL_TASKS = DistributedConfig(bytes_per_task=1024 * 1024)
 
 
-@pytest.fixture(scope="module")
-def spark(spark_session, tpch_dir):
-    """The test session's SparkSession with TPC-H temp views over Parquet (native sources)."""
-    for table in tpch.TABLES:
-        spark_session.read.parquet(tpch.table_path(tpch_dir, table)).createOrReplaceTempView(table)
-    yield spark_session
-    for table in tpch.TABLES:
-        spark_session.catalog.dropTempView(table)
-
-
 @pytest.fixture
 def view(spark):
     """``view(name, df)`` registers a temp view for the test; dropped at its end."""

@@ -15,16 +15,6 @@ from tests.compare import assert_same_result, is_ordered
 QUERIES = (1, 3, 5, 6, 10, 12, 14, 19)
 
 
-@pytest.fixture(scope="module")
-def spark(spark_session, tpch_dir):
-    """The test session's SparkSession with the TPC-H tables as temp views over Parquet."""
-    for table in tpch.TABLES:
-        spark_session.read.parquet(tpch.table_path(tpch_dir, table)).createOrReplaceTempView(table)
-    yield spark_session
-    for table in tpch.TABLES:
-        spark_session.catalog.dropTempView(table)
-
-
 def _spark_result(df) -> pa.Table:
     return distfusion.spark.to_spark_compatible(df.toArrow())
 
