@@ -155,16 +155,20 @@ def bind_input(
     batches: Inputs,
     target_partitions: int,
     binding: InputBinding | None = None,
+    replay: Callable[[int], bool] = lambda _size: False,
 ) -> int | None:
     """Register input ``inp`` as table ``inp.table``, split into up to ``target_partitions``.
 
     ``batches`` given as :class:`~distfusion.worker.stream_inputs.InputStreams`
     are streamed (DataFusion pulls them per batch, one stream per partition)
     when ``binding`` is given and the process has pull slots for them; else
-    they are read whole first and registered as a memory table.
+    they are read whole first. An input read whole is registered as a memory
+    table, or, when ``replay(its Arrow bytes)`` says so, replayed from memory
+    through ``binding`` so that a cancelled task stops at its next batch
+    (:meth:`~distfusion.worker.stream_inputs.InputBinding.replay`).
 
     Returns:
-        None when the input is streamed; else its Arrow bytes.
+        None when the input is streamed or replayed; else its Arrow bytes.
     """
     if isinstance(batches, InputStreams):
         if binding is not None:
@@ -179,12 +183,18 @@ def bind_input(
             inp.table, [[pa.RecordBatch.from_pylist([], schema=inp.schema)]]
         )
         return 0
+    size = sum(b.nbytes for b in batches)
+    if binding is not None and replay(size):
+        ctx.register_dataset(
+            inp.table, binding.replay(inp.table, inp.schema, batches, target_partitions)
+        )
+        return None
     n = max(1, min(target_partitions, len(batches)))
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
     for i, b in enumerate(batches):
         parts[i % n].append(b)
     ctx.register_record_batches(inp.table, parts)
-    return sum(b.nbytes for b in batches)
+    return size
 
 
 def build_dataframe(
@@ -193,8 +203,16 @@ def build_dataframe(
     memory: TaskMemory | None = None,
     settings: dict[str, str] | None = None,
     binding: InputBinding | None = None,
+    stream: bool = True,
 ) -> tuple[SessionContext, DataFrame]:
     """The task's fragment as a DataFusion DataFrame, inputs bound.
+
+    With ``binding``, the inputs :func:`~distfusion.worker.stream_inputs.stream_plan`
+    allows are read through it: streamed when given as streams and
+    ``stream`` is true, else replayed from memory (a task without scans
+    only: a streamed or replayed input turns off filter pushdown, which
+    scans of files need). Either way a cancelled task's next pull of them
+    raises, wherever DataFusion is in the fragment.
 
     Args:
         plan: the task plan.
@@ -203,8 +221,9 @@ def build_dataframe(
             as :class:`~distfusion.worker.stream_inputs.InputStreams`.
         memory: the task's memory pool and spill directory (see :func:`task_context`).
         settings: more DataFusion settings.
-        binding: streams the inputs given as streams (see :func:`bind_input`);
-            None reads them whole.
+        binding: streams or replays inputs (see :func:`bind_input`); None
+            reads them whole into memory tables.
+        stream: stream the inputs given as streams (else they are read whole).
 
     Raises:
         Exception: DataFusion's error (file unreadable, fragment rejected); the
@@ -215,10 +234,10 @@ def build_dataframe(
         register_scan(ctx, share.source, share.units)
     inputs = [read_input(i) for i in range(len(plan.inputs))]
     decide = None
-    if binding is not None and any(isinstance(x, InputStreams) for x in inputs):
+    if binding is not None and plan.inputs:
         decide = stream_plan(plan.fragment, [inp.table for inp in plan.inputs])
     whole: dict[str, int] = {}
-    streamed = False
+    via_dataset = False
     # Inputs read whole go first: a probe side streams once its build side's size is known.
     order = sorted(
         range(len(inputs)),
@@ -226,13 +245,20 @@ def build_dataframe(
     )
     for i in order:
         inp = plan.inputs[i]
-        stream = decide is not None and decide.streams(inp.table, whole)
-        size = bind_input(ctx, inp, inputs[i], plan.target_partitions, binding if stream else None)
+        got = inputs[i]
+        streams = stream and decide is not None and decide.streams(inp.table, whole)
+        if isinstance(got, InputStreams) and not streams:
+            got = got.read_all()
+
+        def replay(size: int, table: str = inp.table) -> bool:
+            return not plan.scans and decide is not None and decide.streams(table, whole, size)
+
+        size = bind_input(ctx, inp, got, plan.target_partitions, binding, replay)
         if size is None:
-            streamed = True
+            via_dataset = True
         else:
             whole[inp.table] = size
-    if streamed:  # filters pushed into a dataset scan would run in pyarrow (stream_inputs)
+    if via_dataset:  # filters pushed into a dataset scan would run in pyarrow (stream_inputs)
         ctx.remove_optimizer_rule("push_down_filter")
     return ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
 
@@ -277,18 +303,21 @@ def stream_batches(
     """Execute ``df``, yielding Arrow batches; stops with QueryCancelled when asked.
 
     ``cancelled()`` is checked between batches: DataFusion's work stops at its
-    next batch. Over streamed inputs (``binding``) the pulls check it too and
-    fail DataFusion's stream wherever it pulls (a hash join's build, an
-    aggregate); the error a pull raised (a producer's TaskError, the
+    next batch. Over streamed or replayed inputs (``binding``) the pulls check
+    it too and fail DataFusion's stream wherever it pulls (a hash join's
+    probe, an aggregate); the error a pull raised (a producer's TaskError, the
     cancellation) is raised here rather than DataFusion's text of it. Over
-    inputs read whole, an operator that yields nothing for a long time (a
-    hash join's build) runs to its first batch. ``metrics`` then gets what
-    the operators spilled.
+    memory tables (a join's build side) and file scans, an operator that
+    yields nothing for a long time (a partial aggregate over a scan) runs to
+    its first batch. ``metrics`` then gets what the operators spilled.
 
-    Polling every partition of the physical plan from an event loop instead
-    (to drop the streams the moment the flag is set) cost 15% of TPC-H SF10
-    Q18 on the local runtime (7.66 s against 6.55 s, medians of 2), and
-    DataFusion's operators still ran on to their next yield point.
+    Two ways that do not stop it sooner: polling every partition of the
+    physical plan from an event loop (to drop the streams the moment the flag
+    is set) cost 15% of TPC-H SF10 Q18 on the local runtime (7.66 s against
+    6.55 s, medians of 2), and DataFusion's operators still ran on to their
+    next yield point; awaiting this one stream (``__anext__``) ran two tasks'
+    single-partition plans on one core, and cancelling the await did not
+    stop them.
 
     Raises:
         QueryCancelled: ``cancelled()`` became true.
@@ -765,11 +794,11 @@ def run_task_into(
         read_once = _read_once(plan, read_input)
         attempts = _attempts(memory)
         binding = InputBinding(cancelled, keep=len(attempts) > 1)
-        streams = binding if stream_inputs.STREAM_TASK_INPUTS else None
+        streaming = stream_inputs.STREAM_TASK_INPUTS
         try:
             for n, (mem, settings) in enumerate(attempts):
                 try:
-                    ctx, df = build_dataframe(plan, read_once, mem, settings, streams)
+                    ctx, df = build_dataframe(plan, read_once, mem, settings, binding, streaming)
                     _partition_into(df, plan, cancelled, sink, metrics, meter, binding)
                     return metrics
                 except (TaskError, QueryCancelled):
@@ -845,6 +874,7 @@ def stream_head_stage(
     memory: TaskMemory | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     on_metrics: Callable[[TaskMetrics], None] | None = None,
+    remote_inputs: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Run the head stage's only task on the coordinator, yielding its result batches.
 
@@ -854,7 +884,8 @@ def stream_head_stage(
     :func:`run_task_into` says (after a batch went out, the error is raised).
     Closing the iterator stops its DataFusion work. ``on_metrics`` is called
     with the head task's metrics once the last batch was yielded (not when the
-    caller stops early or it fails).
+    caller stops early or it fails). ``remote_inputs``: the producers run in
+    other processes (see :class:`~distfusion.worker.stream_inputs.PullSlots`).
 
     Raises:
         DistfusionError: reading an input failed (a producer's TaskError, a
@@ -877,7 +908,7 @@ def stream_head_stage(
         else:
             read_once = _read_once(plan, read_input)
             attempts = _attempts(memory)
-            binding = InputBinding(cancelled, keep=len(attempts) > 1)
+            binding = InputBinding(cancelled, keep=len(attempts) > 1, remote=remote_inputs)
             try:
                 for n, (mem, settings) in enumerate(attempts):
                     yielded = False

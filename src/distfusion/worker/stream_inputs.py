@@ -37,7 +37,9 @@ Three limits of pulling from Python, and what this module does about them:
   when its partitions fit in the threads beyond the cores that other streams
   do not hold (:class:`PullSlots`); otherwise it reads the input whole first,
   as before. A process whose DataFusion started before distfusion was
-  imported has only the cores: every input is then read whole.
+  imported counts the cores only. Producers in other processes (the Flight
+  runtime's head stage) need none of this process's threads: their inputs
+  stream through every thread but one.
 - **Filters pushed into a dataset scan run in pyarrow** (``DatasetExec`` hands
   them to the scanner as exact), which has no kernels for ``string_view``.
   A task with a streamed input therefore runs without the logical
@@ -47,7 +49,11 @@ Three limits of pulling from Python, and what this module does about them:
 Cancellation: a pull that waits checks its ``cancelled()`` every 0.1 s and
 raises :class:`~distfusion.errors.QueryCancelled`, which fails DataFusion's
 stream wherever it pulls -- a join's probe side, an aggregate, a sort -- so
-the task's DataFusion work stops within about a batch. DataFusion reports the
+the task's DataFusion work stops within about a batch. Inputs read whole are
+*replayed* the same way (:meth:`InputBinding.replay`) where
+:func:`stream_plan` allows it, so a task over them stops as soon: DataFusion
+runs a fragment over memory tables without returning to Python, and an
+aggregate over a join yields nothing until its input ends. DataFusion reports the
 error as text; :attr:`InputBinding.error` keeps the Python exception so the
 task raises the producer's own error (a :class:`~distfusion.errors.TaskError`
 with its stage and worker) or the cancellation.
@@ -103,9 +109,10 @@ process, single-node ones included. TPC-H SF1, local runtime, 2 cores, all
 22 queries, medians of 3, two rounds each on a quiet machine: distfusion
 5.54 / 5.55 s without, 5.88 / 5.92 s with (+6%); single-node DataFusion in
 the same processes 4.47 / 4.37 s against 4.93 / 5.06 s (+12%). Without them
-no input is streamed (:class:`PullSlots` has no thread to give) unless
-``TOKIO_WORKER_THREADS`` is set above the cores by the user; producers still
-hand out their batches as they make them and Flight streams them."""
+only inputs whose producers run in other processes are streamed (the Flight
+runtime's head stage; see :class:`PullSlots`) unless ``TOKIO_WORKER_THREADS``
+is set above the cores by the user; producers still hand out their batches
+as they make them and Flight streams them."""
 
 STREAM_TASK_INPUTS = os.environ.get("DISTFUSION_STREAM_TASK_INPUTS", "") == "1"
 """Whether tasks on workers stream their inputs (the head stage always does).
@@ -171,8 +178,14 @@ class StreamPlan:
     whole: frozenset[str]
     gated: dict[str, frozenset[str]]
 
-    def streams(self, table: str, whole_bytes: dict[str, int]) -> bool:
-        """Whether ``table`` is streamed, given the bytes of the inputs read whole so far."""
+    def streams(self, table: str, whole_bytes: dict[str, int], own_bytes: int | None = None) -> bool:
+        """Whether ``table`` is streamed, given the bytes of the inputs read whole so far.
+
+        ``own_bytes``: the bytes of ``table`` itself when it is in memory
+        already (a replayed input): a probe side at least as large as the
+        build side it meets streams too, since DataFusion would not swap the
+        sides then either (it builds on the smaller side).
+        """
         if table in self.whole:
             return False
         gate = self.gated.get(table)
@@ -180,7 +193,8 @@ class StreamPlan:
             return True
         if any(t not in whole_bytes for t in gate):
             return False
-        return sum(whole_bytes[t] for t in gate) <= MAX_BUILD_BYTES
+        build = sum(whole_bytes[t] for t in gate)
+        return build <= MAX_BUILD_BYTES or (own_bytes is not None and own_bytes >= build)
 
 
 def stream_plan(fragment: bytes, tables: list[str]) -> StreamPlan:
@@ -244,31 +258,42 @@ class PullSlots:
     """How many DataFusion partitions of this process may wait on a streamed input at once.
 
     A streamed input partition may hold a tokio thread while it waits for its
-    producer; the threads beyond the cores are the slots. Counted per
-    process (every task and the head stage share datafusion-python's runtime).
+    producer. Counted per process (every task and the head stage share
+    datafusion-python's runtime), in two limits:
+
+    - producers that may run in this process (the local runtime, a worker's
+      tasks): the threads beyond the cores, so that waits never take a core
+      from the producers (none unless ``TOKIO_WORKER_THREADS`` was raised);
+    - producers in other processes (the Flight runtime's head stage): every
+      thread but one. Nothing here runs the producers, so a wait costs no
+      work; the thread left free keeps everything else in the process going.
 
     Args:
-        slots: the slots; None: the runtime's threads minus the cores, read
-            on first use (0 when DataFusion started with the cores only).
+        slots: the first limit; None: the runtime's threads minus the cores,
+            read on first use (0 when DataFusion started with the cores only).
+        remote_slots: the second; None: the runtime's threads minus one.
     """
 
-    def __init__(self, slots: int | None = None) -> None:
+    def __init__(self, slots: int | None = None, remote_slots: int | None = None) -> None:
         self._slots = slots
+        self._remote_slots = remote_slots
         self._used = 0
         self._lock = threading.Lock()
 
-    def try_take(self, n: int) -> bool:
-        """Take ``n`` slots if free (returns False, taking none, otherwise)."""
+    def take(self, n: int, remote: bool = False) -> int:
+        """Take ``n`` slots if free (``remote``: as many as are free, up to ``n``); returns how many."""
         with self._lock:
             if self._slots is None:
                 self._slots = max(0, _tokio_threads() - _cores())
-            if self._used + n > self._slots:
-                return False
-            self._used += n
-            return True
+            if self._remote_slots is None:
+                self._remote_slots = max(0, _tokio_threads() - 1)
+            free = (self._remote_slots if remote else self._slots) - self._used
+            taken = max(0, min(n, free)) if remote else (n if n <= free else 0)
+            self._used += taken
+            return taken
 
     def give_back(self, n: int) -> None:
-        """Return ``n`` slots taken by :meth:`try_take`."""
+        """Return ``n`` slots taken by :meth:`take`."""
         with self._lock:
             self._used = max(0, self._used - n)
 
@@ -408,6 +433,29 @@ class _Stream:
             yield batch
 
 
+class _Replay:
+    """Batches already in memory, handed out one by one with a cancellation check each.
+
+    DataFusion works on a memory table's batches without returning to
+    Python, so a cancelled task over it ran on until its fragment yielded (an
+    aggregate over a join: the end of the task). Read through this instead,
+    the next pull raises QueryCancelled. Replaying never waits, so it holds
+    no tokio thread and takes no pull slot.
+    """
+
+    def __init__(self, batches: list[pa.RecordBatch], binding: InputBinding) -> None:
+        self._batches = batches
+        self._binding = binding
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        for batch in self._batches:
+            if self._binding.cancelled():
+                exc = QueryCancelled("query cancelled")
+                self._binding.failed(exc)
+                raise exc
+            yield batch
+
+
 class _Scan:
     """What ``DatasetExec`` asks a fragment's scanner for: the projected schema and the batches."""
 
@@ -450,7 +498,7 @@ class StreamDataset(ds.Dataset):
         streams: one per DataFusion partition.
     """
 
-    def __init__(self, schema: pa.Schema, streams: list[_Stream]) -> None:  # no C++ dataset
+    def __init__(self, schema: pa.Schema, streams: list[_Stream | _Replay]) -> None:  # no C++
         self._schema_ = schema
         self._streams = streams
 
@@ -472,6 +520,7 @@ class InputBinding:
         cancelled: checked before every pull; true raises QueryCancelled.
         keep: keep what was read, for a run again (a bounded memory pool).
         slots: the process's pull slots (default :data:`pull_slots`).
+        remote: the producers run in other processes (see :class:`PullSlots`).
     """
 
     def __init__(
@@ -479,10 +528,12 @@ class InputBinding:
         cancelled: Callable[[], bool] = lambda: False,
         keep: bool = False,
         slots: PullSlots | None = None,
+        remote: bool = False,
     ) -> None:
         self.cancelled = cancelled
         self.keep = keep
         self.slots = slots or pull_slots
+        self.remote = remote
         self.taken = 0
         self.error: BaseException | None = None
         self.datasets: dict[str, StreamDataset] = {}
@@ -497,19 +548,34 @@ class InputBinding:
     ) -> StreamDataset | None:
         """``inputs`` as a dataset of up to ``partitions`` streams, or None to read it whole.
 
-        None when the process's pull slots cannot take the streams (see the
-        module's docstring) or there is nothing to stream.
+        As many streams as the process's pull slots take (see the module's
+        docstring); None when they take none or there is nothing to stream.
         """
         if table in self.datasets:  # a run again: the same streams, replayed
             return self.datasets[table]
-        n = max(1, min(partitions, len(inputs.opens)))
-        if not inputs.opens or not self.slots.try_take(n):
+        if not inputs.opens:
+            return None
+        n = self.slots.take(max(1, min(partitions, len(inputs.opens))), self.remote)
+        if n == 0:
             return None
         self.taken += n
         groups = [inputs.opens[g::n] for g in range(n)]
         dataset = StreamDataset(schema, [_Stream(g, schema, self, self.keep) for g in groups])
         self.datasets[table] = dataset
         return dataset
+
+    def replay(
+        self, table: str, schema: pa.Schema, batches: list[pa.RecordBatch], partitions: int
+    ) -> StreamDataset:
+        """``batches`` (in memory) as a dataset of up to ``partitions`` streams that check cancellation.
+
+        Split round-robin, as a memory table would be; see :class:`_Replay`.
+        """
+        if table not in self.datasets:
+            n = max(1, min(partitions, len(batches)))
+            streams = [_Replay(batches[g::n], self) for g in range(n)]
+            self.datasets[table] = StreamDataset(schema, streams)
+        return self.datasets[table]
 
     def close(self) -> None:
         """Give the pull slots back (the task's DataFusion work ended). Idempotent."""

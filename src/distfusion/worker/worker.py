@@ -475,7 +475,11 @@ class Worker:
                 if not self.is_cancelled(qid):
                     key = (plan.key.stage_id, plan.key.task_index)
                     self._metrics.setdefault(qid, {})[key] = task_metrics
-        except (TaskError, QueryCancelled) as exc:
+        except QueryCancelled as exc:
+            # Without its traceback: the frames it holds keep the task's DataFusion
+            # plan alive, and with it the partition tasks DataFusion spawned.
+            task.error = exc.with_traceback(None)
+        except TaskError as exc:
             task.error = exc
         except Exception as exc:  # reading an input failed, or a bug: name the task
             task.error = task_error(key.stage_id, key.task_index, self.url, exc)

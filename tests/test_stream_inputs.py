@@ -1,0 +1,83 @@
+"""Inputs DataFusion pulls from Python (worker/stream_inputs.py): slots, replays, which inputs.
+
+Real DataFusion contexts over small Arrow tables; the end-to-end behaviour
+(rows before producers end, cancelled tasks going idle) is in
+tests/runtime/test_streaming.py and tests/runtime/test_cancellation.py.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from datafusion import SessionContext
+
+from distfusion.errors import QueryCancelled
+from distfusion.worker.stream_inputs import (
+    MAX_BUILD_BYTES,
+    InputBinding,
+    PullSlots,
+    StreamPlan,
+)
+
+BIG = MAX_BUILD_BYTES * 4
+
+
+def test_a_probe_side_streams_behind_a_small_build_side_or_when_it_is_larger():
+    plan = StreamPlan(whole=frozenset({"build"}), gated={"probe": frozenset({"build"})})
+    assert plan.streams("probe", {"build": 1024})
+    assert not plan.streams("probe", {})  # its build side is not read yet
+    assert not plan.streams("probe", {"build": BIG})  # size unknown: DataFusion might swap
+    assert plan.streams("probe", {"build": BIG}, own_bytes=BIG)  # no swap either way
+    assert not plan.streams("probe", {"build": BIG}, own_bytes=BIG - 1)
+    assert not plan.streams("build", {"build": 1}, own_bytes=BIG)
+    assert plan.streams("other", {})  # under no join
+
+
+def test_pull_slots_for_local_producers_are_all_or_nothing_and_remote_ones_up_to_the_free():
+    slots = PullSlots(slots=2, remote_slots=3)
+    assert slots.take(3) == 0
+    assert slots.take(2) == 2
+    assert slots.take(2, remote=True) == 1  # 3 threads may wait in all
+    assert slots.take(1, remote=True) == 0
+    slots.give_back(3)
+    assert slots.used == 0
+
+
+def _table(n: int) -> pa.Table:
+    return pa.table({"k": pa.array(range(n), pa.int64()), "v": pa.array([1.0] * n)})
+
+
+def test_a_replayed_input_gives_the_memory_tables_answer():
+    data = _table(50_000).to_batches(max_chunksize=1000)
+    sql = "SELECT t.k % 7 AS g, sum(t.v * s.v) AS s FROM t JOIN s ON t.k % 100 = s.k GROUP BY 1"
+    small = _table(100).to_batches()
+    expected_ctx = SessionContext()
+    expected_ctx.register_record_batches("t", [data])
+    expected_ctx.register_record_batches("s", [small])
+    expected = expected_ctx.sql(sql).sort("g").to_arrow_table()
+
+    binding = InputBinding()
+    ctx = SessionContext()
+    ctx.register_dataset("t", binding.replay("t", data[0].schema, data, 2))
+    ctx.register_record_batches("s", [small])
+    got = ctx.sql(sql).sort("g").to_arrow_table()
+    assert got.equals(expected)
+    again = ctx.sql(sql).sort("g").to_arrow_table()  # a run again replays it whole
+    assert again.equals(expected)
+
+
+def test_a_cancelled_task_stops_at_its_next_pull_of_a_replayed_input():
+    data = _table(100_000).to_batches(max_chunksize=1000)
+    pulls = []
+
+    def cancelled() -> bool:  # true from the 10th pull on
+        pulls.append(1)
+        return len(pulls) >= 10
+
+    binding = InputBinding(cancelled)
+    ctx = SessionContext()
+    ctx.register_dataset("t", binding.replay("t", data[0].schema, data, 1))
+    with pytest.raises(Exception, match="query cancelled"):
+        ctx.sql("SELECT sum(v) FROM t").to_arrow_table()  # yields nothing until its end
+    assert isinstance(binding.error, QueryCancelled)
+    assert len(pulls) == 10  # of 100 batches: DataFusion stopped pulling
