@@ -115,6 +115,25 @@ def _context(runtime, tables, tasks: int) -> DistributedContext:
 def test_rows_reach_the_caller_before_the_producer_finishes(
     runtime, tables, tmp_path, sql, stages, tasks
 ):
+    _first_rows_before_the_producer_ends(runtime, tables, tmp_path, sql, stages, tasks)
+
+
+def test_flight_head_streams_without_tokio_threads_beyond_the_cores(
+    flight_workers_with_gate, tables, tmp_path, monkeypatch
+):
+    """A process as distfusion leaves it by default: no pull slot for producers in
+    this process; the Flight runtime's head stage streams anyway (its producers run
+    in the workers), through the one slot left for remote producers."""
+    monkeypatch.setattr(stream_inputs, "pull_slots", stream_inputs.PullSlots(0, 1))
+    runtime = FlightRuntime(flight_workers_with_gate, target_partitions=1)
+    try:
+        _first_rows_before_the_producer_ends(runtime, tables, tmp_path, HEAD_READS_PRODUCER, 2, 2)
+    finally:
+        runtime.close()
+    assert stream_inputs.pull_slots.used == 0
+
+
+def _first_rows_before_the_producer_ends(runtime, tables, tmp_path, sql, stages, tasks) -> None:
     gate = str(tmp_path / "gate")
     df = _context(runtime, tables, tasks).sql(sql.format(gate=gate))
     assert len(df.stage_graph().stages) == stages, df.explain()

@@ -276,6 +276,10 @@ class WorkerQueryRun:
             Workers keep their tasks' metrics; :meth:`close` asks each
             worker used for them once (``query_metrics``), before
             ``cancel_query`` drops them: one call per worker per query.
+        remote_workers: the workers are other processes (the Flight
+            runtime): the head stage streams its inputs without tokio
+            threads beyond the cores
+            (:class:`~distfusion.worker.stream_inputs.PullSlots`).
 
     Raises:
         ValueError: ``urls`` is empty.
@@ -292,6 +296,7 @@ class WorkerQueryRun:
         on_close: Callable[[], None] | None = None,
         head_memory_bytes: int | None = None,
         observer: QueryObserver | None = None,
+        remote_workers: bool = False,
     ) -> None:
         if not urls:
             msg = f"query {query_id} needs at least one worker URL"
@@ -309,6 +314,7 @@ class WorkerQueryRun:
         self._stats: dict[int, StageStats] = {}
         self._on_close = on_close
         self.head_memory_bytes = head_memory_bytes
+        self.remote_workers = remote_workers
         self._head_spill_dir: str | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -391,6 +397,7 @@ class WorkerQueryRun:
                 memory,
                 cancelled=lambda: self._closed,
                 on_metrics=self.observer.task_finished,
+                remote_inputs=self.remote_workers,
             )
         except DistfusionError as exc:
             self.close()

@@ -181,6 +181,7 @@ class FlightRuntime:
             keep_outputs=keep_outputs,
             on_close=finish,
             observer=observer,
+            remote_workers=True,
         )
         self._start_heartbeat(query_id, urls, run.placement)
         return run
