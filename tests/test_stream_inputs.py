@@ -15,6 +15,7 @@ from distfusion.errors import QueryCancelled
 from distfusion.worker.stream_inputs import (
     MAX_BUILD_BYTES,
     InputBinding,
+    InputStreams,
     PullSlots,
     StreamPlan,
 )
@@ -81,3 +82,29 @@ def test_a_cancelled_task_stops_at_its_next_pull_of_a_replayed_input():
         ctx.sql("SELECT sum(v) FROM t").to_arrow_table()  # yields nothing until its end
     assert isinstance(binding.error, QueryCancelled)
     assert len(pulls) == 10  # of 100 batches: DataFusion stopped pulling
+
+
+def _streamed(binding: InputBinding, batches: list[pa.RecordBatch]):
+    """One stream of ``batches`` through ``binding`` (a producer partition already written)."""
+    dataset = binding.stream("t", batches[0].schema, InputStreams([lambda: iter(batches)]), 1)
+    assert dataset is not None
+    return dataset.streams[0]
+
+
+def test_a_run_again_replays_what_was_kept_and_stop_keeping_trims_what_was_read():
+    batches = _table(10_000).to_batches(max_chunksize=1000)
+    binding = InputBinding(keep=True, slots=PullSlots(slots=1))
+    stream = _streamed(binding, batches)
+    first = stream.batches()
+    assert [next(first) for _ in range(4)] == batches[:4]  # then that run failed
+    again = stream.batches()
+    got = [next(again) for _ in range(2)]
+    binding.stop_keeping()  # the head stage yielded: no run again
+    late = next(first)  # an abandoned pass's pull still lands: kept for the live one
+    assert late.equals(batches[4])
+    got += list(again)
+    assert got == batches
+    assert stream._kept == []  # nothing held once read
+    with pytest.raises(RuntimeError, match="cannot be read twice"):
+        next(stream.batches())
+    binding.close()

@@ -916,6 +916,8 @@ def stream_head_stage(
                         _ctx, df = build_dataframe(plan, read_once, mem, settings, binding)
                         meter.executed(df)
                         for batch in stream_batches(df, cancelled, None, binding):
+                            if not yielded:  # no run again from here: drop what streams kept
+                                binding.stop_keeping()
                             yielded = True
                             rows += batch.num_rows
                             nbytes += batch.nbytes

@@ -372,7 +372,8 @@ class _Stream:
     "Resources exhausted"): the new pass replays what was read, then reads
     on. Pulls are serialised: the pull of an abandoned pass may still wait
     on a tokio thread (DataFusion drops a failed stream only after that pull
-    returns); its batch is kept for the new pass.
+    returns); its batch is kept for the new pass (an abandoned pass that is
+    behind the trimmed batches pulls, so its batch still lands there).
     """
 
     def __init__(
@@ -387,6 +388,8 @@ class _Stream:
         self._schema = schema
         self._binding = binding
         self._kept: list[pa.RecordBatch] | None = [] if keep else None
+        self._trim = False  # stop_keeping was called
+        self._dropped = 0  # batches trimmed from the front of _kept
         self._passes = 0
         self._lock = threading.Lock()
 
@@ -410,25 +413,42 @@ class _Stream:
             elif batch.num_rows:
                 return _conform(batch, self._schema)
 
+    def stop_keeping(self) -> None:
+        """Keep no batch the live pass has read (no pass may follow).
+
+        The kept list is trimmed, not dropped: a batch an abandoned pass
+        pulls afterwards is still appended there, and the live pass reads it
+        from there, so none is lost.
+        """
+        with self._lock:
+            self._trim = self._kept is not None
+
     def batches(self) -> Iterator[pa.RecordBatch]:
         self._passes += 1
-        if self._passes > 1 and self._kept is None:
+        this_pass = self._passes
+        if this_pass > 1 and (self._kept is None or self._trim):
             msg = "a streamed input cannot be read twice"
             raise RuntimeError(msg)
-        i = 0
+        i = 0  # batches this pass has read
         while True:
-            kept = self._kept
-            if kept is not None and i < len(kept):  # read before (a run again)
-                batch = kept[i]
-            else:
-                with self._lock:
-                    if kept is not None and i < len(kept):  # an abandoned pass pulled it
-                        continue
+            with self._lock:
+                kept = self._kept
+                if kept is None:
                     batch = self._pull()
-                    if batch is None:
-                        return
-                    if kept is not None:
-                        kept.append(batch)
+                else:
+                    live = this_pass == self._passes  # not a pass abandoned by a failed run
+                    if self._trim and live and i > self._dropped:  # read: not needed again
+                        del kept[: i - self._dropped]
+                        self._dropped = i
+                    j = i - self._dropped
+                    if 0 <= j < len(kept):  # read before (a run again, or an abandoned pull)
+                        batch = kept[j]
+                    else:
+                        batch = self._pull()
+                        if batch is not None:
+                            kept.append(batch)
+            if batch is None:
+                return
             i += 1
             yield batch
 
@@ -446,6 +466,9 @@ class _Replay:
     def __init__(self, batches: list[pa.RecordBatch], binding: InputBinding) -> None:
         self._batches = batches
         self._binding = binding
+
+    def stop_keeping(self) -> None:
+        """Nothing kept: the batches are the input read whole."""
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         for batch in self._batches:
@@ -500,7 +523,7 @@ class StreamDataset(ds.Dataset):
 
     def __init__(self, schema: pa.Schema, streams: list[_Stream | _Replay]) -> None:  # no C++
         self._schema_ = schema
-        self._streams = streams
+        self.streams = streams
 
     @property
     def schema(self) -> pa.Schema:  # noqa: D102
@@ -510,7 +533,7 @@ class StreamDataset(ds.Dataset):
         return _Scan(self._schema_, columns, lambda: iter(()))
 
     def get_fragments(self, filter=None):  # noqa: A002, D102
-        return [_Fragment(self._schema_, s) for s in self._streams]
+        return [_Fragment(self._schema_, s) for s in self.streams]
 
 
 class InputBinding:
@@ -576,6 +599,18 @@ class InputBinding:
             streams = [_Replay(batches[g::n], self) for g in range(n)]
             self.datasets[table] = StreamDataset(schema, streams)
         return self.datasets[table]
+
+    def stop_keeping(self) -> None:
+        """Keep no more of what the streams read, and drop what they kept.
+
+        Called once a run again is ruled out (the head stage yielded a batch),
+        so a streamed head stage holds its inputs' batches only while
+        DataFusion works on them, not until the query ends.
+        """
+        self.keep = False
+        for dataset in self.datasets.values():
+            for stream in dataset.streams:
+                stream.stop_keeping()
 
     def close(self) -> None:
         """Give the pull slots back (the task's DataFusion work ended). Idempotent."""
