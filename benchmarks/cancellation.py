@@ -109,7 +109,11 @@ def _seconds_to_idle(t0: float, limit_s: float) -> float:
 
 
 def stop_once(runtime, data: str, query: str, after_s: float) -> tuple[float, float, str]:
-    """Run ``query``'s stages, close the run after ``after_s``: (cores busy before, s to idle, end)."""
+    """Run ``query``'s stages and close the run after ``after_s`` seconds.
+
+    Returns:
+        (cores busy just before the close, seconds to idle, how the run ended).
+    """
     ctx = DistributedContext(runtime=runtime, config=CONFIG)
     tpch.register_tpch(ctx, data)
     graph = ctx.sql(query).stage_graph()
@@ -150,6 +154,7 @@ def _runtime(name: str, workers: int):
 
 
 def main() -> None:
+    """Measure every scenario on one runtime and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runtime", choices=["local", "flight", "spark"], default="local")
     parser.add_argument("--data", required=True, help="TPC-H Parquet directory")

@@ -121,9 +121,11 @@ def test_rows_reach_the_caller_before_the_producer_finishes(
 def test_flight_head_streams_without_tokio_threads_beyond_the_cores(
     flight_workers_with_gate, tables, tmp_path, monkeypatch
 ):
-    """A process as distfusion leaves it by default: no pull slot for producers in
-    this process; the Flight runtime's head stage streams anyway (its producers run
-    in the workers), through the one slot left for remote producers."""
+    """The Flight head stage streams with the pull slots of a default process.
+
+    No slot for producers in this process; the head stage streams anyway (its
+    producers run in the workers), through the one slot left for remote producers.
+    """
     monkeypatch.setattr(stream_inputs, "pull_slots", stream_inputs.PullSlots(0, 1))
     runtime = FlightRuntime(flight_workers_with_gate, target_partitions=1)
     try:

@@ -705,9 +705,7 @@ def _attempts(memory: TaskMemory | None) -> list[tuple[TaskMemory | None, dict[s
     return attempts
 
 
-def _read_once(
-    plan: TaskPlan, read_input: Callable[[int], Inputs]
-) -> Callable[[int], Inputs]:
+def _read_once(plan: TaskPlan, read_input: Callable[[int], Inputs]) -> Callable[[int], Inputs]:
     """``read_input`` reading each input once, kept as bound for a run again (views cast once).
 
     Streamed inputs are kept as their streams: a run again replays them

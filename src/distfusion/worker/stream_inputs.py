@@ -178,7 +178,9 @@ class StreamPlan:
     whole: frozenset[str]
     gated: dict[str, frozenset[str]]
 
-    def streams(self, table: str, whole_bytes: dict[str, int], own_bytes: int | None = None) -> bool:
+    def streams(
+        self, table: str, whole_bytes: dict[str, int], own_bytes: int | None = None
+    ) -> bool:
         """Whether ``table`` is streamed, given the bytes of the inputs read whole so far.
 
         ``own_bytes``: the bytes of ``table`` itself when it is in memory
@@ -281,7 +283,11 @@ class PullSlots:
         self._lock = threading.Lock()
 
     def take(self, n: int, remote: bool = False) -> int:
-        """Take ``n`` slots if free (``remote``: as many as are free, up to ``n``); returns how many."""
+        """Take ``n`` slots if free (``remote``: as many as are free, up to ``n``).
+
+        Returns:
+            How many were taken.
+        """
         with self._lock:
             if self._slots is None:
                 self._slots = max(0, _tokio_threads() - _cores())
@@ -313,6 +319,7 @@ def metered(meter, read_input: Callable[[int], object]) -> Callable[[int], objec
     An input read as a list is timed and counted at once; each batch of
     :class:`InputStreams` is counted, and the wait for it timed, as it is pulled.
     """
+
     def timed(i: int, open_):
         def read():
             start = time.perf_counter()
@@ -590,7 +597,7 @@ class InputBinding:
     def replay(
         self, table: str, schema: pa.Schema, batches: list[pa.RecordBatch], partitions: int
     ) -> StreamDataset:
-        """``batches`` (in memory) as a dataset of up to ``partitions`` streams that check cancellation.
+        """``batches`` (in memory) as a dataset of up to ``partitions`` cancellable streams.
 
         Split round-robin, as a memory table would be; see :class:`_Replay`.
         """
