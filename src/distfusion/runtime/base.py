@@ -234,6 +234,23 @@ def task_threads(cores: int, num_tasks: int, slots: int) -> int:
     return max(1, cores // max(1, min(num_tasks, slots)))
 
 
+def _run_each(fn: Callable, items: list, threads: int) -> list:
+    """``fn(item)`` for every item, ``threads`` at a time; each result in order.
+
+    Every call runs to its end before anything is raised.
+
+    Raises:
+        Exception: the first failed item's error.
+    """
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        errors = [f.exception() for f in futures]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        raise failed[0]
+    return [f.result() for f in futures]
+
+
 class WorkerQueryRun:
     """A :class:`QueryRun` on workers reached through a :class:`WorkerTransport`.
 
@@ -490,13 +507,7 @@ class WorkerQueryRun:
                 batches = run_part(part, self.transport, memory, lambda: self._closed, threads)
                 return fn(part.index, 0, batches)
 
-        with ThreadPoolExecutor(max_workers=min(len(parts), len(self.urls))) as pool:
-            futures = [pool.submit(one, part) for part in parts]
-            errors = [f.exception() for f in futures]
-        failed = [e for e in errors if e is not None]
-        if failed:
-            raise failed[0]
-        return [f.result() for f in futures]
+        return _run_each(one, parts, min(len(parts), len(self.urls)))
 
     def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list[list[WrittenFile]]:
         """Run the stages of ``graph``; every head part writes its rows as a task of ``spec``'s job.
@@ -533,13 +544,7 @@ class WorkerQueryRun:
             files = remote(where(part), body, what)
             return [WrittenFile(f["relpath"], f["rows"]) for f in files]
 
-        with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-            futures = [pool.submit(one, part) for part in parts]
-            errors = [f.exception() for f in futures]
-        failed = [e for e in errors if e is not None]
-        if failed:
-            raise failed[0]
-        return [f.result() for f in futures]
+        return _run_each(one, parts, len(parts))
 
     def _raise_feed_error(self, exc: DistfusionError) -> None:
         """Raise the feed failure that tore the query down, rather than what it caused."""
