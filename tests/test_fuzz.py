@@ -57,15 +57,18 @@ def test_datafusions_grouped_max_over_nan_depends_on_batches():
     depending only on the batches they arrive in.
     """
     import pyarrow as pa
-    from datafusion import SessionContext
+    from datafusion import SessionConfig, SessionContext
 
     nan, x = (
         pa.record_batch({"k": [1], "v": [float("nan")]}),
         pa.record_batch({"k": [1], "v": [8.25]}),
     )
-    one, two = SessionContext(), SessionContext()
+    # One partition and one thread, so the batch order is the only difference
+    # (with two partitions the answer also depends on which arrives first).
+    one = SessionContext(SessionConfig().with_target_partitions(1))
+    two = SessionContext(SessionConfig().with_target_partitions(1))
     one.register_record_batches("t", [[nan, x]])
-    two.register_record_batches("t", [[x], [nan]])
+    two.register_record_batches("t", [[x, nan]])
     sql = "SELECT max(v) AS m FROM t GROUP BY k"
     assert one.sql(sql).to_pylist() == [{"m": 8.25}]
     assert str(two.sql(sql).to_pylist()) == "[{'m': nan}]"
