@@ -7,17 +7,22 @@ tests/runtime/test_streaming.py and tests/runtime/test_cancellation.py.
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
-from datafusion import SessionContext
+from datafusion import SessionConfig, SessionContext
 
 from distfusion.errors import QueryCancelled
 from distfusion.worker.stream_inputs import (
+    FIRST_SLICE_ROWS,
     MAX_BUILD_BYTES,
+    PULL_SECONDS,
     InputBinding,
     InputStreams,
     PullSlots,
     StreamPlan,
+    _paced,
 )
 
 BIG = MAX_BUILD_BYTES * 4
@@ -108,3 +113,47 @@ def test_a_run_again_replays_what_was_kept_and_stop_keeping_trims_what_was_read(
     with pytest.raises(RuntimeError, match="cannot be read twice"):
         next(stream.batches())
     binding.close()
+
+
+def _sizes(batches, consume) -> list[int]:
+    """The rows of each slice ``_paced`` hands out, ``consume(slice)`` run on each."""
+    binding = InputBinding()
+    sizes = []
+    for piece in _paced(iter(batches), binding):
+        consume(piece)
+        sizes.append(piece.num_rows)
+    return sizes
+
+
+def test_paced_slices_start_small_and_grow_to_whole_batches():
+    batches = _table(8192 * 30).to_batches(max_chunksize=8192)
+    got = []
+    sizes = _sizes(batches, got.append)
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(batches))
+    assert sizes[0] == FIRST_SLICE_ROWS
+    assert sizes[-10:] == [8192] * 10  # whole batches once DataFusion keeps up
+
+
+def test_paced_slices_shrink_after_two_slow_pulls():
+    batches = _table(600).to_batches()
+    per_row = 2 * PULL_SECONDS / FIRST_SLICE_ROWS  # the first slice takes 2x PULL_SECONDS
+    got = []
+    sizes = _sizes(batches, lambda piece: (got.append(piece), time.sleep(per_row * len(piece))))
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches(batches))
+    assert sizes[:2] == [FIRST_SLICE_ROWS] * 2
+    assert max(sizes[2:]) <= FIRST_SLICE_ROWS // 2  # slower on a busy machine: smaller
+
+
+def test_a_join_making_millions_of_rows_per_batch_stops_within_a_slice():
+    """Without slices, DataFusion made 8,192 x 400,000 rows of the first batch: 16 s here."""
+    probe = _table(100_000).to_batches(max_chunksize=8192)
+    probe = [b.set_column(0, "k", pa.array([0] * b.num_rows, pa.int64())) for b in probe]
+    build = pa.table({"k": pa.array([0] * 400_000, pa.int64()), "w": pa.array([2.0] * 400_000)})
+    start = time.monotonic()
+    binding = InputBinding(lambda: time.monotonic() - start > 0.3)
+    ctx = SessionContext(SessionConfig().with_target_partitions(1))
+    ctx.register_dataset("t", binding.replay("t", probe[0].schema, probe, 1))
+    ctx.register_record_batches("s", [build.to_batches()])
+    with pytest.raises(Exception, match="query cancelled"):
+        ctx.sql("SELECT sum(t.v * s.w) FROM s JOIN t ON t.k = s.k").to_arrow_table()
+    assert time.monotonic() - start < 5  # 0.5 s here; a whole batch: 16 s
