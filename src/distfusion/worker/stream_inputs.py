@@ -49,14 +49,14 @@ Three limits of pulling from Python, and what this module does about them:
 Cancellation: a pull that waits checks its ``cancelled()`` every 0.1 s and
 raises :class:`~distfusion.errors.QueryCancelled`, which fails DataFusion's
 stream wherever it pulls -- a join's probe side, an aggregate, a sort -- so
-the task's DataFusion work stops at its next pull. Batches are handed out in
-slices sized so that DataFusion works about :data:`PULL_SECONDS` on each
-(:func:`_paced`), so even a join making millions of rows of one input batch
-stops within a fraction of a second. Inputs read whole are
+the task's DataFusion work stops at its next pull. Inputs read whole are
 *replayed* the same way (:meth:`InputBinding.replay`) where
 :func:`stream_plan` allows it, so a task over them stops as soon: DataFusion
 runs a fragment over memory tables without returning to Python, and an
-aggregate over a join yields nothing until its input ends. DataFusion reports the
+aggregate over a join yields nothing until its input ends. A replay hands its
+batches out in slices sized so that DataFusion works about :data:`PULL_SECONDS`
+on each (:func:`_paced`), so even a join making millions of rows of one input
+batch stops within a fraction of a second. DataFusion reports the
 error as text; :attr:`InputBinding.error` keeps the Python exception so the
 task raises the producer's own error (a :class:`~distfusion.errors.TaskError`
 with its stage and worker) or the cancellation.
@@ -413,10 +413,6 @@ class _Stream:
         self._passes = 0
         self._lock = threading.Lock()
 
-    @property
-    def binding(self) -> InputBinding:
-        return self._binding
-
     def _pull(self) -> pa.RecordBatch | None:
         """The next non-empty batch of the producer partitions (None at their end); lock held."""
         while True:
@@ -494,12 +490,8 @@ class _Replay:
     def stop_keeping(self) -> None:
         """Nothing kept: the batches are the input read whole."""
 
-    @property
-    def binding(self) -> InputBinding:
-        return self._binding
-
     def batches(self) -> Iterator[pa.RecordBatch]:
-        return iter(self._batches)  # the cancellation check is per slice (_paced)
+        return _paced(iter(self._batches), self._binding)
 
 
 def _paced(batches: Iterator[pa.RecordBatch], binding: InputBinding) -> Iterator[pa.RecordBatch]:
@@ -511,8 +503,13 @@ def _paced(batches: Iterator[pa.RecordBatch], binding: InputBinding) -> Iterator
     ``PULL_SECONDS`` (at least one). Two, because one slow pull is more often a
     sort or aggregate spilling than a fan-out, and a slice of a batch counts
     as its whole batch in DataFusion's memory accounting. Only the time this
-    generator is suspended counts (DataFusion's work, not a wait for a
-    producer). Every slice checks the task's cancellation first.
+    generator is suspended counts. Every slice checks the task's cancellation
+    first.
+
+    Replays only: DataFusion's batch coalescing holds batches of under half
+    its batch size until more rows come, so a streamed input's first slices
+    would wait there for rows its producer has not made yet
+    (tests/runtime/test_streaming.py), where a whole batch passes through.
     """
     cap, slow, half = FIRST_SLICE_ROWS, False, PULL_SECONDS / 2
     for batch in batches:
@@ -536,19 +533,15 @@ def _paced(batches: Iterator[pa.RecordBatch], binding: InputBinding) -> Iterator
 class _Scan:
     """What ``DatasetExec`` asks a fragment's scanner for: the projected schema and the batches."""
 
-    def __init__(self, schema: pa.Schema, columns: list[str] | None, source, binding=None) -> None:
+    def __init__(self, schema: pa.Schema, columns: list[str] | None, source) -> None:
         self._columns = columns
         self._source = source
-        self._binding = binding
         self.projected_schema = (
             schema if columns is None else pa.schema([schema.field(c) for c in columns])
         )
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
-        batches = self._source()
-        if self._binding is not None:
-            batches = _paced(batches, self._binding)
-        for batch in batches:
+        for batch in self._source():
             yield batch if self._columns is None else batch.select(self._columns)
 
 
@@ -561,7 +554,7 @@ class _Fragment:
         if filter is not None:  # push_down_filter is off for streamed inputs: never happens
             msg = f"a streamed input got a filter to apply: {filter}"
             raise NotImplementedError(msg)
-        return _Scan(self._schema, columns, self._stream.batches, self._stream.binding)
+        return _Scan(self._schema, columns, self._stream.batches)
 
 
 class StreamDataset(ds.Dataset):
