@@ -165,3 +165,12 @@ def test_no_metrics_peer_runs_the_same_plans_without_operator_metrics(tpch_dir, 
         assert q["answers_differ"] == []
         assert q["shapes"]["no-metrics"] == q["shapes"]["distfusion"]
     assert set(doc["ratios"]) == {"datafusion", "no-metrics"}
+
+
+def test_flight_peer_runs_on_its_own_worker_processes(tpch_dir, tmp_path):
+    doc = _bench(tpch_dir, tmp_path, "--peers", "datafusion,flight")
+    for q in doc["queries"].values():
+        assert q["answers_differ"] == []
+        assert q["engines"]["flight"]["median_s"] > 0
+        assert q["shapes"]["flight"]["stages"] >= 1
+    assert set(doc["ratios"]) == {"datafusion", "flight"}

@@ -13,6 +13,8 @@ The peers (``--peers``, :data:`PEERS`)::
     datafusion   single-node DataFusion on the same files (default)
     spark-sql    Spark SQL on distfusion's SparkSession (default with --runtime spark)
     local        distfusion on its local runtime, same --workers, own DistributedContext
+    flight       distfusion on the Flight runtime, 3 local worker processes (its default),
+                 own DistributedContext
     static       distfusion on the same runtime with DistributedConfig(adaptive=False)
     no-metrics   distfusion on the same runtime with DistributedConfig(operator_metrics=False):
                  what collecting every task's operator metrics costs
@@ -69,7 +71,7 @@ __all__ = [
 Runner = Callable[[str], pa.Table]
 """Runs one SQL text to completion; returns the result (collected as Arrow)."""
 
-PEERS = ("datafusion", "spark-sql", "local", "static", "no-metrics")
+PEERS = ("datafusion", "spark-sql", "local", "flight", "static", "no-metrics")
 """Peer names ``--peers`` accepts, in display order."""
 
 SLOWER_TOLERANCE = 0.05
@@ -195,7 +197,8 @@ def _peer_runners(
     """A runner per peer; contexts they open are closed by ``stack``.
 
     ``static`` shares distfusion's runtime (so it is not closed here: the main
-    context owns it); ``local`` gets its own LocalRuntime with ``args.workers``.
+    context owns it); ``local`` gets its own LocalRuntime with ``args.workers``,
+    ``flight`` its own FlightRuntime with 3 local worker processes.
     """
     runners: dict[str, Runner] = {}
     for peer in peers:
@@ -203,14 +206,15 @@ def _peer_runners(
             runners[peer] = _datafusion_runner(args.data)
         elif peer == "spark-sql":
             runners[peer] = _spark_sql_runner(runtime.spark, args.data)
-        elif peer == "local":
-            local = stack.enter_context(
+        elif peer in ("local", "flight"):
+            workers = args.workers if peer == "local" else None
+            own = stack.enter_context(
                 DistributedContext(
-                    runtime=runtime_from_name("local", args.workers), config=_memory_config(args)
+                    runtime=runtime_from_name(peer, workers), config=_memory_config(args)
                 )
             )
-            tpch.register_tpch(local, args.data)
-            runners[peer] = DistfusionRunner(local)
+            tpch.register_tpch(own, args.data)
+            runners[peer] = DistfusionRunner(own)
         elif peer == "static":
             config, has_adaptive = static_config()
             if not has_adaptive:

@@ -7,7 +7,7 @@ distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--udf module:n
                  [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
-                 [--queries 1,3,5] [--runs 5] [--peers datafusion,spark-sql,local,static,no-metrics]
+                 [--queries 1,3,5] [--runs 5] [--peers datafusion,spark-sql,local,flight,static,no-metrics]
                  [--json out.json] [--baseline earlier.json]
 distfusion worker --host 127.0.0.1 --port 50051 [--token T] [--tls-cert C --tls-key K]
 distfusion query ... --runtime flight --workers-url grpc://127.0.0.1:50051,...
@@ -348,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated engines measured next to distfusion: datafusion (single-node), "
         "spark-sql (Spark runtime only), local (distfusion's local runtime, same --workers), "
+        "flight (the Flight runtime, 3 local worker processes), "
         "static (same runtime, adaptive execution off), "
         "no-metrics (same runtime, operator metrics off); "
         "default: datafusion, plus spark-sql on the Spark runtime",
