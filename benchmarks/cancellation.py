@@ -15,7 +15,10 @@ Scenarios (``--data``, TPC-H; every stage two tasks, shuffles only):
   their scans end (use SF10 data: at SF1 the stage ends within a second);
 - ``join_agg``: a join with 1,500 matches per row under a sum, stopped in
   its join stage (the aggregate yields nothing until the join ends);
-- ``sort``: lineitem sorted by its comment.
+- ``sort``: lineitem sorted by its comment;
+- ``limit``: the ``join_agg`` join without its sum, ``LIMIT 100``, run whole
+  (no stop time): the figure is from the result's return until idle, after
+  the head stage had its rows and closed the query.
 
 Usage::
 
@@ -46,7 +49,13 @@ QUERIES = {
         "JOIN lineitem a ON a.l_suppkey % 100 = b.k"
     ),
     "sort": "SELECT * FROM lineitem ORDER BY l_comment",
+    "limit": (
+        "SELECT a.l_orderkey, b.l_quantity FROM (SELECT l_suppkey % 100 AS k, "
+        "l_quantity FROM lineitem WHERE l_linenumber = 1) b "
+        "JOIN lineitem a ON a.l_suppkey % 100 = b.k LIMIT 100"
+    ),
 }
+RUN_WHOLE = {"limit"}
 CONFIG = DistributedConfig(
     tasks_per_stage=2, broadcast_threshold_bytes=0, max_broadcast_bytes=0, adaptive=False
 )
@@ -138,6 +147,15 @@ def stop_once(runtime, data: str, query: str, after_s: float) -> tuple[float, fl
     return busy, idle, ended[0] if ended else "running"
 
 
+def run_whole(runtime, data: str, query: str) -> tuple[float, float, str]:
+    """Run ``query`` to its result; returns (0, seconds from the result to idle, rows)."""
+    ctx = DistributedContext(runtime=runtime, config=CONFIG)
+    tpch.register_tpch(ctx, data)
+    rows = ctx.sql(query).to_arrow_table().num_rows
+    t0 = time.monotonic()
+    return 0.0, _seconds_to_idle(t0, 60.0), f"finished with {rows} rows"
+
+
 def _runtime(name: str, workers: int):
     """The runtime to measure; closing it stops what it started (workers, Spark)."""
     if name == "local":
@@ -173,12 +191,18 @@ def main() -> None:
             ctx.sql(tpch.query(6)).to_arrow_table()
         for name in args.scenarios.split(","):
             query = QUERIES[name]
-            for after in (float(a) for a in args.after.split(",")):
-                runs = [stop_once(runtime, args.data, query, after) for _ in range(args.runs)]
+            whole = name in RUN_WHOLE
+            for after in [0.0] if whole else (float(a) for a in args.after.split(",")):
+                if whole:
+                    runs = [run_whole(runtime, args.data, query) for _ in range(args.runs)]
+                else:
+                    runs = [stop_once(runtime, args.data, query, after) for _ in range(args.runs)]
                 idles = [r[1] for r in runs]
                 shown = ", ".join(f"{i:.2f}" for i in idles)
                 print(
-                    f"{args.runtime:6s} {name:9s} stopped at {after:g} s: "
+                    f"{args.runtime:6s} {name:9s} "
+                    + ("run whole" if whole else f"stopped at {after:g} s")
+                    + ": "
                     f"busy {statistics.median(r[0] for r in runs):.2f} cores, "
                     f"idle after {shown} s (median {statistics.median(idles):.2f} s); "
                     f"ended: {', '.join(sorted({r[2] for r in runs}))}",
