@@ -53,6 +53,11 @@ ACTION_TASK_STATS = "task_stats"
 ACTION_QUERY_METRICS = "query_metrics"
 """Body: a query id. Answer: a JSON list of the finished tasks' metrics
 (``TaskMetrics.to_dict``), one call per worker when a query ends."""
+ACTION_WORKER_STARTED = "worker_started"
+"""Body: JSON ``{"url", "query_id"}``, sent by a Spark executor's Flight worker when
+it starts (its first task, of query ``query_id``) to the driver's worker, so that
+cancelling a query reaches it. Answer: JSON ``{"cancelled": bool}``: the query was
+closed already (its task must not run)."""
 ACTION_WRITE_PART = "write_part"
 """Body: JSON ``{"part": HeadPart.to_json(), "spec": WriteSpec.to_json()}``: run
 a part of a head stage and write its rows as files (``distfusion.write``).

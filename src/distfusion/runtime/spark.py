@@ -419,6 +419,7 @@ class SparkRuntime:
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
         self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
         self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
+        self._live_runs: dict[str, _SparkFlightQuery] = {}  # query id -> run, until it is closed
         self._endpoint_lock = threading.Lock()
         self._memory_per_task_bytes: int | None = None
         self.held_results: dict[str, QueryRun] = {}  # query id -> run of a result Spark reads
@@ -538,16 +539,33 @@ class SparkRuntime:
             return _SparkFlightQuery(self, query_id)
         return _SparkQuery(self, query_id)
 
-    def executor_worker_args(self) -> tuple[str, str | None, str, int]:
-        """``(bind host, advertised host, token, task memory)`` of the executors' Flight workers.
+    def executor_worker_args(self) -> tuple[str, str | None, str, int, str]:
+        """``(bind host, advertised host, token, task memory, driver URL)`` for executor workers.
 
         Local mode: 127.0.0.1. A cluster: every interface, advertised under the
         executor's own address (``None``: resolved on the executor). Memory:
-        :attr:`memory_per_task_bytes`, for plans that set none.
+        :attr:`memory_per_task_bytes`, for plans that set none. The driver's
+        worker (:meth:`driver_worker`) is where an executor's worker says it
+        started, so that closing a query reaches workers no task of it has
+        reported yet (see :meth:`_executor_started`).
         """
+        driver = self.driver_worker().url
         if self.sc.master.startswith("local"):
-            return "127.0.0.1", None, self.token, self.memory_per_task_bytes
-        return "0.0.0.0", None, self.token, self.memory_per_task_bytes
+            return "127.0.0.1", None, self.token, self.memory_per_task_bytes, driver
+        return "0.0.0.0", None, self.token, self.memory_per_task_bytes, driver
+
+    def _executor_started(self, url: str, query_id: str) -> bool:
+        """An executor's Flight worker at ``url`` started for a task of ``query_id``.
+
+        Known from now on, so closing any query tells it (before, the driver
+        learnt a worker only from a task's result: a Python worker Spark
+        started during a query ran a closed query's task on until Spark
+        killed it). Returns True when ``query_id`` is no longer running here
+        (closed, or unknown): its task must not run.
+        """
+        self.executor_urls.add(url)
+        run = self._live_runs.get(query_id)
+        return run is None or run.closed
 
     def stats(self) -> dict[str, dict]:
         """Live tasks and bytes held for queries, under the Spark master's URL.
@@ -620,6 +638,7 @@ class SparkRuntime:
                     query_ttl_s=EXECUTOR_QUERY_TTL_S,
                     advertise_host=advertise,
                 )
+                self._driver_worker.on_worker_started = self._executor_started
                 self.executor_urls.add(self._driver_worker.url)  # in stats() and idle checks
             return self._driver_worker
 
@@ -1095,6 +1114,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self.runtime = runtime
         self.sc = runtime.sc
         self.group = job_group(query_id)
+        runtime._live_runs[query_id] = self
         # Executors cannot be pushed to: tasks pull their feed partitions from the
         # driver's endpoint; a retried attempt replays its partition.
         self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=True)
@@ -1125,6 +1145,7 @@ class _SparkFlightQuery(WorkerQueryRun):
 
     def _forget(self) -> None:
         self._keepalive.set()
+        self.runtime._live_runs.pop(self.query_id, None)
         self.runtime.held_results.pop(self.query_id, None)
         if self.runtime._feed_endpoint is not None:
             self.runtime._feed_endpoint.forget(self.query_id)
@@ -1876,7 +1897,9 @@ def _executor_worker(
     return worker
 
 
-def _run_flight_task(index, records, bind_host, advertise_host, token, memory_per_task_bytes):
+def _run_flight_task(
+    index, records, bind_host, advertise_host, token, memory_per_task_bytes, driver_url
+):
     """Run the task plan of this Spark partition on this process's Flight worker.
 
     The record is ``(attempt, task plan JSON)``, or ``(attempt, plan, table)``
@@ -1895,14 +1918,16 @@ def _run_flight_task(index, records, bind_host, advertise_host, token, memory_pe
     table = record[2] if len(record) > 2 else None
     plan = TaskPlan.from_json(payload)
     result = _flight_task(
-        plan, attempt, table, iter(()), bind_host, advertise_host, token, memory_per_task_bytes
+        plan,
+        attempt,
+        table,
+        iter(()),
+        (bind_host, advertise_host, token, memory_per_task_bytes, driver_url),
     )
     return iter([result])
 
 
-def _run_flight_spark_task(
-    index, records, plans, table, read_schema, bind_host, advertise_host, token, memory
-):
+def _run_flight_spark_task(index, records, plans, table, read_schema, *worker_args):
     """Run the task of Spark table ``table``'s partition ``index`` on this process's Flight worker.
 
     ``records`` are the partition's Arrow messages (:func:`_spark_input`);
@@ -1918,30 +1943,33 @@ def _run_flight_spark_task(
     plan = TaskPlan.from_json(payload)
     try:
         result = _flight_task(
-            plan,
-            attempt,
-            table,
-            _spark_batches(records, read_schema),
-            bind_host,
-            advertise_host,
-            token,
-            memory,
+            plan, attempt, table, _spark_batches(records, read_schema), worker_args
         )
     finally:
         _drain(records)
     return iter([result])
 
 
-def _flight_task(plan, attempt, table, batches, bind_host, advertise_host, token, memory):
+def _flight_task(plan, attempt, table, batches, worker_args):
     """Run ``plan`` on this process's Flight worker; ``(stage, task, url, metrics, error)``.
 
-    ``table``: the Spark table whose partition (``batches``) the task reads, or None.
+    ``table``: the Spark table whose partition (``batches``) the task reads, or
+    None; ``worker_args``: :meth:`SparkRuntime.executor_worker_args`. A worker
+    started here says so to the driver's worker first; when the driver answers
+    that the query was closed meanwhile, the task fails as cancelled.
     """
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    bind_host, advertise_host, token, memory, driver_url = worker_args
     try:
+        new = token not in _EXECUTOR_WORKERS
         worker = _executor_worker(bind_host, advertise_host, token, memory)
         url = worker.url
+        if new and _executor_transport(token).worker_started(
+            driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
+        ):
+            msg = f"query {key.query_id} was closed before its task started"
+            raise QueryCancelled(msg)
         _maybe_inject_failure(key.stage_id, key.task_index, attempt)
         with offering(key, table, batches):
             metrics = worker.run_task(plan)
@@ -1953,6 +1981,10 @@ def _flight_task(plan, attempt, table, batches, bind_host, advertise_host, token
         return (key.stage_id, key.task_index, url, None, report)
     return (key.stage_id, key.task_index, url, metrics.to_dict(), None)
 
+
+WORKER_STARTED_TIMEOUT_S = 5.0
+"""How long a new executor worker waits for the driver's answer to ``worker_started``
+(seconds); past it the task runs, and the driver learns the worker from its result."""
 
 _EXECUTOR_TRANSPORTS: dict[str, object] = {}
 """This process's Flight transport to the runtime's workers, by token (head parts read with it)."""

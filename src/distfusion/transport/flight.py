@@ -18,6 +18,9 @@ served by :class:`~distfusion.worker.flight_server.FlightWorker`)::
       DoAction "cancel_query" body: query id   ──> stop tasks, free state
       DoAction "keepalive" body: [query ids]   ──> the coordinator is alive
       DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
+      DoAction "worker_started" {url,          ──> (a Spark driver's worker) the
+             query_id}                              executor worker is known; answer
+                                                    {"cancelled": the query was closed}
 
 The task plan is plain JSON (the Substrait fragment base64-encoded inside,
 see :meth:`~distfusion.protocol.task_plan.TaskPlan.to_json`): nothing that
@@ -73,6 +76,7 @@ from distfusion.protocol.messages import (
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
+    ACTION_WORKER_STARTED,
     ACTION_WRITE_PART,
     TOKEN_ENV,
     encode_task_request,
@@ -502,6 +506,22 @@ class FlightWorkerTransport:
             self._action(url, ACTION_CANCEL_QUERY, query_id.encode(), self.cancel_timeout_s)
         except TransportError:
             pass  # unreachable: the worker frees the query after its time-to-live
+
+    def worker_started(self, url: str, worker_url: str, query_id: str, timeout_s: float) -> bool:
+        """Tell the Spark driver's worker at ``url`` that ``worker_url`` started, for ``query_id``.
+
+        Returns:
+            True when the driver answers that ``query_id`` was closed already.
+            False otherwise, and when the driver cannot be reached within
+            ``timeout_s`` seconds or does not know the call (best effort: the
+            driver then learns the worker from the task's result, as before).
+        """
+        body = json.dumps({"url": worker_url, "query_id": query_id}).encode()
+        try:
+            answer = self._action(url, ACTION_WORKER_STARTED, body, timeout_s)
+        except (TransportError, KeyError):
+            return False
+        return bool(answer) and bool(json.loads(answer[0]).get("cancelled"))
 
     def keepalive(self, url: str, query_ids: list[str], timeout_s: float = 5.0) -> bool:
         """Tell the worker at ``url`` that the coordinator of ``query_ids`` is alive.

@@ -50,6 +50,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -64,6 +65,7 @@ from distfusion.protocol.messages import (
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
+    ACTION_WORKER_STARTED,
     ACTION_WRITE_PART,
     DEFAULT_QUERY_TTL_S,
     TOKEN_ENV,
@@ -255,6 +257,9 @@ class FlightWorker:
         self._lock = threading.Lock()
         self._seen: dict[str, float] = {}  # query id -> monotonic time of the last call about it
         self._plans_received = 0
+        self.on_worker_started: Callable[[str, str], bool] | None = None
+        """``(url, query_id) -> cancelled``: called for ``worker_started`` (a Spark
+        driver's worker: see :data:`~distfusion.protocol.messages.ACTION_WORKER_STARTED`)."""
         self._stop = threading.Event()
         self._closed = False
         # Everything the handlers use exists before the port is bound.
@@ -359,6 +364,10 @@ class FlightWorker:
             return [json.dumps(stats).encode()]
         if name == ACTION_WRITE_PART:
             return [self._write_part(body)]
+        if name == ACTION_WORKER_STARTED and self.on_worker_started is not None:
+            d = json.loads(body)
+            cancelled = self.on_worker_started(d["url"], d["query_id"])
+            return [json.dumps({"cancelled": bool(cancelled)}).encode()]
         msg = f"unknown action {name!r}"
         raise KeyError(msg)
 
