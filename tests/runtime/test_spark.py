@@ -290,3 +290,43 @@ def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
     assert stage == leaf
     assert "No module named 'distfusion'" in message
     assert "need distfusion and datafusion" in message and "README" in message
+
+
+def test_executor_workers_say_when_they_start_so_closing_a_query_reaches_them(
+    spark_session, tpch_dir
+):
+    # A runtime of its own (its own token): every executor starts a new Flight
+    # worker for it, during the first query, before any task of it reported.
+    from distfusion.runtime.registry import runtime_from_name
+    from distfusion.transport.flight import FlightWorkerTransport
+
+    runtime = runtime_from_name("spark", 2, spark=spark_session)
+    try:
+        if runtime.data_plane != "flight":
+            pytest.skip("the executors' Flight workers exist on the Flight data plane only")
+        heard: list[tuple[str, str]] = []
+        answer = runtime._executor_started
+        runtime.driver_worker().on_worker_started = lambda url, q: (
+            heard.append((url, q)) or answer(url, q)
+        )
+        ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
+        tpch.register_tpch(ctx, tpch_dir)
+        df = ctx.sql(tpch.query(6))
+        df.to_arrow_table()
+        ran = runtime.executor_urls - {runtime.driver_worker().url}  # tasks reported these
+        assert ran and {url for url, _ in heard} == ran  # each said so when it started
+        assert {q for _, q in heard} == {df.last_run.final.query_id}
+
+        run = runtime.start_query("open-query")
+        assert runtime._executor_started("grpc://127.0.0.1:1", "open-query") is False
+        run.close()
+        client = FlightWorkerTransport(token=runtime.token)
+        try:  # over the wire, as an executor asks: a closed or unknown query
+            assert client.worker_started(runtime.driver_worker().url, "grpc://h:2", "open-query", 5)
+            assert client.worker_started(runtime.driver_worker().url, "grpc://h:2", "unknown", 5)
+            executor = next(iter(ran))  # no driver: the call is not known there
+            assert not client.worker_started(executor, "grpc://h:2", "unknown", 5)
+        finally:
+            client.close()
+    finally:
+        runtime.close()
