@@ -474,7 +474,7 @@ class _Stream:
 
 
 class _Replay:
-    """Batches already in memory, handed out one by one with a cancellation check each.
+    """Batches already in memory, handed out in paced slices with a cancellation check each.
 
     DataFusion works on a memory table's batches without returning to
     Python, so a cancelled task over it ran on until its fragment yielded (an
