@@ -417,8 +417,7 @@ class _Stream:
         """The next non-empty batch of the producer partitions (None at their end); lock held."""
         while True:
             try:
-                if self._binding.cancelled():
-                    raise QueryCancelled("query cancelled")
+                self._binding.check()
                 if self._it is None:
                     open_ = next(self._opens, None)
                     if open_ is None:
@@ -527,7 +526,6 @@ def _paced(batches: Iterator[pa.RecordBatch], binding: InputBinding) -> Iterator
                 if slow:
                     cap = max(1, int(piece.num_rows * PULL_SECONDS / took))
                 slow = True
-    binding.check()
 
 
 class _Scan:
