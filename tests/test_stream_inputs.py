@@ -131,7 +131,9 @@ def test_paced_slices_start_small_and_grow_to_whole_batches():
     sizes = _sizes(batches, got.append)
     assert pa.Table.from_batches(got).equals(pa.Table.from_batches(batches))
     assert sizes[0] == FIRST_SLICE_ROWS
-    assert sizes[-10:] == [8192] * 10  # whole batches once DataFusion keeps up
+    # Whole batches once the consumer keeps up (a stall on a busy machine may
+    # shrink a few slices, which then grow back).
+    assert sizes.count(8192) >= 20
 
 
 def test_paced_slices_shrink_after_two_slow_pulls():
