@@ -9,6 +9,14 @@ from pathlib import Path
 # tokio threads they need are fixed when DataFusion's runtime starts, before
 # distfusion is imported (distfusion.worker.stream_inputs.STREAM_EXCHANGES).
 os.environ.setdefault("DISTFUSION_STREAM_EXCHANGES", "1")
+# Object store credentials come from each worker's environment, as on a cluster:
+# fake ones for the local S3 server (tests/s3_server.py), which takes any.
+for _var, _value in (
+    ("AWS_ACCESS_KEY_ID", "testing"),
+    ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ("AWS_REGION", "us-east-1"),
+):
+    os.environ.setdefault(_var, _value)
 
 import pytest  # noqa: E402
 from datafusion import SessionContext  # noqa: E402
@@ -16,6 +24,7 @@ from datafusion import SessionContext  # noqa: E402
 from distfusion import tpch  # noqa: E402
 from distfusion.runtime.registry import runtime_from_name  # noqa: E402
 from tests.flight_cluster import start_workers, stop_workers  # noqa: E402
+from tests.s3_server import S3Server  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TPCH_SCALE = float(os.environ.get("DISTFUSION_TEST_SCALE", "0.1"))
@@ -41,6 +50,44 @@ def oracle(tpch_dir) -> SessionContext:
     ctx = SessionContext()
     tpch.register_tpch(ctx, tpch_dir)
     return ctx
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-protocol server on 127.0.0.1 (moto, its own process), for the session."""
+    server = S3Server()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+S3_BUCKET = "tpch"
+
+
+@pytest.fixture(scope="session")
+def s3_tpch(s3_server, tpch_dir) -> str:
+    """``s3://tpch/sf<scale>``: the TPC-H files of :func:`tpch_dir`, uploaded to :func:`s3_server`.
+
+    Register with :func:`s3_store` first: its endpoint is the local server.
+    """
+    prefix = f"sf{TPCH_SCALE:g}"
+    s3_server.create_bucket(S3_BUCKET)
+    s3_server.upload_dir(tpch_dir, S3_BUCKET, prefix)
+    return f"s3://{S3_BUCKET}/{prefix}"
+
+
+@pytest.fixture(scope="session")
+def s3_store(s3_server):
+    """``s3_store(bucket, **arguments)``: an ``AmazonS3`` store of the local server (no keys)."""
+    from distfusion.object_store import AmazonS3
+
+    def make(bucket: str = S3_BUCKET, **arguments):
+        return AmazonS3(
+            bucket_name=bucket, endpoint=s3_server.endpoint, allow_http=True, **arguments
+        )
+
+    return make
 
 
 FLIGHT_WORKERS = 3

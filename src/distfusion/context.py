@@ -35,7 +35,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
-from distfusion import udfs
+from distfusion import object_store, udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
@@ -360,6 +360,42 @@ class DistributedContext:
         self._held: dict[str, object] = {}  # table -> what its source needs (a Spark DataFrame)
 
     # ------------------------------------------------------------- registration
+    def register_object_store(self, scheme: str, store, host: str | None = None) -> None:
+        """Read and write ``scheme://host/...`` URLs through ``store``, here and on every worker.
+
+        As DataFusion's ``SessionContext.register_object_store``, with its store
+        classes as :mod:`distfusion.object_store` offers them (same names and
+        arguments: ``AmazonS3``, ``GoogleCloud``, ``MicrosoftAzure``, ``Http``,
+        ``LocalFileSystem``); they remember their arguments, so that each
+        worker builds the store again before it decodes a task plan. Without
+        explicit keys, every worker takes credentials from its own environment.
+        A bucket with no store registered gets one from the environment when a
+        table on it is registered (:func:`distfusion.object_store.spec_for`).
+
+        Args:
+            scheme: ``"s3://"``, ``"gs://"``, ``"az://"``, ``"abfss://"``, ``"https://"``, ...
+            store: the store, e.g. ``AmazonS3(bucket_name="lake", region="eu-west-1")``.
+            host: the bucket (container, host) it serves, as in DataFusion.
+
+        Raises:
+            TypeError: ``store`` is a plain ``datafusion.object_store`` store
+                (use :mod:`distfusion.object_store`'s class of the same name).
+
+        Example:
+            >>> from distfusion import DistributedContext, LocalRuntime
+            >>> from distfusion.object_store import AmazonS3
+            >>> ctx = DistributedContext(runtime=LocalRuntime())
+            >>> ctx.register_object_store("s3://", AmazonS3(bucket_name="lake"), "lake")
+        """
+        object_store.register(scheme, store, host)
+        object_store.add_to(self.ctx)
+
+    def _stores_for(self, path: str) -> None:
+        """Make sure the store of ``path`` (when a URL) is known here and to DataFusion."""
+        if object_store.is_url(path):
+            object_store.spec_for(path)
+            object_store.add_to(self.ctx)
+
     def register_parquet(
         self,
         name: str,
@@ -370,6 +406,10 @@ class DistributedContext:
         """Register the Parquet file, directory (recursively) or glob at ``path`` as ``name``.
 
         Each file becomes one work unit; its footer gives row counts and sizes.
+        ``path`` may be an object store URL (``s3://bucket/tpch/lineitem/``,
+        ``gs://``, ``az://``, ``https://``): listed and its footers read through
+        the store (:meth:`register_object_store`); every task reads its files
+        from there.
 
         ``table_partition_cols`` (as DataFusion's ``register_parquet``): the table
         is partitioned by directory, Hive style, as Spark's ``partitionBy``
@@ -384,6 +424,7 @@ class DistributedContext:
                 of every partition column.
         """
         path = os.fspath(path)
+        self._stores_for(path)
         _check_path(name, path, ".parquet")
         cols = [(c, t) for c, t in (table_partition_cols or [])]
         try:
@@ -407,10 +448,13 @@ class DistributedContext:
     ) -> None:
         """Register the CSV file, directory or glob at ``path`` as ``name``.
 
+        ``path`` may be an object store URL, as for :meth:`register_parquet`.
+
         Raises:
             PlanningError: no CSV file at ``path``, or DataFusion cannot infer a schema.
         """
         path = os.fspath(path)
+        self._stores_for(path)
         _check_path(name, path, ".csv")
         try:
             self.ctx.register_csv(
@@ -625,6 +669,8 @@ class DistributedContext:
         if st.schema_qualified:  # another schema: DataFusion's alone (no source)
             return self.ctx.sql(sql)
         source = self.sources.get(st.table)
+        if st.kind == "external" and st.location:
+            self._stores_for(st.location)
         if st.kind == "dml" and source is not None and source.format != "memory":
             msg = (
                 f"cannot write into table {st.table!r}: it is read from {source.format} files; "

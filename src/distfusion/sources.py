@@ -29,12 +29,13 @@ import base64
 import glob
 import os
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datafusion import SessionContext, col, lit
 
+from distfusion import object_store
 from distfusion.errors import PlanningError
 from distfusion.work_unit_feed.table import (
     UNKNOWN_FEED_BYTES,
@@ -161,9 +162,42 @@ class TableSource:
 def list_files(path: str, extension: str) -> list[str]:
     """The ``extension`` files at ``path`` (a file, a directory searched recursively, a glob).
 
+    ``path`` may be an object store URL (``s3://bucket/prefix/``): see
+    :func:`list_sized`.
+
     Raises:
-        PlanningError: nothing exists at ``path``, or no such file is there.
+        PlanningError: nothing exists at ``path``, or no such file is there, or
+            the object store cannot be listed.
     """
+    return [f for f, _ in list_sized(path, extension)]
+
+
+def list_sized(path: str, extension: str) -> list[tuple[str, int]]:
+    """``(file, size in bytes)`` of the ``extension`` files at ``path``, sorted.
+
+    A local ``path`` is a file, a directory (searched recursively) or a glob,
+    its files named by absolute path. An object store URL (``s3://``,
+    ``gs://``, ``az://``, ``https://``, ...) is listed through its store
+    (:func:`distfusion.object_store.list_objects`), its files named by URL.
+
+    Raises:
+        PlanningError: nothing exists at ``path``, no such file is there, or
+            the store cannot be listed (the message names the URL and the cause).
+    """
+    if path.startswith("file://"):
+        path = unquote(urlparse(path).path)
+    if object_store.is_url(path):
+        try:
+            return object_store.list_objects(path, extension)
+        except FileNotFoundError as exc:
+            raise PlanningError(str(exc)) from None
+        except Exception as exc:  # obstore's errors: unreachable, refused, no bucket
+            msg = f"cannot list {path}: {object_store.describe(exc)}"
+            raise PlanningError(msg) from None
+    return [(os.path.abspath(f), os.path.getsize(f)) for f in _local_files(path, extension)]
+
+
+def _local_files(path: str, extension: str) -> list[str]:
     if not any(ch in path for ch in "*?[") and not os.path.exists(path):
         msg = f"no such file or directory: {path!r}"
         raise PlanningError(msg)
@@ -202,12 +236,9 @@ def parquet_source(
     row_width = sum(_arrow_width(f.type) for f in schema)
     units = []
     column_bytes: dict[str, int] = {}
-    for f in list_files(os.fspath(path), ".parquet"):
-        try:
-            md = pq.ParquetFile(f).metadata
-        except Exception as exc:
-            msg = f"table {name!r}: cannot read the Parquet footer of {f}: {exc}"
-            raise PlanningError(msg) from exc
+    files = list_sized(os.fspath(path), ".parquet")
+    for f, md in zip(files, _footers(name, files), strict=True):
+        f = f[0]
         size = 0
         for rg in range(md.num_row_groups):
             rgm = md.row_group(rg)
@@ -220,7 +251,7 @@ def parquet_source(
         values = _partition_values(name, os.fspath(path), f, partition_cols)
         units.append(
             WorkUnit(
-                path=os.path.abspath(f),
+                path=f,
                 size_bytes=size,
                 num_rows=md.num_rows,
                 partition_values=values,
@@ -231,6 +262,28 @@ def parquet_source(
         column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * _arrow_width(f.type))
     options = {"partition_cols": list(partition_cols)} if partition_cols else {}
     return TableSource(name, "parquet", schema, tuple(units), column_bytes, options)
+
+
+def _footers(name: str, files: list[tuple[str, int]]) -> list[pq.FileMetaData]:
+    """The Parquet footer of every ``(file, size)`` (an object store's read in parallel).
+
+    Raises:
+        PlanningError: a footer cannot be read (names the table and the file).
+    """
+    if files and object_store.is_url(files[0][0]):
+        try:
+            return object_store.read_parquet_metadata_all(files)
+        except Exception as exc:
+            msg = f"table {name!r}: cannot read a Parquet footer: {object_store.describe(exc)}"
+            raise PlanningError(msg) from None
+    out = []
+    for f, _ in files:
+        try:
+            out.append(pq.ParquetFile(f).metadata)
+        except Exception as exc:
+            msg = f"table {name!r}: cannot read the Parquet footer of {f}: {exc}"
+            raise PlanningError(msg) from exc
+    return out
 
 
 def _partition_values(
@@ -245,9 +298,14 @@ def _partition_values(
     """
     if not partition_cols:
         return ()
-    base = root if os.path.isdir(root) else os.path.dirname(root)
+    if object_store.is_url(root):
+        base = root.rstrip("/") if not root.endswith(".parquet") else root.rsplit("/", 1)[0]
+        parts = file[len(base) :].strip("/").split("/")[:-1] if file.startswith(base) else []
+    else:
+        base = root if os.path.isdir(root) else os.path.dirname(root)
+        parts = os.path.relpath(file, base).split(os.sep)[:-1]
     found: dict[str, str] = {}
-    for part in os.path.relpath(file, base).split(os.sep)[:-1]:
+    for part in parts:
         key, sep, value = part.partition("=")
         if sep and key in partition_cols and key not in found:
             found[key] = unquote(value)
@@ -278,8 +336,8 @@ def csv_source(
     Raises:
         PlanningError: no ``.csv`` file at ``path``.
     """
-    files = list_files(os.fspath(path), ".csv")
-    units = tuple(WorkUnit(path=os.path.abspath(f), size_bytes=os.path.getsize(f)) for f in files)
+    files = list_sized(os.fspath(path), ".csv")
+    units = tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
     options = {"has_header": has_header, "delimiter": delimiter}
     return TableSource(name, "csv", schema, units, {}, options)
 
@@ -397,6 +455,7 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
                 batches.extend(r)
         ctx.register_record_batches(sql_name(source.name), [batches])
         return
+    check_files_exist(source.name, [u.path for u in units])
     frames = []
     partition_cols = source.options.get("partition_cols") or []
     if partition_cols:
@@ -420,6 +479,38 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     for other in frames[1:]:
         df = df.union(other)
     ctx.register_view(sql_name(source.name), df)
+
+
+def check_files_exist(table: str, paths: list[str]) -> None:
+    """Raise unless every file of ``paths`` (a table's units) exists now.
+
+    DataFusion reads a file path that names nothing as an empty table (it
+    lists it as a prefix), so a file deleted after its table was registered
+    would lose its rows without a word; single-node DataFusion and Spark fail
+    such a read. Local files are checked with ``stat``; objects with one
+    HEAD request each (:func:`distfusion.object_store.missing_objects`).
+
+    Raises:
+        FileNotFoundError: a file is gone (names the table and up to 3 files,
+            and how to register the table again).
+        OSError: an object store refused or could not be reached (names the cause).
+    """
+    remote = [p for p in paths if object_store.is_url(p)]
+    gone = [p for p in paths if p and p not in remote and not os.path.exists(p)]
+    if remote:
+        try:
+            gone += object_store.missing_objects(remote)
+        except Exception as exc:  # obstore's errors: unreachable, refused
+            msg = f"table {table!r}: cannot reach {remote[0]}: {object_store.describe(exc)}"
+            raise OSError(msg) from None
+    if gone:
+        more = f" (and {len(gone) - 3} more)" if len(gone) > 3 else ""
+        msg = (
+            f"table {table!r}: source file {', '.join(gone[:3])}{more} no longer exists: it "
+            "was removed after the table was registered; if the table's files changed on "
+            "purpose, register it again (ctx.register_parquet / register_csv) to list them anew"
+        )
+        raise FileNotFoundError(msg)
 
 
 def _with_partition_values(

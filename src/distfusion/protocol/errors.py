@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import traceback
 
-from distfusion import errors
+from distfusion import errors, object_store
 from distfusion.errors import DistfusionError, TaskError
 
 __all__ = ["KIND", "error_from_dict", "error_to_dict", "task_error"]
@@ -70,8 +70,13 @@ def error_from_dict(d: dict) -> DistfusionError | None:
 def task_error(stage_id: int, task_index: int, worker: str, exc: BaseException) -> TaskError:
     """``exc``, raised by task ``task_index`` of stage ``stage_id`` on ``worker``, as a TaskError.
 
-    The cause is ``"Kind: message"``; the traceback is kept as ``remote_traceback``.
+    The cause is ``"Kind: message"`` (an object store's refusal with a hint
+    about the worker's credentials, :func:`distfusion.object_store.hint`); the
+    traceback is kept as ``remote_traceback``. Explicitly given credentials of
+    the process's object stores are blanked out of both
+    (:func:`distfusion.object_store.redact`).
     """
-    cause = f"{type(exc).__name__}: {exc}"
-    tb = "".join(traceback.format_exception(exc))
+    cause = object_store.redact(f"{type(exc).__name__}: {exc}")
+    cause += object_store.hint(cause)
+    tb = object_store.redact("".join(traceback.format_exception(exc)))
     return TaskError(stage_id, task_index, worker, cause, tb)

@@ -12,6 +12,7 @@ pickled. See docs/architecture.md for where each message is used::
     cancel_query  the query id (UTF-8)               nothing
     keepalive     JSON list of query ids             nothing
     stats         nothing                            {"live_tasks", "bytes_held", ...}
+    set_object_stores  JSON list of object store specs   nothing
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "ACTION_CANCEL_QUERY",
     "ACTION_KEEPALIVE",
     "ACTION_QUERY_METRICS",
+    "ACTION_SET_OBJECT_STORES",
     "ACTION_SET_PLAN",
     "ACTION_STATS",
     "ACTION_TASK_STATS",
@@ -58,6 +60,11 @@ ACTION_WORKER_STARTED = "worker_started"
 it starts (its first task, of query ``query_id``) to the driver's worker, so that
 cancelling a query reaches it. Answer: JSON ``{"cancelled": bool}``: the query was
 closed already (its task must not run)."""
+ACTION_SET_OBJECT_STORES = "set_object_stores"
+"""Body: JSON ``[[scheme://host, StoreSpec.to_json()], ...]``
+(:func:`distfusion.object_store.to_json`): the coordinator's object stores,
+credentials included, sent before a worker's first task plan and again when
+they change; only to workers that take a token. Answer: nothing."""
 ACTION_WRITE_PART = "write_part"
 """Body: JSON ``{"part": HeadPart.to_json(), "spec": WriteSpec.to_json()}``: run
 a part of a head stage and write its rows as files (``distfusion.write``).

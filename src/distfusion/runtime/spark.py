@@ -88,7 +88,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from distfusion import udfs
+from distfusion import object_store, udfs
 from distfusion.errors import (
     PlanningError,
     QueryCancelled,
@@ -1727,8 +1727,10 @@ def _task_function(tasks, entry, *args):
             ``entry(partition index, records, *args)``.
         *args: the rest of ``entry``'s arguments (pickled with the closure).
 
-    The driver's Python UDFs made by :func:`distfusion.udf` travel with the
-    closure too and are registered on the executor before the task runs.
+    The driver's Python UDFs made by :func:`distfusion.udf` and its object
+    stores (:mod:`distfusion.object_store`, explicit credentials included:
+    Spark's closure is the channel) travel with the closure too and are
+    registered on the executor before the task runs.
 
     It is a closure, so cloudpickle ships it by value, and it refers to nothing
     of distfusion until it runs: an executor that cannot import distfusion or
@@ -1739,6 +1741,7 @@ def _task_function(tasks, entry, *args):
     """
     report = error_to_dict(TaskError(-1, -1, "", ""))
     shipped = udfs.specs()  # the driver's Python UDFs, pickled with this closure
+    stores = object_store.specs()  # and its object stores (credentials: Spark's channel)
 
     def run(index, records):
         try:
@@ -1762,6 +1765,8 @@ def _task_function(tasks, entry, *args):
             raise RuntimeError(ERROR_MARKER + _json.dumps(failed)) from None
         if shipped:
             spark_runtime.udfs.install(shipped)
+        if stores:
+            spark_runtime.object_store.install(stores)
         out = getattr(spark_runtime, entry)(index, records, *args)
         spark_runtime.freeze_heap_once()
         return out
@@ -2052,12 +2057,15 @@ def frame_function(parts: list[HeadPart], token: str, budget: int | None, thread
     nothing of distfusion until it runs, and carries the driver's Python UDFs.
     """
     shipped = udfs.specs()
+    stores = object_store.specs()
 
     def run(batches):
         import distfusion.runtime.spark as spark_runtime  # on the executor
 
         if shipped:
             spark_runtime.udfs.install(shipped)
+        if stores:
+            spark_runtime.object_store.install(stores)
         for batch in batches:
             for i in batch.column(0).to_pylist():
                 try:

@@ -34,9 +34,14 @@ def query(n: int) -> str:
 def table_path(data_dir: str | os.PathLike, table: str) -> str:
     """Where ``table`` lives under ``data_dir``: a directory of files, or one file.
 
+    Under an object store URL (``s3://bucket/tpch-sf1``), the directory
+    ``<url>/<table>/`` (not checked here: registering it lists it).
+
     Raises:
         FileNotFoundError: neither ``<dir>/<table>/`` nor ``<dir>/<table>.parquet`` exists.
     """
+    if "://" in os.fspath(data_dir):
+        return f"{os.fspath(data_dir).rstrip('/')}/{table}/"
     for candidate in (os.path.join(data_dir, table), os.path.join(data_dir, f"{table}.parquet")):
         if os.path.exists(candidate):
             return candidate

@@ -54,9 +54,11 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from distfusion import object_store
 from distfusion.errors import (
     AuthenticationError,
     FeedError,
+    PlanningError,
     QueryCancelled,
     TransportError,
     WorkerUnavailableError,
@@ -73,6 +75,7 @@ from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
     ACTION_QUERY_METRICS,
+    ACTION_SET_OBJECT_STORES,
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
@@ -240,6 +243,7 @@ class FlightWorkerTransport:
         self.cancel_timeout_s = cancel_timeout_s
         self.poll_s = poll_s
         self._clients: dict[str, object] = {}
+        self._stores_sent: dict[str, int] = {}  # URL -> object_store.version() it has
         self._aborted: dict[str, Exception] = {}  # query id -> error to raise in its reads
         self._readers: dict[str, set] = {}  # query id -> its open DoGet streams
         self._lock = threading.Lock()
@@ -280,16 +284,59 @@ class FlightWorkerTransport:
     def set_plan(self, url: str, plan: TaskPlan) -> None:
         """See :meth:`WorkerTransport.set_plan`.
 
+        Before a worker's first plan, and whenever this process's object stores
+        changed since, the stores are sent to it (:meth:`send_object_stores`).
+
         Raises:
             WorkerUnavailableError: the worker cannot be reached (names it and the task).
             AuthenticationError: the worker rejected the token.
+            PlanningError: a store has explicit credentials and this transport
+                has no token (see :meth:`send_object_stores`).
         """
         try:
+            self.send_object_stores(url)
             self._action(url, ACTION_SET_PLAN, plan.to_json().encode(), self.action_timeout_s)
         except WorkerUnavailableError as exc:
             raise WorkerUnavailableError(
                 url, f"delivering {task_name(plan.key)}: {exc.detail}"
             ) from None
+
+    def send_object_stores(self, url: str) -> None:
+        """Give worker ``url`` this process's object stores, unless it has them already.
+
+        One ``set_object_stores`` call per worker and change of the stores
+        (:func:`distfusion.object_store.version`). Credentials given explicitly
+        to a store travel only to workers this transport authenticates to.
+
+        Raises:
+            PlanningError: a store has explicit credentials and this transport
+                sends no token: the workers would take them from anyone.
+            WorkerUnavailableError: the worker cannot be reached.
+            AuthenticationError: the worker rejected the token.
+        """
+        version = object_store.version()
+        if self._stores_sent.get(url) == version:
+            return
+        shipped = object_store.specs()
+        if shipped:
+            keyed = [key for key, spec in shipped if spec.has_secrets]
+            if keyed and not self._headers:
+                msg = (
+                    f"object store {keyed[0]} was registered with explicit credentials, and the "
+                    "Flight workers take calls without a token: credentials go only to "
+                    "authenticated workers. Start the workers with a token (--token-file, "
+                    f"${TOKEN_ENV}) and give it to the runtime, or give the workers "
+                    "credentials in their environment and register the store without keys"
+                )
+                raise PlanningError(msg)
+            self._action(
+                url,
+                ACTION_SET_OBJECT_STORES,
+                object_store.to_json(shipped),
+                self.action_timeout_s,
+                "sending object stores",
+            )
+        self._stores_sent[url] = version
 
     def execute_partition(
         self, url: str, key: TaskKey, partition: int, timeout_s: float | None = None

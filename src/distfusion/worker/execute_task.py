@@ -31,7 +31,7 @@ import pyarrow as pa
 from datafusion import DataFrame, RuntimeEnvBuilder, SessionConfig, SessionContext, col, lit
 from datafusion.functions import spark as spark_functions
 
-from distfusion import udfs
+from distfusion import object_store, udfs
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.planner.substrait import consume_plan
@@ -74,7 +74,10 @@ def task_context(
     memory: TaskMemory | None = None,
     settings: dict[str, str] | None = None,
 ) -> SessionContext:
-    """A fresh DataFusion context for one task, with this process's UDFs (:mod:`distfusion.udfs`).
+    """A fresh DataFusion context for one task, with this process's UDFs and object stores.
+
+    The UDFs of :mod:`distfusion.udfs` and the stores of
+    :mod:`distfusion.object_store` are registered before any plan is decoded.
 
     Args:
         target_partitions: threads (DataFusion partitions) the task may use.
@@ -93,6 +96,7 @@ def task_context(
     if memory is None or (memory.pool_bytes is None and memory.spill_dir is None):
         ctx = SessionContext(config)
         udfs.add_to(ctx)
+        object_store.add_to(ctx)
         return ctx
     runtime = RuntimeEnvBuilder()
     if memory.pool_bytes is not None:
@@ -103,6 +107,7 @@ def task_context(
         runtime = runtime.with_disk_manager_os()
     ctx = SessionContext(config, runtime)
     udfs.add_to(ctx)  # the Python UDFs this process knows
+    object_store.add_to(ctx)  # and its object stores, before any plan is decoded
     return ctx
 
 

@@ -54,6 +54,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from distfusion import object_store
 from distfusion.errors import QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import task_error
@@ -62,6 +63,7 @@ from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
     ACTION_KEEPALIVE,
     ACTION_QUERY_METRICS,
+    ACTION_SET_OBJECT_STORES,
     ACTION_SET_PLAN,
     ACTION_STATS,
     ACTION_TASK_STATS,
@@ -133,6 +135,7 @@ class _Server(flight.FlightServerBase):
     def list_actions(self, context):
         return [
             (ACTION_SET_PLAN, "queue a task: body is a TaskPlan JSON document"),
+            (ACTION_SET_OBJECT_STORES, "register object stores: body is a JSON list of specs"),
             (ACTION_CANCEL_QUERY, "stop every task of a query and free its state"),
             (ACTION_KEEPALIVE, "the coordinator of these query ids (JSON list) is alive"),
             (ACTION_STATS, "live tasks, bytes held, plans received (JSON)"),
@@ -362,6 +365,9 @@ class FlightWorker:
                 stats["live_queries"] = len(self._seen)
             stats["pid"] = os.getpid()
             return [json.dumps(stats).encode()]
+        if name == ACTION_SET_OBJECT_STORES:
+            object_store.install(object_store.from_json(body))
+            return []
         if name == ACTION_WRITE_PART:
             return [self._write_part(body)]
         if name == ACTION_WORKER_STARTED and self.on_worker_started is not None:

@@ -1,0 +1,678 @@
+"""Object stores: tables read and written where they live (S3, GCS, Azure, HTTP).
+
+Registered as in DataFusion, with DataFusion's store classes and arguments::
+
+    from distfusion import DistributedContext
+    from distfusion.object_store import AmazonS3
+
+    ctx = DistributedContext()
+    ctx.register_object_store("s3://", AmazonS3(bucket_name="lake", region="eu-west-1"), "lake")
+    ctx.register_parquet("lineitem", "s3://lake/tpch/lineitem/")
+
+The classes here (:class:`AmazonS3`, :class:`GoogleCloud`, :class:`MicrosoftAzure`,
+:class:`Http`, :class:`LocalFileSystem`) *are* DataFusion's
+(``datafusion.object_store``): subclasses that also remember the arguments they
+were made with, so that every worker builds the same store again (a Rust
+object cannot travel). A URL whose bucket has no store registered gets one made
+from the environment when a table is registered (``s3://b`` -> ``AmazonS3(b)``
+with ``AWS_REGION`` / ``AWS_ENDPOINT_URL`` of the coordinator), as
+``datafusion-cli`` does.
+
+**One registry per process** (as :mod:`distfusion.udfs`): a store registered on
+a context is known to every task of this process; a task's DataFusion session
+gets every store before its plan is decoded (:func:`add_to`). Other processes
+get the stores' *specs* (:class:`StoreSpec`: kind and arguments) and build them
+again (:func:`install`): Spark executors with each job's closure (pickled by
+Spark, as PySpark's UDFs are), Flight workers through a ``set_object_stores``
+call of the coordinator before their first task plan
+(:data:`~distfusion.protocol.messages.ACTION_SET_OBJECT_STORES`).
+
+**Credentials.** A store made without keys takes them, on every worker, from
+that worker's environment, as the AWS, Google and Azure SDKs and Spark
+executors do (DataFusion's builders read ``AWS_*`` / ``AZURE_*`` variables,
+profiles and instance metadata). Keys given explicitly on the coordinator
+travel only over an authenticated channel (Spark's task closure, a Flight
+worker with a token; the Flight runtime refuses to send them to workers
+without one), and never in task plans, ``explain()``, logs, errors or
+metrics: a spec's ``repr`` hides them and :func:`redact` blanks their values
+out of error messages.
+
+**Listing and footers** on the coordinator use `obstore
+<https://developmentseed.org/obstore/>`_, the Python binding of the Rust
+``object_store`` crate that DataFusion itself reads with: the same URLs,
+configuration keys and credential chain as the tasks' reads, and a store for
+HTTP too (``pyarrow.fs`` has its own AWS SDK configuration and no HTTP store;
+fsspec would be a third). Its requests retry a few times within seconds
+(:data:`COORDINATOR_RETRY`), so a wrong endpoint fails registration quickly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+import datafusion.object_store as _df_store
+import obstore
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datafusion import SessionContext
+from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, S3Store
+
+__all__ = [
+    "AmazonS3",
+    "GoogleCloud",
+    "Http",
+    "LocalFileSystem",
+    "MicrosoftAzure",
+    "StoreSpec",
+    "add_to",
+    "describe",
+    "hint",
+    "install",
+    "is_url",
+    "list_objects",
+    "missing_objects",
+    "read_parquet_metadata",
+    "read_parquet_metadata_all",
+    "redact",
+    "register",
+    "registered",
+    "spec_for",
+    "specs",
+    "store_url",
+]
+
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "azure", "http", "https")
+"""URL schemes read through an object store (``file://`` and plain paths are local files)."""
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an object in an object store (``s3://b/k``), not a local file."""
+    scheme = urlparse(path).scheme.lower()
+    return scheme in SCHEMES
+
+
+def store_url(url: str) -> str:
+    """``scheme://host`` of ``url``: the key its store is registered under (as DataFusion's).
+
+    Raises:
+        ValueError: ``url`` has no scheme or no host (bucket).
+    """
+    parsed = urlparse(url)
+    if not parsed.scheme or not parsed.netloc:
+        msg = f"not an object store URL (scheme://bucket/key): {url!r}"
+        raise ValueError(msg)
+    return f"{parsed.scheme.lower()}://{parsed.netloc}"
+
+
+# ---------------------------------------------------------------------- store classes
+class _Remembers:
+    """A DataFusion store that remembers its constructor's arguments (:meth:`spec`)."""
+
+    kind: str = ""
+    secret_arguments: tuple[str, ...] = ()
+    _base: type
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        bound = inspect.signature(self._base).bind(*args, **kwargs)
+        self.arguments = dict(bound.arguments)
+        """The arguments the store was made with, by name."""
+
+    def spec(self) -> StoreSpec:
+        """What another process needs to build this store again."""
+        return StoreSpec(self.kind, tuple(sorted(self.arguments.items())))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({_shown(self.arguments, self.secret_arguments)})"
+
+
+class AmazonS3(_Remembers, _df_store.AmazonS3):
+    """DataFusion's ``AmazonS3`` store (same arguments), rebuilt on every worker.
+
+    Arguments not given are read from each worker's environment (``AWS_*``
+    variables, profiles, instance metadata), as DataFusion's builder does; but
+    ``allow_http`` is always this argument (DataFusion sets it explicitly).
+    """
+
+    kind = "s3"
+    secret_arguments = ("access_key_id", "secret_access_key", "session_token")
+    _base = _df_store.AmazonS3
+
+
+class GoogleCloud(_Remembers, _df_store.GoogleCloud):
+    """DataFusion's ``GoogleCloud`` store (same arguments), rebuilt on every worker.
+
+    Without ``service_account_path``, each worker uses Google's application
+    default credentials.
+    """
+
+    kind = "gcs"
+    _base = _df_store.GoogleCloud
+
+
+class MicrosoftAzure(_Remembers, _df_store.MicrosoftAzure):
+    """DataFusion's ``MicrosoftAzure`` store (same arguments), rebuilt on every worker.
+
+    Arguments not given are read from each worker's environment (``AZURE_*``).
+    """
+
+    kind = "azure"
+    secret_arguments = ("access_key", "bearer_token", "client_secret", "sas_query_pairs")
+    _base = _df_store.MicrosoftAzure
+
+
+class Http(_Remembers, _df_store.Http):
+    """DataFusion's ``Http`` store (same arguments): files served over HTTP(S)."""
+
+    kind = "http"
+    _base = _df_store.Http
+
+
+class LocalFileSystem(_Remembers, _df_store.LocalFileSystem):
+    """DataFusion's ``LocalFileSystem`` store (same arguments)."""
+
+    kind = "local"
+    _base = _df_store.LocalFileSystem
+
+
+_CLASSES: dict[str, type] = {
+    c.kind: c for c in (AmazonS3, GoogleCloud, MicrosoftAzure, Http, LocalFileSystem)
+}
+
+
+def _shown(arguments: dict, secret: tuple[str, ...]) -> str:
+    return ", ".join(
+        f"{k}={'***' if k in secret and v is not None else repr(v)}" for k, v in arguments.items()
+    )
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """A store as plain data: its kind and constructor arguments.
+
+    What travels to the workers (never inside a task plan); ``repr`` hides
+    secret arguments.
+
+    Attributes:
+        kind: ``"s3"``, ``"gcs"``, ``"azure"``, ``"http"`` or ``"local"``.
+        arguments: ``(name, value)`` pairs of the store class's constructor.
+    """
+
+    kind: str
+    arguments: tuple[tuple[str, Any], ...]
+
+    @property
+    def secret_arguments(self) -> tuple[str, ...]:
+        """The names of the arguments that are credentials."""
+        return _CLASSES[self.kind].secret_arguments
+
+    def secrets(self) -> list[str]:
+        """The values of the credential arguments given (as text), to keep out of messages."""
+        out = []
+        for name, value in self.arguments:
+            if name not in self.secret_arguments or value is None:
+                continue
+            if isinstance(value, list | tuple):  # Azure's SAS query pairs
+                out.extend(str(v) for pair in value for v in pair[1:])
+            else:
+                out.append(str(value))
+        return [s for s in out if s]
+
+    @property
+    def has_secrets(self) -> bool:
+        """Whether credentials were given explicitly (not from the workers' environment)."""
+        return bool(self.secrets())
+
+    def build(self) -> Any:
+        """The DataFusion store (one of this module's classes).
+
+        Raises:
+            ValueError: ``kind`` is unknown.
+            Exception: DataFusion's error (a panic surfaced as an exception)
+                when the arguments do not make a store.
+        """
+        cls = _CLASSES.get(self.kind)
+        if cls is None:
+            msg = f"unknown object store kind {self.kind!r}"
+            raise ValueError(msg)
+        return cls(**dict(self.arguments))
+
+    def to_json(self) -> dict:
+        """The spec as JSON-able data, secrets included (for an authenticated channel only)."""
+        return {"kind": self.kind, "arguments": [[k, v] for k, v in self.arguments]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> StoreSpec:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: ``d`` is not a store spec.
+        """
+        try:
+            kind = str(d["kind"])
+            arguments = tuple((str(k), _tuples(v)) for k, v in d["arguments"])
+        except (KeyError, TypeError, ValueError) as exc:
+            msg = f"not an object store spec: {exc}"
+            raise ValueError(msg) from exc
+        if kind not in _CLASSES:
+            msg = f"not an object store spec: unknown kind {kind!r}"
+            raise ValueError(msg)
+        return cls(kind, arguments)
+
+    def __repr__(self) -> str:
+        return f"StoreSpec({self.kind}: {_shown(dict(self.arguments), self.secret_arguments)})"
+
+
+def _tuples(value: Any) -> Any:
+    """JSON lists back as tuples (Azure's SAS pairs), other values as they are."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------------- the registry
+# "s3://bucket" -> the DataFusion store object, and its spec when it has one.
+_STORES: dict[str, Any] = {}
+_SPECS: dict[str, StoreSpec] = {}
+_LOCK = threading.Lock()
+_version = 0
+
+
+def _key(scheme: str, host: str | None) -> tuple[str, str, str]:
+    """``(key, scheme://, host)`` of a registration, as DataFusion's ``register_object_store``."""
+    scheme = scheme.lower()
+    scheme = scheme if scheme.endswith("://") else scheme.rstrip(":/") + "://"
+    host = host or ""
+    return scheme + host, scheme, host
+
+
+def register(scheme: str, store: Any, host: str | None = None) -> str:
+    """Make ``store`` known to this process's tasks for URLs ``scheme://host/...``.
+
+    Args:
+        scheme: ``"s3://"`` (or ``"s3"``), ``"gs://"``, ``"az://"``, ``"https://"``, ...
+        store: one of this module's store classes.
+        host: the bucket, container or host the store serves (as DataFusion's
+            ``host`` argument).
+
+    Returns:
+        The registry key, ``scheme://host``.
+
+    Raises:
+        TypeError: ``store`` is a plain DataFusion store (it cannot be built
+            again on another worker: use this module's class of the same name).
+    """
+    if not isinstance(store, _Remembers):
+        name = type(store).__name__
+        msg = (
+            f"register_object_store takes distfusion.object_store.{name} (the same class and "
+            f"arguments as DataFusion's {name}, which also remembers them so that every "
+            f"worker can build the store again), got {type(store).__module__}.{name}"
+        )
+        raise TypeError(msg)
+    key, _, _ = _key(scheme, host)
+    global _version
+    with _LOCK:
+        _STORES[key] = store
+        _SPECS[key] = store.spec()
+        _version += 1
+    return key
+
+
+def registered() -> dict[str, StoreSpec]:
+    """The stores of this process by ``scheme://host`` (a copy)."""
+    with _LOCK:
+        return dict(_SPECS)
+
+
+def version() -> int:
+    """A number that changes whenever a store is registered in this process."""
+    return _version
+
+
+def specs() -> tuple[tuple[str, StoreSpec], ...]:
+    """``(scheme://host, spec)`` of every store of this process: what other processes get."""
+    with _LOCK:
+        return tuple(_SPECS.items())
+
+
+def install(shipped: tuple[tuple[str, StoreSpec], ...]) -> None:
+    """On a worker: register the stores the coordinator sent (each built once per process).
+
+    A store whose spec equals the one registered under its key is not built again.
+
+    Raises:
+        Exception: DataFusion's error when a spec does not make a store.
+    """
+    global _version
+    for key, spec in shipped:
+        with _LOCK:
+            if _SPECS.get(key) == spec:
+                continue
+        store = spec.build()
+        with _LOCK:
+            _STORES[key] = store
+            _SPECS[key] = spec
+            _version += 1
+
+
+def add_to(ctx: SessionContext) -> None:
+    """Register every store of this process in ``ctx`` (a task's or the coordinator's session)."""
+    with _LOCK:
+        stores = list(_STORES.items())
+    for key, store in stores:
+        scheme, _, host = key.partition("://")
+        ctx.register_object_store(scheme + "://", store, host or None)
+
+
+def spec_for(url: str) -> StoreSpec:
+    """The spec of the store serving ``url``; one made from the environment if none is registered.
+
+    A store made here is registered (:func:`register`): ``s3://b`` gets
+    ``AmazonS3(bucket_name=b)`` with ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` and
+    ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT`` of this process (``allow_http``
+    when the endpoint is ``http://`` or ``AWS_ALLOW_HTTP`` is true); ``gs://b``
+    ``GoogleCloud(b)``; ``az://c``, ``abfs[s]://c@account...``
+    ``MicrosoftAzure(c, account)``; ``http(s)://host`` ``Http``. Credentials
+    are never taken here: each worker reads its own.
+
+    Raises:
+        ValueError: ``url`` is not an object store URL.
+    """
+    key = store_url(url)
+    with _LOCK:
+        spec = _SPECS.get(key)
+    if spec is not None:
+        return spec
+    scheme, _, host = key.partition("://")
+    register(scheme, _from_environment(scheme, host), host)
+    return registered()[key]
+
+
+def _from_environment(scheme: str, host: str) -> Any:
+    env = os.environ
+    if scheme in ("s3", "s3a"):
+        endpoint = env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")
+        allow_http = (endpoint or "").startswith("http://") or env.get(
+            "AWS_ALLOW_HTTP", ""
+        ).lower() in ("1", "true")
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        return AmazonS3(bucket_name=host, region=region, endpoint=endpoint, allow_http=allow_http)
+    if scheme in ("gs", "gcs"):
+        return GoogleCloud(bucket_name=host)
+    if scheme in ("az", "azure", "abfs", "abfss", "adl"):
+        container, _, rest = host.partition("@")
+        account = rest.split(".", 1)[0] if rest else None
+        return MicrosoftAzure(container_name=container, account=account)
+    if scheme in ("http", "https"):
+        return Http(f"{scheme}://{host}")
+    msg = f"no object store for {scheme}:// URLs"
+    raise ValueError(msg)
+
+
+def redact(text: str) -> str:
+    """``text`` with every explicitly given credential of this process's stores blanked out."""
+    with _LOCK:
+        secrets = [s for spec in _SPECS.values() for s in spec.secrets()]
+    for s in sorted(secrets, key=len, reverse=True):
+        if len(s) >= 4:  # never blank out a word of the message itself
+            text = text.replace(s, "***")
+    return text
+
+
+def describe(exc: BaseException) -> str:
+    """An object store error's message for people: its first paragraph, credentials blanked out.
+
+    obstore's messages end with a ``Debug source:`` dump of the error chain.
+    """
+    text = str(exc).split("\n\nDebug source:", 1)[0].strip() or type(exc).__name__
+    return redact(text)
+
+
+_REFUSED = (
+    "169.254.169.254",  # instance metadata asked: no credentials in the environment
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "403 Forbidden",
+    "401 Unauthorized",
+    "NoCredentialProviders",
+    "credential",
+)
+
+
+def hint(message: str) -> str:
+    """What to do about an object store's refusal in ``message`` (``""`` when it is none).
+
+    A worker without credentials (DataFusion then asks the instance metadata
+    endpoint), or with keys the store refuses, gets a hint to give the worker
+    credentials in its own environment or the store explicit keys.
+    """
+    if "Object Store error" not in message and "S3 error" not in message:
+        return ""
+    if not any(r in message for r in _REFUSED):
+        return ""
+    return (
+        " -- the object store refused this worker's request: it has no credentials, or "
+        "the store rejects them; give each worker credentials in its environment "
+        "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance role; "
+        "AZURE_STORAGE_*; GOOGLE_APPLICATION_CREDENTIALS) or register the store with "
+        "explicit keys (distfusion.object_store)"
+    )
+
+
+# ---------------------------------------------------------------------- obstore access
+COORDINATOR_RETRY = {
+    "max_retries": 3,
+    "retry_timeout": timedelta(seconds=10),
+    "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2)},
+}
+"""Retries of the coordinator's listing and footer requests: a wrong endpoint or a
+server that does not answer fails registration within seconds (object_store's
+default retries for three minutes)."""
+
+_CLIENT = {"connect_timeout": timedelta(seconds=5), "timeout": timedelta(seconds=60)}
+_OBSTORES: dict[tuple[StoreSpec, str], Any] = {}
+
+
+def _obstore(spec: StoreSpec, key: str) -> Any:
+    """An obstore store equivalent to ``spec`` (cached per process)."""
+    cached = _OBSTORES.get((spec, key))
+    if cached is not None:
+        return cached
+    a = {k: v for k, v in spec.arguments if v is not None}
+    client = dict(_CLIENT)
+    if a.get("allow_http"):
+        client["allow_http"] = True
+    common = {"client_options": client, "retry_config": COORDINATOR_RETRY}
+    if spec.kind == "s3":
+        config = {
+            name: a[arg]
+            for arg, name in (
+                ("region", "region"),
+                ("access_key_id", "access_key_id"),
+                ("secret_access_key", "secret_access_key"),
+                ("session_token", "session_token"),
+                ("endpoint", "endpoint"),
+            )
+            if arg in a
+        }
+        if a.get("imdsv1_fallback"):
+            config["imdsv1_fallback"] = True
+        store = S3Store(a["bucket_name"], config=config, **common)
+    elif spec.kind == "gcs":
+        config = (
+            {"service_account": a["service_account_path"]} if "service_account_path" in a else {}
+        )
+        store = GCSStore(a["bucket_name"], config=config, **common)
+    elif spec.kind == "azure":
+        config = {
+            name: a[arg]
+            for arg, name in (
+                ("account", "account_name"),
+                ("access_key", "account_key"),
+                ("bearer_token", "token"),
+                ("client_id", "client_id"),
+                ("client_secret", "client_secret"),
+                ("tenant_id", "tenant_id"),
+                ("use_emulator", "use_emulator"),
+                ("use_fabric_endpoint", "use_fabric_endpoint"),
+            )
+            if arg in a
+        }
+        if "sas_query_pairs" in a:
+            config["sas_key"] = "&".join(f"{k}={v}" for k, v in a["sas_query_pairs"])
+        store = AzureStore(a["container_name"], config=config, **common)
+    elif spec.kind == "http":
+        store = HTTPStore.from_url(key, **common)
+    else:
+        store = LocalStore(a.get("prefix"))
+    _OBSTORES[(spec, key)] = store
+    return store
+
+
+def _located(url: str) -> tuple[Any, str]:
+    """``(obstore store, path inside it)`` for ``url`` (a store from the environment if none)."""
+    spec = spec_for(url)
+    key = store_url(url)
+    path = urlparse(url).path.lstrip("/")
+    return _obstore(spec, key), path
+
+
+def _hidden(relative: str) -> bool:
+    """A path below the listed prefix in a hidden or temporary folder or file (``_*``, ``.*``)."""
+    return any(part.startswith(("_", ".")) for part in relative.split("/") if part)
+
+
+def _glob_match(key: str, pattern: str) -> bool:
+    """``key`` matches ``pattern`` segment by segment: ``*`` does not cross ``/``."""
+    parts, pats = key.split("/"), pattern.split("/")
+    return len(parts) == len(pats) and all(
+        fnmatch.fnmatchcase(k, p) for k, p in zip(parts, pats, strict=True)
+    )
+
+
+def list_objects(url: str, extension: str) -> list[tuple[str, int]]:
+    """The ``extension`` objects at ``url``: ``(URL, size in bytes)``, sorted by URL.
+
+    ``url`` names one object (``s3://b/t/part-0.parquet``), a "directory"
+    (``s3://b/t/``, listed recursively; with or without the slash), or a glob
+    (``s3://b/t/*.parquet``, ``*`` ``?`` ``[...]`` over the whole key).
+    Objects in folders or with names starting with ``_`` or ``.`` below the
+    listed prefix (``_SUCCESS``, ``_temporary/``, ``.crc``) are skipped, as
+    Spark and Hive skip them.
+
+    Raises:
+        FileNotFoundError: nothing with ``extension`` is there.
+        OSError: the store cannot be reached, or refuses (credentials, a
+            missing bucket): obstore's error, its message naming the URL.
+    """
+    store, path = _located(url)
+    base = store_url(url)
+    glob = any(ch in path for ch in "*?[")
+    if not glob and path.endswith(extension):
+        try:
+            meta = obstore.head(store, path)
+            return [(f"{base}/{meta['path']}", int(meta["size"]))]
+        except FileNotFoundError:
+            pass  # a "directory" named like a file (Spark writes t.parquet/): list it
+    prefix = path
+    if glob:
+        cut = min(i for i, ch in enumerate(path) if ch in "*?[")
+        prefix = path[:cut].rsplit("/", 1)[0] if "/" in path[:cut] else ""
+    prefix = prefix.rstrip("/")
+    out = []
+    for chunk in obstore.list(store, prefix + "/" if prefix else None, chunk_size=1000):
+        for meta in chunk:
+            key = meta["path"]
+            if _hidden(key[len(prefix) :]) or not key.endswith(extension):
+                continue
+            if glob and not _glob_match(key, path):
+                continue
+            out.append((f"{base}/{key}", int(meta["size"])))
+    if not out:
+        msg = f"no {extension} files found at {url!r}"
+        raise FileNotFoundError(msg)
+    return sorted(out)
+
+
+FOOTER_READ_BYTES = 64 * 1024
+"""Bytes read from the end of a Parquet file for its footer in one request (the
+whole footer of most files; a larger footer takes a second request)."""
+
+
+def read_parquet_metadata(url: str, size: int) -> pq.FileMetaData:
+    """The Parquet footer of the object at ``url`` of ``size`` bytes (one or two range reads).
+
+    Raises:
+        OSError: the object cannot be read (obstore's error, naming the URL).
+        ValueError: it is not a Parquet file.
+    """
+    store, path = _located(url)
+    start = max(0, size - FOOTER_READ_BYTES)
+    tail = bytes(obstore.get_range(store, path, start=start, end=size))
+    if len(tail) < 8 or tail[-4:] != b"PAR1":
+        msg = f"{url} is not a Parquet file (no PAR1 magic at its end)"
+        raise ValueError(msg)
+    footer = int.from_bytes(tail[-8:-4], "little") + 8
+    if footer > len(tail):
+        tail = bytes(obstore.get_range(store, path, start=size - footer, end=size))
+    return pq.ParquetFile(pa.BufferReader(tail)).metadata
+
+
+def read_parquet_metadata_all(
+    objects: list[tuple[str, int]], threads: int = 16
+) -> list[pq.FileMetaData]:
+    """:func:`read_parquet_metadata` of every ``(url, size)``, ``threads`` requests at a time."""
+    if len(objects) <= 1:
+        return [read_parquet_metadata(u, s) for u, s in objects]
+    with ThreadPoolExecutor(min(threads, len(objects))) as pool:
+        return list(pool.map(lambda o: read_parquet_metadata(*o), objects))
+
+
+def missing_objects(urls: list[str], threads: int = 16) -> list[str]:
+    """The URLs of ``urls`` that name no object now (one HEAD request each, in parallel).
+
+    Raises:
+        OSError: the store cannot be reached or refuses a request (other than "not found").
+    """
+
+    def gone(url: str) -> bool:
+        store, path = _located(url)
+        try:
+            obstore.head(store, path)
+        except FileNotFoundError:
+            return True
+        return False
+
+    if not urls:
+        return []
+    with ThreadPoolExecutor(min(threads, len(urls))) as pool:
+        flags = list(pool.map(gone, urls))
+    return [u for u, g in zip(urls, flags, strict=True) if g]
+
+
+def to_json(shipped: tuple[tuple[str, StoreSpec], ...]) -> bytes:
+    """``shipped`` (from :func:`specs`) as JSON bytes: the body of ``set_object_stores``."""
+    return json.dumps([[key, spec.to_json()] for key, spec in shipped]).encode()
+
+
+def from_json(body: bytes) -> tuple[tuple[str, StoreSpec], ...]:
+    """Inverse of :func:`to_json`.
+
+    Raises:
+        ValueError: ``body`` is not a list of store specs.
+    """
+    try:
+        return tuple((str(key), StoreSpec.from_json(d)) for key, d in json.loads(body))
+    except (TypeError, ValueError) as exc:
+        msg = f"not a list of object store specs: {exc}"
+        raise ValueError(msg) from exc
