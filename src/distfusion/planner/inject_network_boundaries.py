@@ -63,6 +63,7 @@ from distfusion.planner.push_dimension_joins import push_dimension_joins
 from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.reuse_exchanges import ExchangeReuse
+from distfusion.planner.scan_filters import any_of, filter_over_read, scan_filters
 from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
@@ -93,6 +94,7 @@ from distfusion.stages import (
     StageGraph,
     StageInput,
 )
+from distfusion.work_unit_feed import filters
 
 __all__ = ["plan_stages"]
 
@@ -126,6 +128,10 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         self.next_stage_id = max(first_stage_id, max(self.ran, default=0) + 1)
         self.tables: set[str] = set()
         self.spark_columns = _spark_columns(plan, self.sources)
+        # Feed table -> what each of its reads' filters implies (scan_filters), and
+        # the filter right above the read being visited (filter_over_read).
+        self.feed_filters: dict[str, list[tuple]] = {}
+        self._filter_above: tuple[str, tuple] | None = None
 
     def seal(
         self,
@@ -226,6 +232,8 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 # Chunked only when the fragment is linear in its one feed.
                 chunked = n in chunkable and len(feeds) == 1
                 options = {**self.sources[n].options, "chunked": chunked}
+                if self.sources[n].is_feed:
+                    options["filters"] = filters.to_json(any_of(self.feed_filters.get(n, [])))
                 if self.sources[n].is_spark:
                     options["columns"] = self.spark_columns.get(n)
                 source = replace(self.sources[n], options=options)
@@ -330,6 +338,14 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         scan_bytes = source.projected_bytes(cols)
         rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
         if source.is_feed:
+            above = (
+                self._filter_above[1]
+                if self._filter_above and self._filter_above[0] == name
+                else ()
+            )
+            self._filter_above = None
+            implied = scan_filters(read, self.registry) + above
+            self.feed_filters.setdefault(name, []).append(implied)
             tasks = _feed_tasks(self.config, source.options.get("tasks"))
             est = Estimate(rows, scan_bytes)
             return Fragment(unproject_read(rel), tasks, est, chunkable=frozenset([name]))
@@ -368,7 +384,13 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
 
     def visit_filter(self, rel: Rel) -> Fragment:
         names = conjunct_names(rel.filter.condition, self.registry)
-        return self._pipeline(rel, filter_selectivity(names))
+        over = filter_over_read(rel, self.registry)
+        if over is not None and over[0] in self.sources and self.sources[over[0]].is_feed:
+            self._filter_above = over  # what the feed's read below keeps (visit_read)
+        try:
+            return self._pipeline(rel, filter_selectivity(names))
+        finally:
+            self._filter_above = None
 
     def visit_project(self, rel: Rel) -> Fragment:
         # Only this projection's own expressions: a projection above a window

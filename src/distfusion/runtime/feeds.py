@@ -29,6 +29,7 @@ from distfusion.errors import FeedError, PlanningError
 from distfusion.protocol.task_plan import ScanShare, TaskKey
 from distfusion.stages import SourceScan, Stage
 from distfusion.transport.base import WorkerTransport
+from distfusion.work_unit_feed import filters
 from distfusion.work_unit_feed.feed import (
     FeedSession,
     close_query_feeds,
@@ -99,6 +100,7 @@ class QueryFeeds:
                     table=scan.source.name,
                     replayable=self.replayable,
                     on_error=self._failed,
+                    filters=filters.from_json(scan.source.options.get("filters") or []),
                 )
                 self._sessions[key] = session
         return session

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from distfusion.errors import FeedError, QueryCancelled
+from distfusion.work_unit_feed.filters import Filter
 from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = [
@@ -72,19 +73,30 @@ class FeedContext:
         feed_id: the feed's UUID.
         table: the table name the feed backs.
         stage_id: the leaf stage reading the feed.
+        filters: what the read's filter implies about the table's columns, a
+            conjunction (:mod:`distfusion.work_unit_feed.filters`; empty: no
+            filter). A provider may skip units no row of which can pass them;
+            the filter still runs in the tasks, so skipping is optional.
         shared: a dict shared by every partition of this session (for
             providers whose partitions share one discovery, guarded by ``lock``).
         lock: a lock for ``shared``.
     """
 
     def __init__(
-        self, query_id: str, num_partitions: int, feed_id: str, table: str, stage_id: int
+        self,
+        query_id: str,
+        num_partitions: int,
+        feed_id: str,
+        table: str,
+        stage_id: int,
+        filters: tuple[Filter, ...] = (),
     ) -> None:
         self.query_id = query_id
         self.num_partitions = num_partitions
         self.feed_id = feed_id
         self.table = table
         self.stage_id = stage_id
+        self.filters = filters
         self.shared: dict = {}
         self.lock = threading.Lock()
         self._cancelled = threading.Event()
@@ -466,6 +478,7 @@ class WorkUnitFeed:
         table: str = "",
         replayable: bool = False,
         on_error: Callable[[FeedError], None] | None = None,
+        filters: tuple[Filter, ...] = (),
     ) -> FeedSession:
         """Start streaming this feed for one leaf stage of query ``query_id``.
 
@@ -479,11 +492,12 @@ class WorkUnitFeed:
             replayable: keep every unit so that a reader may start again (a
                 retried task); memory grows with the units (their bytes).
             on_error: called once, from a provider thread, with the first failure.
+            filters: what the read's filter implies (:attr:`FeedContext.filters`).
 
         Returns:
             The started session; :func:`close_query_feeds` closes it.
         """
-        ctx = FeedContext(query_id, num_partitions, self.id, table, stage_id)
+        ctx = FeedContext(query_id, num_partitions, self.id, table, stage_id, filters)
         session = FeedSession(self, ctx, replayable, on_error)
         self._sessions.append(session)
         with _LOCK:
