@@ -390,6 +390,14 @@ class DistributedContext:
         object_store.register(scheme, store, host)
         object_store.add_to(self.ctx)
 
+    def deregister_object_store(self, scheme: str, host: str | None = None) -> None:
+        """Stop reading ``scheme://host/...`` through the store registered for it (DataFusion's)."""
+        object_store.deregister(scheme, host)
+        try:
+            self.ctx.deregister_object_store(scheme, host)
+        except Exception:  # DataFusion's: none registered here
+            pass
+
     def _stores_for(self, path: str) -> None:
         """Make sure the store of ``path`` (when a URL) is known here and to DataFusion."""
         if object_store.is_url(path):

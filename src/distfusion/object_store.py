@@ -74,6 +74,7 @@ __all__ = [
     "MicrosoftAzure",
     "StoreSpec",
     "add_to",
+    "deregister",
     "describe",
     "hint",
     "install",
@@ -325,6 +326,20 @@ def register(scheme: str, store: Any, host: str | None = None) -> str:
         _SPECS[key] = store.spec()
         _version += 1
     return key
+
+
+def deregister(scheme: str, host: str | None = None) -> None:
+    """Forget the store of ``scheme://host`` in this process (no error when there is none).
+
+    Workers that got it keep it until it is replaced; the coordinator's tasks
+    and later ``set_object_stores`` calls no longer carry it.
+    """
+    key, _, _ = _key(scheme, host)
+    global _version
+    with _LOCK:
+        if _STORES.pop(key, None) is not None:
+            _SPECS.pop(key, None)
+            _version += 1
 
 
 def registered() -> dict[str, StoreSpec]:
