@@ -392,3 +392,115 @@ def test_to_spark_result_outlives_pysparks_idle_timeout(spark_ctx, spark_session
     time.sleep(75)
     assert_same_result(frame.toArrow(), oracle_result(oracle, GROUPED), False, check_types=False)
     sdf.release()
+
+
+# ------------------------------------------------------------------ object stores (issue 24)
+@pytest.fixture
+def s3_out(s3_server, s3_store, request) -> str:
+    """A fresh ``s3://out/<test>/`` prefix on the local S3 server, its store registered."""
+    from distfusion import object_store
+
+    s3_server.create_bucket("out")
+    object_store.register("s3://", s3_store("out"), "out")
+    return f"s3://out/{request.node.name.replace('[', '-').replace(']', '')}"
+
+
+def _s3_files(server, url: str) -> list[str]:
+    """Keys below ``url`` relative to it (``_SUCCESS`` and ``_temporary`` included)."""
+    prefix = url.removeprefix("s3://out/").rstrip("/") + "/"
+    return [k[len(prefix) :] for k in server.keys("out", prefix)]
+
+
+def _s3_read_back(url: str, expected: pa.Table, partition_cols=()) -> pa.Table:
+    from distfusion import LocalRuntime
+
+    reader = DistributedContext(runtime=LocalRuntime(workers=2))
+    cols = [(c, expected.schema.field(c).type) for c in partition_cols]
+    reader.register_parquet("r", url, table_partition_cols=cols or None)
+    names = ", ".join(f'"{n}"' for n in expected.column_names)
+    return reader.sql(f"SELECT {names} FROM r").to_arrow_table()
+
+
+def test_write_parquet_to_s3_commits_the_files_then_a_manifest(ctx, oracle, s3_server, s3_out):
+    import json
+
+    files = ctx.sql(JOIN).write_parquet(s3_out)
+    expected = oracle_result(oracle, JOIN)
+    keys = _s3_files(s3_server, s3_out)
+    assert not [k for k in keys if k.startswith("_temporary")]
+    assert sorted(k for k in keys if k != "_SUCCESS") == sorted(f.relpath for f in files)
+    assert len(files) > 1 and sum(f.rows for f in files) == expected.num_rows
+    body = s3_server.client.get_object(Bucket="out", Key=f"{s3_out[9:]}/_SUCCESS")["Body"].read()
+    manifest = json.loads(body)
+    assert sorted(f["relpath"] for f in manifest["files"]) == sorted(f.relpath for f in files)
+    assert_same_result(_s3_read_back(s3_out, expected), expected, False, check_types=False)
+
+
+def test_write_parquet_to_s3_partitioned(ctx, oracle, s3_out):
+    files = ctx.sql(JOIN).write_parquet(s3_out, partition_by=["l_returnflag"])
+    assert {f.relpath.split("/")[0] for f in files} == {
+        "l_returnflag=A",
+        "l_returnflag=N",
+        "l_returnflag=R",
+    }
+    expected = oracle_result(oracle, JOIN)
+    got = _s3_read_back(s3_out, expected, ["l_returnflag"])
+    assert_same_result(got, expected, False, check_types=False)
+
+
+def test_s3_output_with_objects_is_an_error_unless_overwrite(s3_server, s3_out):
+    ctx = DistributedContext(runtime=_local())
+    ctx.register_table("t", pa.table({"a": [1, 2, 3]}))
+    s3_server.client.put_object(Bucket="out", Key=f"{s3_out[9:]}/old.parquet", Body=b"x")
+    with pytest.raises(OutputExistsError, match="mode='overwrite'"):
+        ctx.sql("SELECT a FROM t").write_parquet(s3_out)
+    assert "old.parquet" in _s3_files(s3_server, s3_out)
+    ctx.sql("SELECT a FROM t").write_parquet(s3_out, mode="overwrite")
+    assert "old.parquet" not in _s3_files(s3_server, s3_out)
+    got = _s3_read_back(s3_out, pa.table({"a": pa.array([], pa.int64())}))
+    assert sorted(got.column("a").to_pylist()) == [1, 2, 3]
+
+
+def test_s3_committer_drops_failed_and_duplicate_attempts(s3_server, s3_out):
+    spec = WriteSpec(s3_out, "q" * 36, "parquet", pa.schema([("a", pa.int64())]))
+    committer = FileCommitter(spec)
+    committer.setup_job()
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        write_task(spec, 0, _batches(3, fail_after=1))
+    assert _s3_files(s3_server, s3_out) == []  # the failed attempt uploaded nothing
+    first = write_task(spec, 0, _batches(3))
+    write_task(spec, 0, _batches(3))  # a speculative attempt whose result is not used
+    other = write_task(spec, 1, _batches(1))
+    files = committer.commit_job([first, other])
+    assert sorted(_s3_files(s3_server, s3_out)) == sorted(
+        ["_SUCCESS", f"part-00000-{'q' * 8}.parquet", f"part-00001-{'q' * 8}.parquet"]
+    )
+    assert [f.rows for f in files] == [30, 10]
+
+
+def test_s3_aborted_job_leaves_no_object(s3_server, s3_out):
+    spec = WriteSpec(s3_out, "q" * 36, "parquet", pa.schema([("a", pa.int64())]))
+    committer = FileCommitter(spec)
+    committer.setup_job()
+    write_task(spec, 0, _batches(2))
+    assert _s3_files(s3_server, s3_out)  # staged below _temporary
+    committer.abort_job()
+    assert _s3_files(s3_server, s3_out) == []
+
+
+def test_task_killed_mid_write_to_s3_on_spark_leaves_no_partial_or_duplicate_file(
+    spark_ctx, oracle, fail_task, s3_server, s3_out
+):
+    df = spark_ctx.sql(FILTER)
+    head = df.stage_graph().head
+    fail_task(f"{head.stage_id}:0:always")
+    with pytest.raises(TaskError, match="injected failure"):
+        df.write_parquet(f"{s3_out}/failed")
+    assert _s3_files(s3_server, f"{s3_out}/failed") == []
+    fail_task(f"{head.stage_id}:0:1")
+    files = df.write_parquet(f"{s3_out}/ok")
+    keys = _s3_files(s3_server, f"{s3_out}/ok")
+    assert sorted(k for k in keys if k != "_SUCCESS") == sorted(f.relpath for f in files)
+    assert len(files) == 2
+    expected = oracle_result(oracle, FILTER)
+    assert_same_result(_s3_read_back(f"{s3_out}/ok", expected), expected, False, check_types=False)

@@ -398,11 +398,22 @@ class DistributedContext:
         except Exception:  # DataFusion's: none registered here
             pass
 
-    def _stores_for(self, path: str) -> None:
-        """Make sure the store of ``path`` (when a URL) is known here and to DataFusion."""
-        if object_store.is_url(path):
-            object_store.spec_for(path)
-            object_store.add_to(self.ctx)
+    def _stores_for(self, path: str, extension: str | None = None) -> str:
+        """Make sure the store of ``path`` (when a URL) is known here and to DataFusion.
+
+        Returns:
+            ``path``, a URL naming a "directory" with the ``/`` DataFusion
+            needs to list it (``s3://b/t`` -> ``s3://b/t/``) when ``extension``
+            is given and the URL does not end with it.
+        """
+        if not object_store.is_url(path):
+            return path
+        object_store.spec_for(path)
+        object_store.add_to(self.ctx)
+        glob = any(ch in path for ch in "*?[")
+        if extension and not glob and not path.endswith((extension, "/")):
+            return path + "/"
+        return path
 
     def register_parquet(
         self,
@@ -431,8 +442,7 @@ class DistributedContext:
                 its schema, or a file is not below a ``column=value`` directory
                 of every partition column.
         """
-        path = os.fspath(path)
-        self._stores_for(path)
+        path = self._stores_for(os.fspath(path), ".parquet")
         _check_path(name, path, ".parquet")
         cols = [(c, t) for c, t in (table_partition_cols or [])]
         try:
@@ -461,8 +471,7 @@ class DistributedContext:
         Raises:
             PlanningError: no CSV file at ``path``, or DataFusion cannot infer a schema.
         """
-        path = os.fspath(path)
-        self._stores_for(path)
+        path = self._stores_for(os.fspath(path), ".csv")
         _check_path(name, path, ".csv")
         try:
             self.ctx.register_csv(
@@ -1244,8 +1253,13 @@ class DistributedDataFrame:
         is written; a failed or retried task leaves no partial or duplicate
         file, a failed job no file at all (its temporary files are deleted).
 
+        On an object store (``path`` is ``s3://bucket/prefix/``, ...) tasks
+        upload their files below ``_temporary`` and the job commit copies them
+        into place, then writes ``_SUCCESS`` (a manifest of the files) last:
+        readers wait for it (:mod:`distfusion.write`).
+
         Args:
-            path: the output directory (made if missing).
+            path: the output directory (made if missing), or an object store URL.
             partition_by: columns written as Hive-style ``key=value/``
                 directories (not kept in the files), as Spark's ``partitionBy``.
             mode: ``"error"``: ``path`` must be missing or empty;
@@ -1284,8 +1298,10 @@ class DistributedDataFrame:
         if isinstance(partition_by, str):
             partition_by = [partition_by]
         query_id = str(uuid.uuid4())
+        path = os.fspath(path)
+        self.context._stores_for(path)
         spec = WriteSpec(
-            os.path.abspath(os.fspath(path)),
+            path if object_store.is_url(path) else os.path.abspath(path),
             query_id,
             fmt,
             self.schema(),

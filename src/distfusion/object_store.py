@@ -56,6 +56,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -74,13 +75,18 @@ __all__ = [
     "MicrosoftAzure",
     "StoreSpec",
     "add_to",
+    "copy_object",
+    "delete_objects",
     "deregister",
     "describe",
     "hint",
     "install",
     "is_url",
     "list_objects",
+    "list_prefix",
     "missing_objects",
+    "put_bytes",
+    "put_file",
     "read_parquet_metadata",
     "read_parquet_metadata_all",
     "redact",
@@ -673,6 +679,72 @@ def missing_objects(urls: list[str], threads: int = 16) -> list[str]:
     with ThreadPoolExecutor(min(threads, len(urls))) as pool:
         flags = list(pool.map(gone, urls))
     return [u for u, g in zip(urls, flags, strict=True) if g]
+
+
+def list_prefix(url: str) -> list[str]:
+    """Every object below ``url`` taken as a "directory" (hidden ones too), as URLs, sorted.
+
+    Raises:
+        OSError: the store cannot be reached or refuses (obstore's error).
+    """
+    store, path = _located(url)
+    base = store_url(url)
+    prefix = path.rstrip("/")
+    out = []
+    for chunk in obstore.list(store, prefix + "/" if prefix else None, chunk_size=1000):
+        out += [f"{base}/{meta['path']}" for meta in chunk]
+    return sorted(out)
+
+
+def put_file(url: str, local_path: str) -> None:
+    """Upload the local file ``local_path`` as object ``url`` (multipart when large).
+
+    Raises:
+        OSError: the store refuses or cannot be reached (obstore's error).
+    """
+    store, path = _located(url)
+    obstore.put(store, path, Path(local_path))
+
+
+def put_bytes(url: str, data: bytes) -> None:
+    """Write ``data`` as object ``url`` (one request).
+
+    Raises:
+        OSError: the store refuses or cannot be reached (obstore's error).
+    """
+    store, path = _located(url)
+    obstore.put(store, path, data, use_multipart=False)
+
+
+def copy_object(source: str, target: str) -> None:
+    """Copy object ``source`` to ``target`` in the same store, on the server (no data here).
+
+    Raises:
+        ValueError: the URLs are in different stores.
+        OSError: the store refuses or cannot be reached (obstore's error).
+    """
+    if store_url(source) != store_url(target):
+        msg = f"cannot copy {source} to another store ({target})"
+        raise ValueError(msg)
+    store, src = _located(source)
+    _, dst = _located(target)
+    obstore.copy(store, src, dst)
+
+
+def delete_objects(urls: list[str]) -> None:
+    """Delete the objects ``urls`` (batched per store; a missing one is no error).
+
+    Raises:
+        OSError: the store refuses or cannot be reached (obstore's error).
+    """
+    by_store: dict[str, list[str]] = {}
+    for url in urls:
+        by_store.setdefault(store_url(url), []).append(url)
+    for group in by_store.values():
+        store, _ = _located(group[0])
+        paths = [_located(u)[1] for u in group]
+        for start in range(0, len(paths), 1000):
+            obstore.delete(store, paths[start : start + 1000])
 
 
 def to_json(shipped: tuple[tuple[str, StoreSpec], ...]) -> bytes:

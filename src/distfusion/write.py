@@ -22,6 +22,27 @@ A failed or retried task therefore leaves no partial or duplicate file in the
 output directory: only committed task directories are moved, and one per task.
 The files of a job that failed never appear (``_temporary`` is removed).
 
+**On an object store** (``s3://``, ``gs://``, ``az://``: no rename, let alone
+an atomic one) the same guarantees come from the coordinator choosing each
+task's attempt and ``_SUCCESS`` written last, as Hadoop's S3A committers do::
+
+    setup job     no object below path/ (mode="overwrite": all deleted)
+    task attempt  writes its files on local disk (a temporary directory),
+                  uploads them to path/_temporary/<query>/_attempt-<task>-<id>/...
+                  (each upload is atomic: whole or absent), returns where they are
+    commit task   the one attempt whose result reached the coordinator is the
+                  task's (every runtime reports one result per task); a lost
+                  or duplicate attempt's uploads are never copied
+    commit job    copies every committed file to path/ (on the server), then
+                  writes path/_SUCCESS: a JSON manifest of the files and their
+                  rows; deletes path/_temporary/<query>/
+    abort job     deletes path/_temporary/<query>/
+
+The files of a committed job appear one by one while it copies: a reader
+waits for ``_SUCCESS`` (Spark's and Hive's convention), whose manifest names
+exactly the job's files. A failed job leaves no file in ``path`` (only what
+is below ``_temporary``, deleted by the abort).
+
 Files are named ``part-<task, 5 digits>-<query id, 8 characters>.<ext>``;
 with ``partition_by``, Hive-style ``key=value/`` directories hold
 ``part-<task>-<query>-<n>.parquet`` (``pyarrow.dataset.write_dataset``).
@@ -32,15 +53,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from distfusion import object_store
 from distfusion.errors import DistfusionError
 
 __all__ = [
@@ -84,12 +107,19 @@ class WriteSpec:
     partition_by: tuple[str, ...] = ()
 
     @property
+    def remote(self) -> bool:
+        """The output is on an object store (``path`` is a URL): see the module docstring."""
+        return object_store.is_url(self.path)
+
+    @property
     def job_dir(self) -> str:
         """``path/_temporary/<query>``: every attempt and committed task of the job."""
+        if self.remote:
+            return f"{self.path.rstrip('/')}/{TEMPORARY}/{self.query_id}"
         return os.path.join(self.path, TEMPORARY, self.query_id)
 
     def task_dir(self, task: int) -> str:
-        """Where task ``task``'s committed files wait for the job commit."""
+        """Where task ``task``'s committed files wait for the job commit (local disk)."""
         return os.path.join(self.job_dir, f"task-{task:05d}")
 
     def to_json(self) -> str:
@@ -118,7 +148,9 @@ class WriteSpec:
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"not a distfusion write spec: {exc}"
             raise ValueError(msg) from exc
-        if spec.format not in FORMATS or not os.path.isabs(spec.path):
+        if spec.format not in FORMATS or not (
+            os.path.isabs(spec.path) or object_store.is_url(spec.path)
+        ):
             msg = f"write spec: format {spec.format!r} or path {spec.path!r} not accepted"
             raise ValueError(msg)
         return spec
@@ -126,16 +158,31 @@ class WriteSpec:
 
 @dataclass(frozen=True)
 class WrittenFile:
-    """A file a committed task wrote: its path below the output directory, its rows."""
+    """A file a committed task wrote: its path below the output directory, its rows.
+
+    ``staged``: on an object store, the URL where the file waits for the job
+    commit (below ``_temporary``); ``""`` on a file system.
+    """
 
     relpath: str
     rows: int
+    staged: str = ""
 
+    def to_json(self) -> dict:
+        """The file as JSON-able data (``staged`` only when set)."""
+        d: dict = {"relpath": self.relpath, "rows": self.rows}
+        if self.staged:
+            d["staged"] = self.staged
+        return d
 
-@dataclass
-class _Counted:
-    rows: int = 0
-    files: list[str] = field(default_factory=list)
+    @classmethod
+    def from_json(cls, d: dict) -> WrittenFile:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            KeyError: ``relpath`` or ``rows`` is missing.
+        """
+        return cls(d["relpath"], d["rows"], d.get("staged", ""))
 
 
 def _plain(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -188,28 +235,14 @@ def write_task(
         Exception: whatever reading ``batches`` or writing raised; the
             attempt's directory is deleted first.
     """
+    if spec.remote:
+        return _write_task_remote(spec, task, batches, on_batch_written)
     attempt = os.path.join(spec.job_dir, f"_attempt-{task:05d}-{uuid.uuid4().hex[:12]}")
     os.makedirs(attempt, exist_ok=True)
     schema = file_schema(spec.schema)
     stem = f"part-{task:05d}-{spec.query_id[:8]}"
-    counted = _Counted()
-
-    def plain() -> Iterator[pa.RecordBatch]:
-        for b in batches:
-            if b.num_rows == 0:
-                continue
-            counted.rows += b.num_rows
-            yield _plain(b, schema)
-            if on_batch_written is not None:
-                on_batch_written()
-
     try:
-        if spec.partition_by:
-            _write_partitioned(spec, schema, attempt, stem, plain())
-        else:
-            _write_file(
-                spec.format, schema, os.path.join(attempt, f"{stem}.{spec.format}"), plain()
-            )
+        _write_local(spec, schema, attempt, stem, _plain_batches(spec, batches, on_batch_written))
         files = _listed(attempt)
         committed = spec.task_dir(task)
         try:
@@ -223,6 +256,75 @@ def write_task(
         shutil.rmtree(attempt, ignore_errors=True)
         raise
     return [WrittenFile(f, _rows(os.path.join(spec.task_dir(task), f), spec.format)) for f in files]
+
+
+def _plain_batches(
+    spec: WriteSpec,
+    batches: Iterator[pa.RecordBatch],
+    on_batch_written: Callable[[], None] | None,
+) -> Iterator[pa.RecordBatch]:
+    schema = file_schema(spec.schema)
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        yield _plain(b, schema)
+        if on_batch_written is not None:
+            on_batch_written()
+
+
+def _write_local(
+    spec: WriteSpec, schema: pa.Schema, directory: str, stem: str, batches: Iterator
+) -> None:
+    """The task's files in ``directory``: one file, or Hive-style partition folders."""
+    if spec.partition_by:
+        _write_partitioned(spec, schema, directory, stem, batches)
+    else:
+        _write_file(spec.format, schema, os.path.join(directory, f"{stem}.{spec.format}"), batches)
+
+
+def _write_task_remote(
+    spec: WriteSpec,
+    task: int,
+    batches: Iterator[pa.RecordBatch],
+    on_batch_written: Callable[[], None] | None,
+) -> list[WrittenFile]:
+    """:func:`write_task` to an object store: files made locally, uploaded below ``_temporary``.
+
+    Nothing is left behind on failure: the local directory is removed, and
+    what was uploaded is deleted (or, if this process dies first, by the job's
+    commit or abort, which delete ``_temporary/<query>/``).
+    """
+    attempt = f"{spec.job_dir}/_attempt-{task:05d}-{uuid.uuid4().hex[:12]}"
+    stem = f"part-{task:05d}-{spec.query_id[:8]}"
+    local = tempfile.mkdtemp(prefix="distfusion-write-")
+    uploaded: list[str] = []
+    try:
+        _write_local(
+            spec,
+            file_schema(spec.schema),
+            local,
+            stem,
+            _plain_batches(spec, batches, on_batch_written),
+        )
+        out = []
+        for rel in _listed(local):
+            url = f"{attempt}/{rel.replace(os.sep, '/')}"
+            object_store.put_file(url, os.path.join(local, rel))
+            uploaded.append(url)
+            out.append(
+                WrittenFile(
+                    rel.replace(os.sep, "/"), _rows(os.path.join(local, rel), spec.format), url
+                )
+            )
+        return out
+    except BaseException:
+        try:
+            object_store.delete_objects(uploaded)
+        except Exception:  # the job's abort deletes _temporary/<query>/ anyway
+            pass
+        raise
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def write_part(
@@ -323,6 +425,9 @@ class FileCommitter:
             NotADirectoryError: the path is a file.
         """
         path = self.spec.path
+        if self.spec.remote:
+            self._setup_remote()
+            return
         if os.path.exists(path) and not os.path.isdir(path):
             msg = f"cannot write to {path!r}: it is a file, not a directory"
             raise NotADirectoryError(msg)
@@ -353,6 +458,8 @@ class FileCommitter:
             the schema; CSV: the header), so reading it back gives the columns.
         """
         spec = self.spec
+        if spec.remote:
+            return self._commit_remote(tasks)
         out: list[WrittenFile] = []
         for task, files in enumerate(tasks):
             for f in files:
@@ -375,7 +482,49 @@ class FileCommitter:
         """Delete the job's temporary directory (every attempt and committed task)."""
         self._remove_temporary()
 
+    def _setup_remote(self) -> None:
+        """Object store: no object below the path, or (overwrite) every one deleted."""
+        path = self.spec.path
+        try:
+            existing = object_store.list_prefix(path)
+        except Exception as exc:  # obstore's: unreachable, refused, no bucket
+            msg = f"cannot write to {path!r}: {object_store.describe(exc)}"
+            raise OSError(msg) from None
+        if existing and self.mode != "overwrite":
+            msg = (
+                f"cannot write to {path!r}: objects exist below it ({existing[0]}, ...); "
+                "pass mode='overwrite' to replace them, or choose another path"
+            )
+            raise OutputExistsError(msg)
+        object_store.delete_objects(existing)
+
+    def _commit_remote(self, tasks: list[list[WrittenFile]]) -> list[WrittenFile]:
+        """Object store: copy each task's files into place, then ``_SUCCESS`` (a manifest)."""
+        spec = self.spec
+        base = spec.path.rstrip("/")
+        out: list[WrittenFile] = []
+        for files in tasks:
+            for f in files:
+                object_store.copy_object(f.staged, f"{base}/{f.relpath}")
+                out.append(WrittenFile(f.relpath, f.rows))
+        if not out:
+            name = f"part-00000-{spec.query_id[:8]}.{spec.format}"
+            local = tempfile.mkdtemp(prefix="distfusion-write-")
+            try:
+                _write_empty(spec.format, file_schema(spec.schema), os.path.join(local, name))
+                object_store.put_file(f"{base}/{name}", os.path.join(local, name))
+            finally:
+                shutil.rmtree(local, ignore_errors=True)
+            out.append(WrittenFile(name, 0))
+        self._remove_temporary()
+        manifest = {"query_id": spec.query_id, "files": [f.to_json() for f in out]}
+        object_store.put_bytes(f"{base}/{SUCCESS}", json.dumps(manifest).encode())
+        return out
+
     def _remove_temporary(self) -> None:
+        if self.spec.remote:
+            object_store.delete_objects(object_store.list_prefix(self.spec.job_dir))
+            return
         shutil.rmtree(self.spec.job_dir, ignore_errors=True)
         parent = os.path.join(self.spec.path, TEMPORARY)
         try:

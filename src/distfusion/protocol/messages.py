@@ -68,7 +68,8 @@ they change; only to workers that take a token. Answer: nothing."""
 ACTION_WRITE_PART = "write_part"
 """Body: JSON ``{"part": HeadPart.to_json(), "spec": WriteSpec.to_json()}``: run
 a part of a head stage and write its rows as files (``distfusion.write``).
-Answer: a JSON list of the task's committed files ``{"relpath", "rows"}``."""
+Answer: a JSON list of the task's committed files ``{"relpath", "rows"}`` (and
+``"staged"``, the URL of a file uploaded to an object store: ``WrittenFile.to_json``)."""
 
 
 def _task_fields(key: TaskKey, timeout_s: float | None) -> dict:

@@ -542,7 +542,7 @@ class WorkerQueryRun:
             body = json.dumps({"part": part.to_json(), "spec": spec.to_json()})
             what = f"writing part {part.index} of stage {part.plan.key.stage_id}"
             files = remote(where(part), body, what)
-            return [WrittenFile(f["relpath"], f["rows"]) for f in files]
+            return [WrittenFile.from_json(f) for f in files]
 
         return _run_each(one, parts, len(parts))
 

@@ -533,13 +533,16 @@ class FlightWorkerTransport:
             what: names the part in errors.
 
         Returns:
-            The committed files, ``{"relpath", "rows"}`` each.
+            The committed files, ``WrittenFile.to_json()`` each (``{"relpath", "rows"}``
+            and, on an object store, ``"staged"``).
 
         Raises:
             TaskError: the part failed on the worker.
             WorkerUnavailableError: the worker cannot be reached.
             TransportError: the worker's answer is not a file list.
+            PlanningError: see :meth:`send_object_stores`.
         """
+        self.send_object_stores(url)  # the output may be on one
         answer = self._action(url, ACTION_WRITE_PART, body.encode(), None, what)
         try:
             return json.loads(answer[0])

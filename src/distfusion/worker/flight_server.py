@@ -403,7 +403,7 @@ class FlightWorker:
             raise task_error(key.stage_id, key.task_index, self.url, exc) from exc
         finally:
             self._touch(part.plan.key.query_id)
-        return json.dumps([{"relpath": f.relpath, "rows": f.rows} for f in files]).encode()
+        return json.dumps([f.to_json() for f in files]).encode()
 
     def _get(self, ticket: bytes):
         """A partition as a stream: each batch sent as the task produces it.
