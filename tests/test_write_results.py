@@ -504,3 +504,25 @@ def test_task_killed_mid_write_to_s3_on_spark_leaves_no_partial_or_duplicate_fil
     assert len(files) == 2
     expected = oracle_result(oracle, FILTER)
     assert_same_result(_s3_read_back(f"{s3_out}/ok", expected), expected, False, check_types=False)
+
+
+def test_cli_reads_and_writes_s3_with_the_store_from_the_environment(
+    tpch_dir, oracle, s3_server, monkeypatch, capsys
+):
+    from distfusion.cli import main
+
+    s3_server.create_bucket("clienv")  # a bucket no store was registered for
+    s3_server.upload_dir(tpch_dir / "orders", "clienv", "orders")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    sql = "SELECT o_orderstatus, count(*) AS n FROM orders GROUP BY 1"
+    argv = ["query", sql, "--table", "orders=s3://clienv/orders", "--runtime", "local"]
+    argv += ["--workers", "2", "--tasks-per-stage", "2", "--output", "s3://clienv/out"]
+    assert main(argv) == 0
+    assert "parquet files to s3://clienv/out" in capsys.readouterr().out
+    assert "out/_SUCCESS" in s3_server.keys("clienv", "out/")
+    expected = oracle_result(oracle, sql)
+    assert_same_result(
+        _s3_read_back("s3://clienv/out", expected), expected, False, check_types=False
+    )
+    assert main([*argv[:-1], "s3://clienv/one.csv"]) == 0
+    assert s3_server.keys("clienv", "one.csv") == ["one.csv"]

@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from distfusion import tpch, udfs
+from distfusion import object_store, tpch, udfs
 from distfusion.bench import run_tpch_bench
 from distfusion.context import DistributedConfig, DistributedContext
 from distfusion.display import print_table
-from distfusion.errors import DistfusionError
+from distfusion.errors import DistfusionError, PlanningError
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.registry import RUNTIMES, runtime_from_name, runtime_options
 from distfusion.worker import flight_cli
@@ -111,6 +111,13 @@ def _register_tables(ctx, args) -> None:
             os.path.isdir(path) and any(f.endswith(".csv") for f in os.listdir(path))
         ):
             ctx.register_csv(name, path)
+        elif object_store.is_url(path) and not path.endswith(".parquet"):
+            try:  # an object store "directory": Parquet files, else CSV files
+                ctx.register_parquet(name, path)
+            except PlanningError as exc:
+                if "no .parquet files" not in str(exc):
+                    raise
+                ctx.register_csv(name, path)
         else:
             ctx.register_parquet(name, path)
 
@@ -177,7 +184,12 @@ def cmd_query(args) -> int:
 
 
 def _is_directory(path: str) -> bool:
-    """``--output`` names a directory: it ends in a separator or is one."""
+    """``--output`` names a directory: it ends in a separator or is one.
+
+    An object store URL is a directory unless it names a ``.parquet`` or ``.csv`` file.
+    """
+    if object_store.is_url(path):
+        return not path.endswith((".parquet", ".csv"))
     return path.endswith(("/", os.sep)) or os.path.isdir(path)
 
 
@@ -191,13 +203,16 @@ def _write(table, path: str) -> None:
             ]
         )
     )
-    if path.endswith(".parquet"):
-        pq.write_table(table, path)
-    elif path.endswith(".csv"):
-        pcsv.write_csv(table, path)
-    else:
+    if not path.endswith((".parquet", ".csv")):
         msg = f"--output must end in .parquet or .csv, got {path!r}"
         raise DistfusionError(msg)
+    sink = pa.BufferOutputStream() if object_store.is_url(path) else path
+    if path.endswith(".parquet"):
+        pq.write_table(table, sink)
+    else:
+        pcsv.write_csv(table, sink)
+    if object_store.is_url(path):  # one object, written whole
+        object_store.put_bytes(path, sink.getvalue().to_pybytes())
 
 
 def cmd_datagen(args) -> int:
@@ -268,9 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
         "-t",
         action="append",
         metavar="NAME=PATH",
-        help="register a Parquet/CSV file, directory or glob",
+        help="register a Parquet/CSV file, directory or glob, local or an object store URL "
+        "(s3://bucket/prefix/, gs://, az://, https://; the store comes from the environment: "
+        "AWS_REGION, AWS_ENDPOINT_URL and each worker's own credentials)",
     )
-    q.add_argument("--tpch", metavar="DIR", help="register the eight TPC-H tables under DIR")
+    q.add_argument(
+        "--tpch", metavar="DIR", help="register the eight TPC-H tables under DIR (or a URL)"
+    )
     q.add_argument(
         "--udf",
         action="append",
@@ -298,9 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--output",
         "-o",
-        help="write the result to a .parquet or .csv file, or, for a path ending in '/' "
-        "or an existing directory, as one file per task written in parallel by the tasks "
-        "(DistributedDataFrame.write_parquet / write_csv)",
+        help="write the result to a .parquet or .csv file, or, for a path ending in '/', "
+        "an existing directory or an object store URL (s3://bucket/prefix), as one file per "
+        "task written in parallel by the tasks (DistributedDataFrame.write_parquet / write_csv)",
     )
     q.add_argument(
         "--output-format",
