@@ -59,6 +59,7 @@ from distfusion.sources import (
     list_files,
     memory_source,
     parquet_source,
+    register_scan,
     sql_name,
 )
 from distfusion.stages import StageGraph
@@ -358,6 +359,7 @@ class DistributedContext:
         self._written = False  # a write ran or may run: memory tables are read again
         self._feed_sources: dict[str, FeedTableSource] = {}
         self._held: dict[str, object] = {}  # table -> what its source needs (a Spark DataFrame)
+        self._file_views: set[str] = set()  # tables of listed files: a view here (_register_files)
 
     # ------------------------------------------------------------- registration
     def register_object_store(self, scheme: str, store, host: str | None = None) -> None:
@@ -418,14 +420,15 @@ class DistributedContext:
     def register_parquet(
         self,
         name: str,
-        path: str | os.PathLike,
+        path: str | os.PathLike | list,
         schema: pa.Schema | None = None,
         table_partition_cols: list[tuple[str, str | pa.DataType]] | None = None,
     ) -> None:
         """Register the Parquet file, directory (recursively) or glob at ``path`` as ``name``.
 
         Each file becomes one work unit; its footer gives row counts and sizes.
-        ``path`` may be an object store URL (``s3://bucket/tpch/lineitem/``,
+        ``path`` may also be a list of files: exactly those (no partition
+        columns then; without ``schema``, the first file's). It may be an object store URL (``s3://bucket/tpch/lineitem/``,
         ``gs://``, ``az://``, ``https://``): listed and its footers read through
         the store (:meth:`register_object_store`); every task reads its files
         from there.
@@ -442,6 +445,12 @@ class DistributedContext:
                 its schema, or a file is not below a ``column=value`` directory
                 of every partition column.
         """
+        if isinstance(path, list | tuple):
+            if table_partition_cols:
+                msg = "table_partition_cols needs a directory, not a list of files"
+                raise ValueError(msg)
+            self._register_files(name, "parquet", list(path), schema)
+            return
         path = self._stores_for(os.fspath(path), ".parquet")
         _check_path(name, path, ".parquet")
         cols = [(c, t) for c, t in (table_partition_cols or [])]
@@ -459,18 +468,23 @@ class DistributedContext:
     def register_csv(
         self,
         name: str,
-        path: str | os.PathLike,
+        path: str | os.PathLike | list,
         schema: pa.Schema | None = None,
         has_header: bool = True,
         delimiter: str = ",",
     ) -> None:
         """Register the CSV file, directory or glob at ``path`` as ``name``.
 
-        ``path`` may be an object store URL, as for :meth:`register_parquet`.
+        ``path`` may be an object store URL or a list of files, as for
+        :meth:`register_parquet`.
 
         Raises:
             PlanningError: no CSV file at ``path``, or DataFusion cannot infer a schema.
         """
+        if isinstance(path, list | tuple):
+            options = {"has_header": has_header, "delimiter": delimiter}
+            self._register_files(name, "csv", list(path), schema, options)
+            return
         path = self._stores_for(os.fspath(path), ".csv")
         _check_path(name, path, ".csv")
         try:
@@ -482,6 +496,50 @@ class DistributedContext:
             self._forget(name)
             raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
         self._add(csv_source(name, path, table_schema, has_header, delimiter))
+
+    def _register_files(
+        self,
+        name: str,
+        fmt: str,
+        files: list,
+        schema: pa.Schema | None,
+        options: dict | None = None,
+    ) -> None:
+        """Register exactly ``files`` (paths or URLs) as ``name``: one work unit each.
+
+        The coordinator's DataFusion context gets a view of their union (as a
+        task reads its share), so queries run here see the same rows.
+
+        Raises:
+            PlanningError: no file given, a file is missing, or DataFusion cannot read it.
+        """
+        files = [self._stores_for(os.fspath(f)) for f in files]
+        if not files:
+            raise PlanningError(f"cannot register table {name!r}: the list of files is empty")
+        options = options or {}
+        try:
+            if schema is None:
+                first = files[0]
+                df = (
+                    self.ctx.read_parquet(first)
+                    if fmt == "parquet"
+                    else self.ctx.read_csv(first, **options)
+                )
+                schema = df.schema()
+            if fmt == "parquet":
+                source = parquet_source(name, files, schema)
+            else:
+                source = csv_source(name, files, schema, **options)
+            self._forget(name)
+            register_scan(self.ctx, source, source.units)
+            self._file_views.add(table_name(name))
+        except Exception as exc:
+            self._forget(name)
+            if isinstance(exc, PlanningError):
+                raise
+            msg = f"cannot register {len(files)} files ({files[0]}, ...) as table {name!r}: {exc}"
+            raise PlanningError(msg) from exc
+        self._add(source)
 
     def register_udf(self, udf: ScalarUDF) -> None:
         """Register a Python scalar UDF for SQL on this context and in every task.
@@ -611,6 +669,7 @@ class DistributedContext:
 
     def _forget(self, name: str) -> None:
         self.sources.pop(table_name(name), None)
+        self._file_views.discard(table_name(name))
         self._feed_sources.pop(table_name(name), None)
         self._held.pop(table_name(name), None)
         try:
@@ -720,16 +779,22 @@ class DistributedContext:
         schema = self.ctx.catalog().schema()
         names = set(schema.names())
         for name in list(self.sources):
-            if name not in names or schema.table(name).kind == "view":
+            if name not in names or (
+                schema.table(name).kind == "view"
+                and (name not in self._file_views or (st.kind == "view" and st.table == name))
+            ):
                 del self.sources[name]
+                self._file_views.discard(name)
         if st.table not in names or schema.table(st.table).kind == "view":
             return
         if st.kind in ("ctas", "create"):
             self._memory_source(st.table)
         elif st.kind == "external":
             self.sources.pop(st.table, None)  # replaced, or read on the coordinator
-            if st.stored_as == "PARQUET" and st.location and (
-                st.partition_cols or not st.partitioned
+            if (
+                st.stored_as == "PARQUET"
+                and st.location
+                and (st.partition_cols or not st.partitioned)
             ):
                 try:
                     source = parquet_source(
@@ -1051,9 +1116,7 @@ class DistributedDataFrame:
             if any(scan.source.is_feed for scan in stage.scans):
                 out[stage.stage_id] = "(reads a work unit feed: planned as units arrive)"
                 continue
-            workers = tuple(
-                ("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs
-            )
+            workers = tuple(("",) * graph.stage(i.stage_id).num_tasks for i in stage.inputs)
             plan = TaskPlan.for_task(graph.query_id, stage, 0, workers, 1)
             try:
                 _, df = build_dataframe(plan, lambda i: [])

@@ -52,7 +52,8 @@ class Statement:
     Attributes:
         kind: ``"ctas"`` (``CREATE TABLE ... AS query``), ``"create"`` (a
             table from column definitions), ``"external"``, ``"dml"``
-            (``INSERT``, ``UPDATE``, ``DELETE``), or ``"other"``.
+            (``INSERT``, ``UPDATE``, ``DELETE``), ``"view"`` (``CREATE [OR
+            REPLACE] VIEW``), or ``"other"``.
         table: the table created or changed, as DataFusion names it (last
             part of a dotted name), or ``""``.
         schema_qualified: the table name has a schema or catalog part.
@@ -129,6 +130,12 @@ def parse_statement(sql: str) -> Statement:
             i += 1
         name, qualified, _ = _name(tokens, i)
         return Statement("dml", name, qualified)
+    if first == TokenType.CREATE and "VIEW" in words[1:4] and "TABLE" not in words[:6]:
+        i = words.index("VIEW") + 1
+        if words[i : i + 3] == ["IF", "NOT", "EXISTS"]:
+            i += 3
+        name, qualified, _ = _name(tokens, i)
+        return Statement("view", name, qualified)
     if first != TokenType.CREATE or "TABLE" not in words[:6]:
         return Statement("other")
     table_at = words.index("TABLE")

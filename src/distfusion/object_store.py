@@ -85,6 +85,7 @@ __all__ = [
     "list_objects",
     "list_prefix",
     "missing_objects",
+    "object_sizes",
     "put_bytes",
     "put_file",
     "read_parquet_metadata",
@@ -679,6 +680,24 @@ def missing_objects(urls: list[str], threads: int = 16) -> list[str]:
     with ThreadPoolExecutor(min(threads, len(urls))) as pool:
         flags = list(pool.map(gone, urls))
     return [u for u, g in zip(urls, flags, strict=True) if g]
+
+
+def object_sizes(urls: list[str], threads: int = 16) -> list[int]:
+    """The size in bytes of each object of ``urls`` (one HEAD request each, in parallel).
+
+    Raises:
+        FileNotFoundError: an object does not exist (obstore's, naming it).
+        OSError: the store cannot be reached or refuses (obstore's error).
+    """
+
+    def size(url: str) -> int:
+        store, path = _located(url)
+        return int(obstore.head(store, path)["size"])
+
+    if len(urls) <= 1:
+        return [size(u) for u in urls]
+    with ThreadPoolExecutor(min(threads, len(urls))) as pool:
+        return list(pool.map(size, urls))
 
 
 def list_prefix(url: str) -> list[str]:

@@ -212,13 +212,35 @@ def _local_files(path: str, extension: str) -> list[str]:
     return files
 
 
+def sized_files(paths: list[str]) -> list[tuple[str, int]]:
+    """``(file, size in bytes)`` of each of ``paths`` (local paths or object store URLs).
+
+    Raises:
+        PlanningError: a file does not exist, or its store cannot be reached.
+    """
+    local = [p for p in paths if not object_store.is_url(p)]
+    sizes: dict[str, int] = {}
+    for p in local:
+        try:
+            sizes[p] = os.path.getsize(p)
+        except OSError as exc:
+            raise PlanningError(f"cannot read {p}: {exc}") from None
+    remote = [p for p in paths if object_store.is_url(p)]
+    if remote:
+        try:
+            sizes.update(zip(remote, object_store.object_sizes(remote), strict=True))
+        except Exception as exc:  # obstore's: missing, unreachable, refused
+            raise PlanningError(f"cannot read {remote[0]}: {object_store.describe(exc)}") from None
+    return [(p if object_store.is_url(p) else os.path.abspath(p), sizes[p]) for p in paths]
+
+
 def parquet_source(
     name: str,
-    path: str | os.PathLike,
+    path: str | os.PathLike | list[str],
     schema: pa.Schema,
     partition_cols: tuple[str, ...] = (),
 ) -> TableSource:
-    """Describe the Parquet files at ``path`` (a file, a directory, or a glob).
+    """Describe the Parquet files at ``path`` (a file, a directory, a glob, or a list of files).
 
     Reads every file's footer (not its data) for row counts and column sizes.
     ``partition_cols``: the table is partitioned by directory, Hive style
@@ -236,7 +258,11 @@ def parquet_source(
     row_width = sum(_arrow_width(f.type) for f in schema)
     units = []
     column_bytes: dict[str, int] = {}
-    files = list_sized(os.fspath(path), ".parquet")
+    if isinstance(path, list | tuple):
+        files = sized_files(list(path))
+        path = ""
+    else:
+        files = list_sized(os.fspath(path), ".parquet")
     for f, md in zip(files, _footers(name, files), strict=True):
         f = f[0]
         size = 0
@@ -329,14 +355,21 @@ def _arrow_width(dtype: pa.DataType) -> int:
 
 
 def csv_source(
-    name: str, path: str | os.PathLike, schema: pa.Schema, has_header: bool, delimiter: str
+    name: str,
+    path: str | os.PathLike | list[str],
+    schema: pa.Schema,
+    has_header: bool,
+    delimiter: str,
 ) -> TableSource:
-    """Describe the CSV files at ``path`` (a file, a directory, or a glob).
+    """Describe the CSV files at ``path`` (a file, a directory, a glob, or a list of files).
 
     Raises:
-        PlanningError: no ``.csv`` file at ``path``.
+        PlanningError: no ``.csv`` file at ``path``; a listed file does not exist.
     """
-    files = list_sized(os.fspath(path), ".csv")
+    if isinstance(path, list | tuple):
+        files = sized_files(list(path))
+    else:
+        files = list_sized(os.fspath(path), ".csv")
     units = tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
     options = {"has_header": has_header, "delimiter": delimiter}
     return TableSource(name, "csv", schema, units, {}, options)

@@ -15,9 +15,11 @@ with DataFusion inside a Spark task. Table names resolve from Spark's catalog
 (temp views and tables of the current database) and from ``tables=``
 (DataFrames of the pipeline, by name). Each becomes one of two sources:
 
-- **native**: a table whose optimized plan is a plain scan of local Parquet or
-  CSV files (Parquet partitioned by directory too) is read by DataFusion in
-  the tasks, its files from Spark's relation and its schema from Spark.
+- **native**: a table whose optimized plan is a plain scan of Parquet or CSV
+  files (Parquet partitioned by directory too), local or on an object store
+  (``s3a://`` read as ``s3://`` with the bucket's ``fs.s3a.*`` settings, ``gs://``,
+  ``abfss://``), is read by DataFusion in the tasks, its files from Spark's
+  relation and its schema from Spark.
 - **through Spark**: anything else -- a view with a filter or a join, a
   DataFrame built with the DataFrame API, JSON, ORC, JDBC, Hive or any format
   Spark reads -- is computed by Spark: the leaf stage reading it runs over the
@@ -64,7 +66,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import tempfile
 import uuid
 import weakref
 from urllib.parse import unquote, urlparse
@@ -72,8 +73,10 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 from datafusion import AggregateUDF, WindowUDF
 
+from distfusion import object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
+from distfusion.object_store import store_url
 from distfusion.runtime.spark import (
     SparkRuntime,
     frame_function,
@@ -271,7 +274,9 @@ def sql(
         config: planner settings.
         tables: more tables by name: Spark DataFrames of ``spark`` (any plan:
             native when a plain file scan, else :func:`register_spark_dataframe`),
-            names case-insensitive.
+            or paths and object store URLs of Parquet (CSV: ``.csv``) files,
+            read natively (``s3://bucket/prefix/``: the store from the
+            environment unless registered); names case-insensitive.
         udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
             ``udwf``); they travel to the executors with the tasks.
 
@@ -297,7 +302,13 @@ def sql(
         else:
             ctx.register_udf(f)  # TypeError for anything else
     for name, df in (tables or {}).items():
-        if not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
+        if isinstance(df, str | os.PathLike):  # files, local or on an object store
+            path = os.fspath(df)
+            if path.endswith(".csv"):
+                ctx.register_csv(name.lower(), path)
+            else:
+                ctx.register_parquet(name.lower(), path)
+        elif not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
     names = _referenced_names(query)
     unreadable: dict[str, str] = {}
@@ -463,13 +474,13 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
     if fmt is None:
         return False
     if relation.partitionSchema().nonEmpty():
-        return _register_partitioned(ctx, relation, fmt, as_name)
+        return _register_partitioned(ctx, df.sparkSession, relation, fmt, as_name)
     files = []
     for uri in df.inputFiles():
-        parsed = urlparse(uri)
-        if parsed.scheme not in ("", "file"):
+        path = _native_path(df.sparkSession, uri)
+        if path is None:
             return False
-        files.append(unquote(parsed.path))
+        files.append(path)
     if not files:
         return False
     try:
@@ -492,7 +503,68 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
     return True
 
 
-def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: str) -> bool:
+_S3_SCHEMES = ("s3", "s3a", "s3n")
+
+
+def _native_path(spark, uri: str) -> str | None:
+    """Where DataFusion reads Spark's file ``uri``: a local path or an object store URL.
+
+    ``s3a://`` (and ``s3n://``) URIs become ``s3://`` URLs read through an
+    ``AmazonS3`` store made, unless one is registered for the bucket, from
+    Spark's Hadoop configuration (:func:`s3_store_from_hadoop`); ``gs://`` and
+    ``abfs[s]://`` through stores from the environment. None: another scheme
+    (HDFS, ...), read through Spark.
+    """
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme in ("", "file"):
+        return unquote(parsed.path)
+    if scheme in _S3_SCHEMES:
+        url = "s3://" + uri.split("://", 1)[1]
+        if store_url(url) not in object_store.registered():
+            object_store.register(
+                "s3://", s3_store_from_hadoop(spark, parsed.netloc), parsed.netloc
+            )
+        return url
+    if object_store.is_url(uri):
+        return uri
+    return None
+
+
+_HADOOP_S3 = (
+    ("endpoint", "endpoint"),
+    ("access.key", "access_key_id"),
+    ("secret.key", "secret_access_key"),
+    ("session.token", "session_token"),
+    ("endpoint.region", "region"),
+)
+
+
+def s3_store_from_hadoop(spark, bucket: str) -> object_store.AmazonS3:
+    """An ``AmazonS3`` store for ``bucket`` from Spark's ``fs.s3a.*`` Hadoop settings.
+
+    Per-bucket settings (``fs.s3a.bucket.<bucket>.endpoint``, ...) win over
+    the global ones, as in Hadoop's S3A. Keys set there travel to the
+    executors in Spark's task closures; without them each executor takes
+    credentials from its environment. ``fs.s3a.connection.ssl.enabled=false``
+    or an ``http://`` endpoint allows plain HTTP.
+    """
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def get(key: str) -> str | None:
+        value = conf.get(f"fs.s3a.bucket.{bucket}.{key}") or conf.get(f"fs.s3a.{key}")
+        return str(value) if value else None
+
+    args = {arg: get(key) for key, arg in _HADOOP_S3 if get(key)}
+    endpoint = args.get("endpoint")
+    if endpoint and "://" not in endpoint:
+        ssl = (get("connection.ssl.enabled") or "true").lower() != "false"
+        args["endpoint"] = ("https://" if ssl else "http://") + endpoint
+    allow_http = args.get("endpoint", "").startswith("http://")
+    return object_store.AmazonS3(bucket_name=bucket, allow_http=allow_http, **args)
+
+
+def _register_partitioned(ctx: DistributedContext, spark, relation, fmt: str, as_name: str) -> bool:
     """Register a Parquet table Spark partitions by directory (``partitionBy``).
 
     The table's root directory is registered with Spark's partition columns
@@ -513,8 +585,8 @@ def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: 
     roots = relation.location().rootPaths()
     if roots.size() != 1:
         return False
-    parsed = urlparse(str(roots.apply(0).toUri().toString()))
-    if parsed.scheme not in ("", "file"):
+    root = _native_path(spark, str(roots.apply(0).toUri().toString()))
+    if root is None:
         return False
     try:
         data = to_arrow_schema(_parse_datatype_json_string(relation.dataSchema().json()))
@@ -523,28 +595,26 @@ def _register_partitioned(ctx: DistributedContext, relation, fmt: str, as_name: 
         return False
     ctx.register_parquet(
         as_name,
-        unquote(parsed.path),
+        root,
         schema=data,
         table_partition_cols=[(f.name, f.type) for f in parts],
     )
     return True
 
 
-def _common_path(files: list[str], fmt: str) -> str:
-    """A path naming exactly ``files``: the file, their directory, or a directory of links.
+def _common_path(files: list[str], fmt: str) -> str | list[str]:
+    """What to register for exactly ``files``: the file, their directory, or the list itself.
 
-    distfusion registers a file, a directory or a glob; when Spark reads a
-    subset of a directory, the files are linked into a fresh temporary
-    directory (same machine; every executor sees the same paths).
+    A directory when it holds exactly these files (Spark read all of it),
+    else the list (Spark read a subset of a directory).
     """
     if len(files) == 1:
         return files[0]
+    if any(object_store.is_url(f) for f in files):
+        return files
     directory = os.path.commonpath(files)
     if os.path.isdir(directory):
         present = sorted(glob.glob(os.path.join(directory, "**", f"*.{fmt}"), recursive=True))
         if present == files:
             return directory
-    links = tempfile.mkdtemp(prefix="distfusion-spark-")
-    for i, f in enumerate(files):
-        os.symlink(f, os.path.join(links, f"{i:06d}.{fmt}"))
-    return links
+    return files

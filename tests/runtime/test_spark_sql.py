@@ -110,3 +110,72 @@ def test_table_partitioned_by_directory(spark, tmp_path):
         assert {p.split("o_orderpriority=")[1][:1] for p in read} == {"1", "2"}
     finally:
         spark.catalog.dropTempView("orders_parts")
+
+
+def test_view_over_some_files_of_a_directory_reads_exactly_those(spark, tpch_dir, tmp_path):
+    """A view over a subset of a directory's files: registered as that list (no links made)."""
+    import glob
+    import os
+    import tempfile
+
+    files = sorted(glob.glob(os.path.join(tpch.table_path(tpch_dir, "orders"), "*.parquet")))
+    assert len(files) > 2
+    spark.read.parquet(*files[:2]).createOrReplaceTempView("some_orders")
+    before = set(os.listdir(tempfile.gettempdir()))
+    try:
+        sql = "SELECT o_orderstatus, count(*) AS n FROM some_orders GROUP BY 1 ORDER BY 1"
+        df = distfusion.spark.sql(spark, sql)
+        assert [tuple(r) for r in df.to_spark().collect()] == [
+            tuple(r) for r in spark.sql(sql).collect()
+        ]
+        assert sorted(u.path for u in df.context.sources["some_orders"].units) == files[:2]
+    finally:
+        spark.catalog.dropTempView("some_orders")
+    made = set(os.listdir(tempfile.gettempdir())) - before
+    assert not {n for n in made if n.startswith("distfusion-spark-")}  # no directory of links
+
+
+def test_tables_from_object_store_urls(spark, s3_tpch, s3_store, tpch_dir):
+    import distfusion.object_store as stores
+
+    stores.register("s3://", s3_store(), "tpch")
+    sql = "SELECT o_orderstatus, count(*) AS n, sum(o_totalprice) AS t FROM o GROUP BY 1 ORDER BY 1"
+    got = distfusion.spark.sql(spark, sql, tables={"o": f"{s3_tpch}/orders/"}).to_spark()
+    spark.read.parquet(tpch.table_path(tpch_dir, "orders")).createOrReplaceTempView("o")
+    try:
+        assert [tuple(r) for r in got.collect()] == [tuple(r) for r in spark.sql(sql).collect()]
+    finally:
+        spark.catalog.dropTempView("o")
+
+
+def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
+    from distfusion import object_store as stores
+    from distfusion.spark import _native_path, s3_store_from_hadoop
+
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    conf.set("fs.s3a.endpoint", "minio.local:9000")
+    conf.set("fs.s3a.connection.ssl.enabled", "false")
+    conf.set("fs.s3a.bucket.lake.access.key", "lake-key-id")
+    conf.set("fs.s3a.bucket.lake.secret.key", "lake-secret")
+    try:
+        store = s3_store_from_hadoop(spark, "lake")
+        assert store.arguments == {
+            "bucket_name": "lake",
+            "allow_http": True,
+            "endpoint": "http://minio.local:9000",
+            "access_key_id": "lake-key-id",
+            "secret_access_key": "lake-secret",
+        }
+        assert "lake-secret" not in repr(store)
+        other = s3_store_from_hadoop(spark, "other").arguments  # the global settings only
+        assert other["endpoint"] == "http://minio.local:9000"
+        assert other.get("access_key_id") != "lake-key-id"
+        assert _native_path(spark, "s3a://lake/t/part-0.parquet") == "s3://lake/t/part-0.parquet"
+        assert stores.registered()["s3://lake"] == store.spec()
+        assert _native_path(spark, "hdfs://nn/t/part-0.parquet") is None
+    finally:
+        for key in ("endpoint", "connection.ssl.enabled"):
+            conf.unset(f"fs.s3a.{key}")
+        for key in ("access.key", "secret.key"):
+            conf.unset(f"fs.s3a.bucket.lake.{key}")
+        stores.deregister("s3://", "lake")
