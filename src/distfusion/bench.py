@@ -19,6 +19,13 @@ The peers (``--peers``, :data:`PEERS`)::
     no-metrics   distfusion on the same runtime with DistributedConfig(operator_metrics=False):
                  what collecting every task's operator metrics costs
 
+``--local-s3`` reads the data from a local S3-protocol server (moto's, in its own
+process on 127.0.0.1, :mod:`distfusion.testing.s3_server`): ``--data`` is
+uploaded once, every engine reads ``s3://tpch/<name>/`` from the same server,
+and each engine's requests during its warm-up run of a query are counted
+(listings, HEADs, footer reads, other range reads). Data already on an object
+store is read with ``--data s3://bucket/prefix`` (stores from the environment).
+
 ``--json PATH`` writes everything measured (:func:`run_tpch_bench` documents
 the layout); ``--baseline PATH`` compares distfusion's medians with such a file
 from an earlier run and flags queries more than :data:`SLOWER_TOLERANCE` slower
@@ -47,7 +54,7 @@ from datafusion import SessionContext
 from rich.console import Console
 from rich.table import Table
 
-from distfusion import tpch
+from distfusion import object_store, tpch
 from distfusion.context import (
     DistributedConfig,
     DistributedContext,
@@ -64,6 +71,7 @@ __all__ = [
     "compare_to_baseline",
     "load_baseline",
     "parse_peers",
+    "request_counts",
     "run_tpch_bench",
     "used_memory_bytes",
 ]
@@ -114,6 +122,9 @@ def parse_peers(spec: str | None, runtime_name: str) -> list[str]:
 
 def _datafusion_runner(data_dir: str) -> Runner:
     ctx = SessionContext()
+    if object_store.is_url(data_dir):  # the same stores as distfusion's tasks read with
+        object_store.spec_for(data_dir)
+        object_store.add_to(ctx)
     tpch.register_tpch(ctx, data_dir)
     return lambda sql: plan_statements(ctx, sql).to_arrow_table()
 
@@ -522,7 +533,7 @@ def _time(run: Runner, sql: str, idle_bytes: int | None) -> tuple[float, PeakMem
 def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
     return {
         "benchmark": "tpch",
-        "data": os.path.abspath(args.data),
+        "data": args.data if object_store.is_url(args.data) else os.path.abspath(args.data),
         "runtime": args.runtime,
         "workers": args.workers,
         "num_workers": runtime.num_workers(),
@@ -637,12 +648,69 @@ def _answers_differ(results: dict[str, pa.Table]) -> list[str]:
     ]
 
 
+def _local_s3(data_dir: str, console: Console):
+    """A local S3 server holding ``data_dir`` as ``s3://tpch/<its name>/``; (server, URL).
+
+    Workers read it with credentials from the environment (moto takes any:
+    set here when none are); its store is registered for every engine.
+
+    Raises:
+        ImportError: moto or boto3 is missing (the test extra).
+    """
+    from distfusion.testing.s3_server import S3Server  # optional: the test extra's moto
+
+    for var, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench")):
+        os.environ.setdefault(var, value)  # before any worker or JVM starts
+    server = S3Server()
+    name = os.path.basename(os.path.abspath(data_dir))
+    start = time.perf_counter()
+    server.create_bucket("tpch")
+    server.upload_dir(data_dir, "tpch", name)
+    store = object_store.AmazonS3(bucket_name="tpch", endpoint=server.endpoint, allow_http=True)
+    object_store.register("s3://", store, "tpch")
+    console.print(
+        f"local S3 server {server.endpoint}: {data_dir} uploaded as s3://tpch/{name}/ "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+    return server, f"s3://tpch/{name}"
+
+
+def request_counts(requests: list[dict]) -> dict:
+    """Requests of an S3 server's log by kind.
+
+    Returns:
+        ``{"list", "head", "footer", "range", "other"}`` counts: ``footer`` is
+        a GET of a byte range ending at the object's last byte, ``range`` any
+        other GET; plus ``"max_footers_per_file"``: the most footer reads of one
+        object (1 when every footer is read once).
+    """
+    counts = {"list": 0, "head": 0, "footer": 0, "range": 0, "other": 0}
+    footers: dict[str, int] = {}
+    for r in requests:
+        if r["method"] == "HEAD":
+            counts["head"] += 1
+        elif r["method"] == "GET" and "list-type" in r.get("query", ""):
+            counts["list"] += 1
+        elif r["method"] == "GET":
+            span, _, total = r.get("content_range", "x-0/0").split()[-1].partition("/")
+            if total and int(span.split("-")[1]) == int(total) - 1:
+                counts["footer"] += 1
+                footers[r["path"]] = footers.get(r["path"], 0) + 1
+            else:
+                counts["range"] += 1
+        else:
+            counts["other"] += 1
+    counts["max_footers_per_file"] = max(footers.values(), default=0)
+    return counts
+
+
 def _measure_query(
     q: int,
     engines: dict[str, Runner],
     runs: int,
     console: Console,
     idle_bytes: int | None = None,
+    server=None,
 ) -> dict:
     """Warm up every engine on query ``q``, then ``runs`` interleaved timed runs.
 
@@ -662,12 +730,16 @@ def _measure_query(
         RuntimeError: the engines disagree on the row count.
     """
     sql = tpch.query(q)
-    results, shapes, decisions = {}, {}, {}
+    results, shapes, decisions, requests = {}, {}, {}, {}
     for e, run in engines.items():  # warm-up
+        if server is not None:
+            server.clear_requests()
         if isinstance(run, DistfusionRunner):
             results[e], shapes[e], decisions[e] = run.probe(sql)
         else:
             results[e] = run(sql)
+        if server is not None:
+            requests[e] = request_counts(server.requests())
     rows = {e: t.num_rows for e, t in results.items()}
     if len(set(rows.values())) != 1:
         msg = f"Q{q}: engines disagree on the row count: {rows}"
@@ -697,6 +769,8 @@ def _measure_query(
         "shapes": shapes,
         "adaptive_decisions": {e: d for e, d in decisions.items() if d},
     }
+    if requests:
+        result["requests"] = requests
     line = "  ".join(
         f"{e} {v['median_s']:.3f}" + _gib(v["peak_extra_bytes"], v["peak_over_idle_bytes"])
         for e, v in result["engines"].items()
@@ -704,6 +778,11 @@ def _measure_query(
     spilled = shapes["distfusion"].get("spilled_bytes", 0)
     spill = f", {spilled / 2**20:.0f} MiB spilled" if spilled else ""
     console.print(f"Q{q:<2} {line}  ({describe_shape(shapes['distfusion'])}{spill})")
+    if requests:
+        text = ", ".join(
+            f"{e} {c['list']}/{c['head']}/{c['footer']}/{c['range']}" for e, c in requests.items()
+        )
+        console.print(f"    S3 requests (list/head/footer/range): {text}")
     for e, lines in result["adaptive_decisions"].items():
         if len(lines) == 1:
             console.print(f"    adaptive ({e}): {lines[0]}", markup=False, highlight=False)
@@ -758,9 +837,20 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
     baseline_path = getattr(args, "baseline", None)
     baseline = load_baseline(baseline_path) if baseline_path else None  # fail before running
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    server = None
+    if getattr(args, "local_s3", False):
+        if "spark-sql" in peers:
+            console.print(
+                "[yellow]note: Spark SQL cannot read s3a:// here (no hadoop-aws jar); "
+                "the spark-sql peer is left out[/]"
+            )
+            peers = [p for p in peers if p != "spark-sql"]
+        server, args.data = _local_s3(args.data, console)
     idle = used_memory_bytes()  # before any engine, worker or JVM starts
     runtime = runtime_from_name(args.runtime, args.workers, **runtime_options(args))
     with ExitStack() as stack:
+        if server is not None:
+            stack.callback(server.stop)
         ctx = stack.enter_context(DistributedContext(runtime=runtime, config=_memory_config(args)))
         tpch.register_tpch(ctx, args.data)
         engines: dict[str, Runner] = {
@@ -775,7 +865,7 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
             f"{args.runs} timed runs per query, medians in seconds"
         )
         per_query = {
-            str(q): _measure_query(q, engines, args.runs, console, idle) for q in queries
+            str(q): _measure_query(q, engines, args.runs, console, idle, server) for q in queries
         }
     totals = {e: sum(r["engines"][e]["median_s"] for r in per_query.values()) for e in engines}
     doc = {

@@ -355,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark against single-node DataFusion and other peers")
     b.add_argument("benchmark", choices=["tpch"])
-    b.add_argument("--data", required=True, help="TPC-H Parquet directory (see datagen)")
+    b.add_argument(
+        "--data", required=True, help="TPC-H Parquet directory (see datagen), or an s3:// URL"
+    )
     b.add_argument(
         "--runs", type=int, default=5, help="timed runs per query and engine (default: %(default)s)"
     )
@@ -371,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
         "static (same runtime, adaptive execution off), "
         "no-metrics (same runtime, operator metrics off); "
         "default: datafusion, plus spark-sql on the Spark runtime",
+    )
+    b.add_argument(
+        "--local-s3",
+        action="store_true",
+        help="upload --data to a local S3 server (moto, 127.0.0.1; the test extra) and read it "
+        "from there with every engine; counts each engine's requests per query",
     )
     b.add_argument(
         "--json", metavar="PATH", default=None, help="write every timed run and median as JSON"

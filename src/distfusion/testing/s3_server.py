@@ -1,0 +1,181 @@
+"""A real S3-protocol server on 127.0.0.1 for tests and benchmarks: moto's, in its own process.
+
+``python -m distfusion.testing.s3_server`` serves moto's S3 on a free port of 127.0.0.1 and
+prints ``listening on http://127.0.0.1:PORT``; :class:`S3Server` starts it and
+stops it (SIGTERM, then SIGKILL). Every request is recorded:
+``GET /__requests`` answers the log as JSON (method, path, query, range,
+status), ``DELETE /__requests`` clears it, so a test counts the requests a
+query made (listings, HEADs, footer reads, ranges) as events.
+
+moto accepts any credentials; the tests give workers fake ones in their
+environment (``tests/conftest.py``), as production workers get theirs. moto
+keeps the objects in the server's memory and is a Python server: reads are
+several times slower than from local disk, so compare engines on the same server.
+
+Needs moto and boto3 (the ``test`` extra: ``pip install 'distfusion[test]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.request import Request, urlopen
+
+__all__ = ["S3Server", "main"]
+
+_READY = "listening on "
+
+
+class _Recorder:
+    """WSGI middleware: moto's app, with every request recorded and ``/__requests`` served."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.log: list[dict] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        if environ.get("PATH_INFO") == "/__requests":
+            with self.lock:
+                if environ["REQUEST_METHOD"] == "DELETE":
+                    self.log.clear()
+                body = json.dumps(self.log).encode()
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [body]
+        entry = {
+            "method": environ["REQUEST_METHOD"],
+            "path": environ.get("PATH_INFO", ""),
+            "query": environ.get("QUERY_STRING", ""),
+            "range": environ.get("HTTP_RANGE", ""),
+        }
+
+        def recording_start(status, headers, exc_info=None):
+            entry["status"] = int(status.split()[0])
+            for name, value in headers:
+                if name.lower() == "content-range":
+                    entry["content_range"] = value
+            with self.lock:
+                self.log.append(entry)
+            return start_response(status, headers, exc_info)
+
+        return self.app(environ, recording_start)
+
+
+def main() -> None:
+    """Serve moto's S3 on 127.0.0.1 (a free port), recording requests, until SIGTERM."""
+    from moto.moto_server.werkzeug_app import (  # optional: the test extra
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    app = _Recorder(DomainDispatcherApplication(create_backend_app))
+    server = make_server(
+        "127.0.0.1", 0, app, True, request_handler=_QuietHandler(MotoRequestHandler)
+    )
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"{_READY}http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+def _QuietHandler(base):  # noqa: N802 -- a class factory
+    class Quiet(base):
+        def log_request(self, *args, **kwargs) -> None:  # one line per request: too many
+            pass
+
+    return Quiet
+
+
+class S3Server:
+    """A running ``python -m distfusion.testing.s3_server`` process; :attr:`endpoint` is its URL.
+
+    Raises:
+        RuntimeError: the server did not announce its URL within ``timeout_s``.
+    """
+
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "distfusion.testing.s3_server"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        line = ""
+        if select.select([self.proc.stdout], [], [], timeout_s)[0]:
+            line = self.proc.stdout.readline()
+        if not line.startswith(_READY):
+            self.stop()
+            msg = f"the S3 test server did not start: {line!r}"
+            raise RuntimeError(msg)
+        self.endpoint = line[len(_READY) :].strip()
+        try:
+            import boto3  # optional: the test extra
+        except ImportError as exc:
+            self.stop()
+            msg = "the local S3 server needs boto3 and moto: pip install 'distfusion[test]'"
+            raise ImportError(msg) from exc
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def create_bucket(self, name: str) -> None:
+        """Make bucket ``name`` (no error when it exists)."""
+        try:
+            self.client.create_bucket(Bucket=name)
+        except self.client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+
+    def upload_dir(self, local: str | os.PathLike, bucket: str, prefix: str) -> None:
+        """Upload every file below ``local`` to ``s3://bucket/prefix/<relative path>``."""
+        root = Path(local)
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and not f.name.startswith("."):
+                self.client.upload_file(
+                    str(f), bucket, f"{prefix}/{f.relative_to(root).as_posix()}"
+                )
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        """The object keys of ``bucket`` below ``prefix``, sorted."""
+        out = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix
+        ):
+            out += [o["Key"] for o in page.get("Contents", [])]
+        return sorted(out)
+
+    def requests(self) -> list[dict]:
+        """Every request served since the last :meth:`clear_requests`, in order."""
+        with urlopen(f"{self.endpoint}/__requests", timeout=10) as r:
+            return json.loads(r.read())
+
+    def clear_requests(self) -> None:
+        """Forget the requests served so far."""
+        with urlopen(Request(f"{self.endpoint}/__requests", method="DELETE"), timeout=10) as r:
+            r.read()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 5 s."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+if __name__ == "__main__":
+    main()
