@@ -661,25 +661,46 @@ def read_parquet_metadata_all(
 
 
 def missing_objects(urls: list[str], threads: int = 16) -> list[str]:
-    """The URLs of ``urls`` that name no object now (one HEAD request each, in parallel).
+    """The URLs of ``urls`` that name no object now.
+
+    Objects of one "directory" are looked up with one listing from just below
+    the first of them (object stores list keys in order), a lone object with
+    one HEAD request; the requests run in parallel.
 
     Raises:
         OSError: the store cannot be reached or refuses a request (other than "not found").
     """
+    groups: dict[tuple[str, str], list[str]] = {}
+    for url in urls:
+        key = store_url(url)
+        directory = urlparse(url).path.lstrip("/").rpartition("/")[0]
+        groups.setdefault((key, directory), []).append(url)
 
-    def gone(url: str) -> bool:
-        store, path = _located(url)
-        try:
-            obstore.head(store, path)
-        except FileNotFoundError:
-            return True
-        return False
+    def gone(group: list[str]) -> list[str]:
+        store, _ = _located(group[0])
+        paths = {_located(u)[1]: u for u in group}
+        if len(paths) == 1:
+            try:
+                obstore.head(store, next(iter(paths)))
+            except FileNotFoundError:
+                return group
+            return []
+        directory = next(iter(paths)).rpartition("/")[0]
+        first, last = min(paths), max(paths)
+        found: set[str] = set()
+        listing = obstore.list(
+            store, directory + "/" if directory else None, offset=first[:-1], chunk_size=1000
+        )
+        for chunk in listing:
+            found.update(meta["path"] for meta in chunk if meta["path"] in paths)
+            if not chunk or chunk[-1]["path"] >= last:
+                break
+        return [u for p, u in paths.items() if p not in found]
 
-    if not urls:
+    if not groups:
         return []
-    with ThreadPoolExecutor(min(threads, len(urls))) as pool:
-        flags = list(pool.map(gone, urls))
-    return [u for u, g in zip(urls, flags, strict=True) if g]
+    with ThreadPoolExecutor(min(threads, len(groups))) as pool:
+        return [u for missing in pool.map(gone, groups.values()) for u in missing]
 
 
 def object_sizes(urls: list[str], threads: int = 16) -> list[int]:

@@ -127,6 +127,11 @@ class TableSource:
         return self.format in (FEED, SPARK)
 
     @property
+    def remote(self) -> bool:
+        """True when the table's files are on an object store (``s3://...`` units)."""
+        return any(object_store.is_url(u.path) for u in self.units[:1])
+
+    @property
     def num_rows(self) -> int | None:
         """Total rows, or None when a unit's count is unknown (always for a feed).
 

@@ -72,7 +72,7 @@ def _copy_table(server, tpch_dir, table: str, prefix: str) -> str:
     return f"s3://tpch/{prefix}/"
 
 
-def test_removed_s3_file_fails_the_query(runtime, workers, s3_server, s3_store, tpch_dir):
+def test_removed_s3_file_fails_the_query(runtime, workers, s3_server, s3_store, s3_tpch, tpch_dir):
     ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=workers))
     ctx.register_object_store("s3://", s3_store(), "tpch")
     prefix = f"removed-{runtime.name}"

@@ -106,7 +106,9 @@ class JoinDistribution(RuntimeFilters):
 
         That is a broadcast without a stage: ``build`` must be one task over
         source tables only, all of them at most ``replicate_scan_bytes`` in total
-        (re-reading costs a scan per task), none also read split by the probe.
+        (re-reading costs a scan per task), none also read split by the probe,
+        none on an object store (where every task would list, open and read
+        the footer of every file again: a broadcast stage reads them once).
         """
         if build.tasks != 1 or build.inputs:
             return None
@@ -114,6 +116,8 @@ class JoinDistribution(RuntimeFilters):
         total = sum(self.sources[n].size_bytes for n in names)
         if any(self.sources[n].streamed for n in names):
             return None  # a feed or Spark table streams each part to one task, never all to all
+        if any(self.sources[n].remote for n in names):
+            return None  # on an object store every read costs requests: read once, broadcast
         if not names or total > self.config.replicate_scan_bytes:
             return None
         split = set(source_tables(probe.rel, self.sources)) - probe.replicated
