@@ -39,21 +39,24 @@ from distfusion import object_store, udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
-from distfusion.metrics.observer import QueryObserver, observing
+from distfusion.metrics.observer import QueryObserver, observer_for, observing
 from distfusion.metrics.query import QueryMetrics, build_query_metrics
 from distfusion.metrics.render import analyzed_text, to_dot, to_html
+from distfusion.metrics.task import TaskMeter
 from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
 from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
 from distfusion.planner.substrait import consume_plan, fits_decoder
+from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.adaptive import AdaptiveReport, plan_final, run_adaptive
 from distfusion.runtime.base import QueryRun, Runtime
 from distfusion.runtime.registry import runtime_from_name
 from distfusion.sources import (
     TableSource,
+    check_files_exist,
     csv_source,
     feed_source,
     list_files,
@@ -65,7 +68,7 @@ from distfusion.sources import (
 from distfusion.stages import StageGraph
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
-from distfusion.worker.execute_task import build_dataframe
+from distfusion.worker.execute_task import COORDINATOR, build_dataframe
 from distfusion.write import FileCommitter, WriteSpec, WrittenFile, write_task
 
 # DistributedConfig is defined with the planner settings derived from it
@@ -285,6 +288,57 @@ def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
         batch = rb.to_pyarrow()
         if batch.num_rows:
             yield batch
+
+
+def _in_place(graph: StageGraph, config: DistributedConfig) -> bool:
+    """Whether ``graph`` runs as single-node DataFusion on the coordinator's own context.
+
+    A plan of one stage (the head, one task, on the coordinator anyway) that
+    reads only files and memory tables is the query as DataFusion planned it
+    here: running ``df`` itself on the coordinator's context gives the same
+    rows without a Substrait round trip or a fresh task context, and reuses
+    that context's caches of file listings and Parquet footers (on an object
+    store, a request each per file otherwise). Not when the user set a memory
+    budget per task (the head task runs within it).
+    """
+    return (
+        len(graph.stages) == 1
+        and not graph.head.inputs
+        and not any(s.source.streamed for s in graph.head.scans)
+        and config.memory_per_task_bytes is None
+    )
+
+
+def _run_in_place(df: DataFrame, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+    """``df`` run here as ``graph``'s head task: its files checked, its metrics reported.
+
+    Raises:
+        TaskError: a file is gone, or DataFusion failed (worker ``coordinator``).
+    """
+    head = graph.head
+    units = [u for s in head.scans for u in s.task_units[0]]
+    meter = TaskMeter(
+        head.stage_id,
+        0,
+        COORDINATOR,
+        0,
+        sum(u.size_bytes for u in units),
+        operators=head.operator_metrics,
+    )
+    rows = nbytes = 0
+    try:
+        for scan in head.scans:
+            check_files_exist(scan.source.name, [u.path for u in scan.task_units[0]])
+        meter.executed(df)
+        for batch in _on_coordinator(df):
+            rows += batch.num_rows
+            nbytes += batch.nbytes
+            yield batch
+    except DistfusionError:
+        raise
+    except Exception as exc:  # DataFusion's bare Exception, a missing file
+        raise task_error(head.stage_id, 0, COORDINATOR, exc) from exc
+    observer_for(graph.query_id).task_finished(meter.finish(None, rows, nbytes))
 
 
 def _named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -1241,6 +1295,9 @@ class DistributedDataFrame:
             for scan in stage.scans
             if scan.source.is_feed
         ]
+        if _in_place(self.stage_graph(), ctx.config):
+            graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
+            return _run_in_place(self.df, graph), lambda: graph
         if not ctx.config.adaptive:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
             return _named(ctx.runtime.execute(graph), self.df.schema()), lambda: graph

@@ -87,7 +87,9 @@ def test_distributed(runtime, workers, name):
     ctx, oracle = _contexts(runtime, workers)
     df = _check(ctx, oracle, DISTRIBUTED[name])
     assert df.coordinator_only() is None
-    assert len(runtime.executed) == 1, "the query ran as a stage graph"
+    # A plan of one stage runs in place, as single-node DataFusion on the coordinator.
+    ran = 0 if len(df.stage_graph().stages) == 1 else 1
+    assert len(runtime.executed) == ran, "the query ran as a stage graph"
 
 
 @pytest.mark.parametrize("name", list(COORDINATOR))
