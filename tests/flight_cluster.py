@@ -69,6 +69,8 @@ def start_workers(
         )
     except RuntimeError as exc:
         text = "\n".join(Path(p).read_text(errors="replace") for p in logs)
+        for p in logs:
+            Path(p).unlink(missing_ok=True)
         raise RuntimeError(f"{exc}\n{text}") from None
     return [WorkerProcess(proc, url, log) for (proc, url), log in zip(started, logs, strict=True)]
 
@@ -79,5 +81,10 @@ def start_worker(*args: str, env: dict | None = None, timeout_s: float = 60.0) -
 
 
 def stop_workers(workers: list[WorkerProcess]) -> None:
-    """Stop every worker (see :func:`~distfusion.runtime.flight.stop_local_workers`)."""
+    """Stop every worker (see :func:`~distfusion.runtime.flight.stop_local_workers`).
+
+    Their log files are removed: nothing a test makes outlives it.
+    """
     stop_local_workers([w.proc for w in workers])
+    for w in workers:
+        Path(w.log_path).unlink(missing_ok=True)

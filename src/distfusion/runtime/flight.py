@@ -441,6 +441,10 @@ def start_local_workers(
         timeout_s: how long one worker may take to announce its URL, seconds.
         log_paths: one file per worker its stderr is written to (default: discarded).
 
+    Each worker watches its standard input, a pipe this process holds
+    (``--exit-with-parent``): it stops when this process ends, however it ends
+    (an exception, SIGTERM, SIGKILL), or when its ``Popen`` is closed.
+
     Returns:
         ``(process, url)`` per worker; stop them with SIGTERM (or
         :meth:`FlightRuntime.close` when it started them).
@@ -459,8 +463,10 @@ def start_local_workers(
                     "distfusion.worker.flight_cli",
                     "--port",
                     "0",
+                    "--exit-with-parent",
                     *(args or []),
                 ],
+                stdin=subprocess.PIPE,  # closes with this process: the worker then stops
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 env={**os.environ, **(env or {})},
@@ -495,5 +501,6 @@ def stop_local_workers(procs: list[subprocess.Popen], timeout_s: float = 5.0) ->
         except subprocess.TimeoutExpired:  # a task stuck in DataFusion keeps it alive
             p.kill()
             p.wait()
-        if p.stdout:
-            p.stdout.close()
+        for pipe in (p.stdin, p.stdout):
+            if pipe:
+                pipe.close()

@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 
 from distfusion import udfs
 from distfusion.protocol.messages import DEFAULT_QUERY_TTL_S, TOKEN_ENV
@@ -93,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE:NAME",
         help="load Python UDFs for SQL from a module (a datafusion ScalarUDF, AggregateUDF "
         "or WindowUDF, or a list of them); repeatable",
+    )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (as on SIGTERM) when standard input closes: the process that started "
+        "the worker holds the other end of that pipe, so the worker ends with it, however "
+        "it ends (used by FlightRuntime.with_local_workers)",
     )
 
 
@@ -175,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"distfusion worker: error: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"distfusion worker listening on {worker.url}", flush=True)
+    if getattr(args, "exit_with_parent", False):
+        _close_when_stdin_closes(worker)
     try:
         worker.serve()
     except KeyboardInterrupt:
@@ -182,6 +192,26 @@ def run(args: argparse.Namespace) -> int:
     finally:
         worker.close()
     return 0
+
+
+def _close_when_stdin_closes(worker) -> None:
+    """Close ``worker`` once standard input reaches its end (the parent exited or died).
+
+    A pipe's write end closes with the process holding it, however that
+    process ends (exit, exception, SIGKILL), where ``PR_SET_PDEATHSIG``
+    follows the thread that started the child, and only on Linux.
+    """
+
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(65536):
+                pass
+        except (OSError, ValueError):  # no readable stdin: the parent's end is gone too
+            pass
+        logging.getLogger("distfusion.worker").info("parent gone (stdin closed): stopping")
+        worker.close()
+
+    threading.Thread(target=watch, name="distfusion-parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
