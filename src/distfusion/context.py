@@ -20,12 +20,14 @@ into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import os
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionContext, WindowUDF
@@ -35,7 +37,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
-from distfusion import object_store, udfs
+from distfusion import delta, object_store, udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
@@ -539,6 +541,85 @@ class DistributedContext:
                 raise
             msg = f"cannot register {len(files)} files ({files[0]}, ...) as table {name!r}: {exc}"
             raise PlanningError(msg) from exc
+        self._add(source)
+
+    def register_delta(
+        self,
+        name: str,
+        table: Any,
+        version: int | None = None,
+        storage_options: dict[str, str] | None = None,
+        timestamp: datetime.datetime | str | None = None,
+    ) -> None:
+        """Register a Delta Lake table (its latest version, or one version of it) as ``name``.
+
+        The table is read through its own log, with delta-rs (``pip install
+        'distfusion[delta]'``): every active data file of the version is one
+        work unit (its URL, size and row count from the log, never listed),
+        read natively by DataFusion in the tasks. Partition values come from
+        the log, so a filter on a partition column keeps only the matching
+        files; deletion vectors and column mapping are applied, schema
+        evolution reads added columns as NULL in older files
+        (:mod:`distfusion.delta`, docs/delta.md).
+
+        On an object store (``s3://bucket/path``), the tasks read the files
+        through the store registered for the bucket
+        (:meth:`register_object_store`), and delta-rs reads the log with
+        ``storage_options`` made from that store unless given. A table given
+        ``storage_options`` for a bucket with no store registered gets a store
+        made from them (:func:`distfusion.delta.store_from_options`).
+
+        Args:
+            name: the table name in SQL.
+            table: the table's root (a path, ``file://`` or object store URL:
+                the directory holding ``_delta_log``) or a
+                ``deltalake.DeltaTable``.
+            version: the version to read (time travel); default the latest
+                (or the ``DeltaTable``'s loaded version).
+            storage_options: delta-rs's storage options (``AWS_ENDPOINT_URL``,
+                ``AWS_REGION``, keys, ...) for reading the log.
+            timestamp: read the version that was current at this time
+                (``datetime``, naive meaning UTC, or an ISO 8601 string), as
+                ``DeltaTable.load_as_version``; not with ``version``.
+
+        Raises:
+            ImportError: deltalake is not installed.
+            PlanningError: ``table`` is no Delta table; the version does not
+                exist or the time is before the table; the log is corrupt or
+                unreachable; the table needs a reader feature distfusion does
+                not apply (the message names the table, where it is and why).
+
+        Example:
+            >>> import tempfile, pyarrow as pa
+            >>> from deltalake import write_deltalake
+            >>> from distfusion import DistributedContext, LocalRuntime
+            >>> path = tempfile.mkdtemp()
+            >>> write_deltalake(path, pa.table({"x": [1, 2, 3]}))
+            >>> ctx = DistributedContext(runtime=LocalRuntime())
+            >>> ctx.register_delta("t", path)
+            >>> ctx.sql("SELECT sum(x) AS s FROM t").to_pylist()
+            [{'s': 6}]
+        """
+        dt = delta.load_delta(name, table, version, timestamp, storage_options)
+        uri = dt.table_uri
+        if object_store.is_url(uri):
+            key = object_store.store_url(uri)
+            if key not in object_store.registered() and storage_options:
+                store = delta.store_from_options(uri, storage_options)
+                if store is not None:
+                    scheme, _, host = key.partition("://")
+                    self.register_object_store(scheme + "://", store, host)
+            self._stores_for(uri)
+        self._forget(name)
+        try:
+            schema = delta.register_on_coordinator(self.ctx, name, dt)
+            source = delta.delta_source(name, dt, schema)
+        except Exception as exc:
+            self._forget(name)
+            if isinstance(exc, PlanningError):
+                raise
+            msg = f"cannot register the Delta table at {uri} as table {name!r}: {exc}"
+            raise PlanningError(object_store.redact(msg)) from exc
         self._add(source)
 
     def register_udf(self, udf: ScalarUDF) -> None:
