@@ -111,7 +111,8 @@ class TableSource:
             ``partition_cols`` (see :func:`parquet_source`), ``file_columns``
             (a table column -> its name in every file, when they differ:
             Delta's column mapping), ``table`` (the registered name of a
-            pruned read) and ``all_units`` (the units before pruning)).
+            pruned read), ``all_units`` (the units before pruning) and
+            ``pruned`` (how: partition values, statistics)).
         unit_stats: statistics of the units, known without reading them (a
             lakehouse table's metadata): unit path -> {column: ``(min, max,
             null_count)``}, a value None when unknown; read by the planner on
