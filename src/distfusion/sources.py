@@ -649,7 +649,7 @@ def _read_parquet_unit(ctx: SessionContext, source: TableSource, unit: WorkUnit)
       the file lacks is NULL (so is any column missing from an older file:
       DataFusion reads a file with the table's schema, as for schema
       evolution);
-    - deleted rows (:attr:`FileRead.keep`) are dropped (:func:`_live_rows`).
+    - deleted rows (:attr:`FileRead.keep`) are dropped (:func:`_with_keep`).
     """
     read = file_read(unit)
     columns = {**(source.options.get("file_columns") or {}), **read.columns}
@@ -664,7 +664,8 @@ def _read_parquet_unit(ctx: SessionContext, source: TableSource, unit: WorkUnit)
     if read.keep is None:
         df = ctx.read_parquet(url, schema=file_schema)
     else:
-        df = ctx.from_arrow(_live_rows(url, unit.path, file_schema, read.keep))
+        rows = _with_keep(url, unit.path, file_schema, read.keep)
+        df = ctx.from_arrow(rows).filter(col(_quoted(_KEEP)))
     exprs = []
     for f in source.schema:
         if f.name in values:
@@ -682,15 +683,19 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _live_rows(url: str, path: str, schema: pa.Schema, keep: pa.BooleanArray) -> pa.Table:
-    """The rows of the Parquet file at ``url`` that ``keep`` marks live, in file order.
+_KEEP = "__distfusion_keep"
+"""The column of a file's rows read with a deletion vector that says whether a row is live."""
+
+
+def _with_keep(url: str, path: str, schema: pa.Schema, keep: pa.BooleanArray) -> pa.Table:
+    """The rows of the Parquet file at ``url``, in file order, with a column :data:`_KEEP`.
 
     A deletion vector names rows by their position in the file, and
     DataFusion's Parquet scan exposes no row position; so DataFusion reads the
     whole file here, in one partition of a session of its own (no file
-    splitting, no predicate: every row, in file order), and the deleted rows
-    are dropped by position in Arrow. The file's live rows are held in memory
-    (only files with deletion vectors are read so).
+    splitting, no predicate: every row, in file order), and the vector becomes
+    a column beside the rows, for DataFusion to filter on. The file's rows are
+    held in memory (only files with deletion vectors are read so).
 
     Raises:
         ValueError: the file has fewer rows than ``keep`` covers (the table's
@@ -710,4 +715,4 @@ def _live_rows(url: str, path: str, schema: pa.Schema, keep: pa.BooleanArray) ->
         raise ValueError(msg)
     if len(keep) < n:
         keep = pa.concat_arrays([keep, pa.array([True] * (n - len(keep)), pa.bool_())])
-    return table.filter(keep)
+    return table.append_column(_KEEP, keep)
