@@ -19,7 +19,7 @@ from substrait.proto import Rel
 
 from distfusion.planner.prune_partitions import pruned_read
 from distfusion.sources import TableSource
-from distfusion.work_unit_feed.filters import Filter
+from distfusion.work_unit_feed.filters import And, Filter, Not, Or
 from distfusion.work_unit_feed.statistics import might_match
 
 __all__ = ["skip_units"]
@@ -32,14 +32,33 @@ def skip_units(
 
     Returns ``(rel, source)`` unchanged when there is no predicate, the
     source has no statistics, or no unit is ruled out; otherwise the pruned
-    read and its table (:func:`~distfusion.planner.prune_partitions.pruned_read`,
-    ``explain()`` says "skipped by statistics"), which the caller registers.
+    read and its table (:func:`~distfusion.planner.prune_partitions.pruned_read`),
+    which the caller registers. ``explain()`` says "partitions pruned" for
+    the units the predicates on partition columns alone rule out, "skipped
+    by statistics" for those the others do.
     """
     if not filters or not source.unit_stats or not source.units:
         return rel, source
+    partition_cols = set(source.options.get("partition_cols") or ())
+    on_partitions = tuple(f for f in filters if _columns(f) <= partition_cols)
+    if on_partitions:
+        rel, source = _skip(rel, source, on_partitions, "partitions pruned")
+    return _skip(rel, source, filters, "skipped by statistics")
+
+
+def _skip(rel: Rel, source: TableSource, filters: tuple[Filter, ...], how: str):
     keep = tuple(
         u for u in source.units if might_match(filters, source.unit_stats.get(u.path), u.num_rows)
     )
     if len(keep) == len(source.units):
         return rel, source
-    return pruned_read(rel, source, keep, "skipped by statistics")
+    return pruned_read(rel, source, keep, how)
+
+
+def _columns(f: Filter) -> set[str]:
+    """The columns predicate ``f`` reads."""
+    if isinstance(f, And | Or):
+        return set().union(*(_columns(c) for c in f.children))
+    if isinstance(f, Not):
+        return _columns(f.child)
+    return {f.column}
