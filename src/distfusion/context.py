@@ -273,12 +273,17 @@ def _check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
 
 def _spark_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
     """The Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan)."""
-    spark = [name for name, s in sources.items() if s.is_spark]
-    if not spark:
+    return _tables_read(df, [name for name, s in sources.items() if s.is_spark])
+
+
+def _tables_read(df: DataFrame, names) -> list[str]:
+    """The tables of ``names`` that ``df``'s plan scans (from its rendered logical plan)."""
+    names = list(names)
+    if not names:
         return []
     text = df.optimized_logical_plan().display_indent()
     scanned = set(re.findall(r"TableScan: ([^\s]+)", text))
-    return [n for n in spark if n in scanned or sql_name(n) in scanned]
+    return [n for n in names if n in scanned or sql_name(n) in scanned]
 
 
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
@@ -362,6 +367,8 @@ class DistributedContext:
         self._feed_sources: dict[str, FeedTableSource] = {}
         self._held: dict[str, object] = {}  # table -> what its source needs (a Spark DataFrame)
         self._file_views: set[str] = set()  # tables of listed files: a view here (_register_files)
+        # table -> why the coordinator's DataFusion cannot read it (only tasks can)
+        self._not_on_coordinator: dict[str, str] = {}
 
     # ------------------------------------------------------------- registration
     def register_object_store(self, scheme: str, store, host: str | None = None) -> None:
@@ -612,7 +619,7 @@ class DistributedContext:
             self._stores_for(uri)
         self._forget(name)
         try:
-            schema = delta.register_on_coordinator(self.ctx, name, dt)
+            schema, unreadable = delta.register_on_coordinator(self.ctx, name, dt)
             source = delta.delta_source(name, dt, schema)
         except Exception as exc:
             self._forget(name)
@@ -621,6 +628,8 @@ class DistributedContext:
             msg = f"cannot register the Delta table at {uri} as table {name!r}: {exc}"
             raise PlanningError(object_store.redact(msg)) from exc
         self._add(source)
+        if unreadable:
+            self._not_on_coordinator[table_name(name)] = unreadable
 
     def register_udf(self, udf: ScalarUDF) -> None:
         """Register a Python scalar UDF for SQL on this context and in every task.
@@ -751,6 +760,7 @@ class DistributedContext:
     def _forget(self, name: str) -> None:
         self.sources.pop(table_name(name), None)
         self._file_views.discard(table_name(name))
+        self._not_on_coordinator.pop(table_name(name), None)
         self._feed_sources.pop(table_name(name), None)
         self._held.pop(table_name(name), None)
         try:
@@ -1303,6 +1313,16 @@ class DistributedDataFrame:
                     f"table {spark[0]!r} is a Spark DataFrame, read only by Spark tasks, but "
                     f"this query runs on the coordinator only ({self.coordinator_only()}); "
                     "use spark.sql for it, or write the table to Parquet first"
+                )
+                raise PlanningError(msg)
+            unreadable = _tables_read(self.df, self.context._not_on_coordinator)
+            if unreadable:
+                table = unreadable[0]
+                msg = (
+                    f"table {table!r} is read only by tasks, but this query runs on the "
+                    f"coordinator only ({self.coordinator_only()}): "
+                    f"{self.context._not_on_coordinator[table]}; write the query so that it "
+                    "distributes, or read the table's result first (ctx.sql(...).to_arrow_table())"
                 )
                 raise PlanningError(msg)
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)

@@ -42,9 +42,9 @@ _delta_log (JSON commits, checkpoints)
 - **Reader features** delta-rs reads but distfusion would not apply (and any
   it does not know) are refused, naming the feature: never a wrong answer.
 
-The coordinator's own DataFusion session gets delta-rs's table provider
-(``DeltaTable.__datafusion_table_provider__``): the schema DataFusion plans
-with, and, for a query that runs on the coordinator only, delta-rs's own scan.
+The coordinator's own DataFusion session gets deltalake's own reader of the
+version (:func:`register_on_coordinator`): the schema DataFusion plans with,
+and, for a query that runs on the coordinator only, deltalake's read.
 
 Storage: a table on an object store (``s3://``, ``gs://``, ``az://``) is read
 by the tasks through the store registered for its bucket
@@ -780,11 +780,50 @@ def _unit_stats(
     return out
 
 
-def register_on_coordinator(ctx: SessionContext, name: str, dt: Any) -> pa.Schema:
-    """Register delta-rs's table provider for ``dt`` as ``name`` in ``ctx``; its Arrow schema.
+def register_on_coordinator(ctx: SessionContext, name: str, dt: Any) -> tuple[pa.Schema, str]:
+    """Register ``dt`` as ``name`` in the coordinator's ``ctx``, read by deltalake's own reader.
+
+    The coordinator's DataFusion session plans every query with this table
+    (its schema; the filters DataFusion pushes into its scan, which the
+    planner prunes files with), and reads it only for a query that runs on
+    the coordinator alone (:meth:`~distfusion.context.DistributedDataFrame.coordinator_only`).
+    It is, as deltalake reads the version:
+
+    - a table without column mapping or deletion vectors: deltalake's PyArrow
+      dataset (``DeltaTable.to_pyarrow_dataset``: the version's files, their
+      partition values, deltalake's own file system, local or remote).
+      DataFusion pushes filters into it, so they reach the planner in the scan;
+    - otherwise (the dataset reads mapped columns as NULL and refuses
+      deletion vectors, in deltalake 1.6): delta-rs's DataFusion table provider
+      (``__datafusion_table_provider__``), whose scan applies both. From
+      datafusion-python 55 it reads local tables only: on an object store it
+      finds no store ("No suitable object store found"), so such a table
+      cannot be read on the coordinator (the second value says why).
+
+    Returns:
+        ``(schema, unreadable)``: the table's Arrow schema as DataFusion plans
+        it, and why the coordinator cannot read it (``""`` when it can).
 
     Raises:
         Exception: DataFusion's or delta-rs's error (the caller wraps it).
     """
-    ctx.register_table(sql_name(name), dt)
-    return ctx.table(sql_name(name)).schema()
+    mode = (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+    features = set(dt.protocol().reader_features or ())
+    dataset = None
+    if (mode or "none") == "none" and "deletionVectors" not in features:
+        try:
+            dataset = dt.to_pyarrow_dataset()
+        except Exception:  # deltalake refuses the table for PyArrow: its provider reads it
+            dataset = None
+    unreadable = ""
+    if dataset is not None:
+        ctx.register_dataset(sql_name(name), dataset)
+    else:
+        ctx.register_table(sql_name(name), dt)
+        if object_store.is_url(dt.table_uri):
+            unreadable = (
+                "delta-rs's table provider cannot read a table on an object store from "
+                "datafusion-python (deltalake 1.6), and deltalake's PyArrow dataset does not "
+                "apply column mapping or deletion vectors"
+            )
+    return ctx.table(sql_name(name)).schema(), unreadable
