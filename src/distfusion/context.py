@@ -609,10 +609,11 @@ class DistributedContext:
         """
         dt = delta.load_delta(name, table, version, timestamp, storage_options)
         uri = dt.table_uri
+        options = storage_options or getattr(dt, "_storage_options", None)
         if object_store.is_url(uri):
             key = object_store.store_url(uri)
-            if key not in object_store.registered() and storage_options:
-                store = delta.store_from_options(uri, storage_options)
+            if key not in object_store.registered() and options:
+                store = delta.store_from_options(uri, options)
                 if store is not None:
                     scheme, _, host = key.partition("://")
                     self.register_object_store(scheme + "://", store, host)
@@ -621,6 +622,8 @@ class DistributedContext:
         try:
             schema, unreadable = delta.register_on_coordinator(self.ctx, name, dt)
             source = delta.delta_source(name, dt, schema)
+            for key in {object_store.store_url(u.path) for u in source.units if "://" in u.path}:
+                self._stores_for(key)  # files elsewhere (a shallow clone's): their stores
         except Exception as exc:
             self._forget(name)
             if isinstance(exc, PlanningError):

@@ -439,6 +439,7 @@ def delta_source(name: str, dt: Any, schema: pa.Schema) -> TableSource:
             deletion vectors or footers cannot be read.
     """
     where = _where(dt)
+    schema = pa.schema([f.remove_metadata() for f in schema])  # column mapping's: not needed
     protocol = dt.protocol()
     _check_protocol(name, where, protocol)
     metadata = dt.metadata()
@@ -465,8 +466,8 @@ def delta_source(name: str, dt: Any, schema: pa.Schema) -> TableSource:
     for i, path in enumerate(paths):
         keep = keeps.get(path)
         n = rows[i]
-        if n is not None and keep is not None:
-            n -= len(keep) - pc.sum(keep).as_py() if len(keep) else 0
+        if n is not None and keep is not None and len(keep):
+            n -= len(keep) - pc.sum(keep).as_py()  # live rows: the deleted ones out
         read = FileRead(per_file[i], keep)
         units.append(
             WorkUnit(
@@ -760,7 +761,11 @@ def _unit_stats(
         if pa.types.is_timestamp(f.type):
             step = datetime.timedelta(microseconds=999)
             highs = [None if h is None else h + step for h in highs]
-        if pa.types.is_string(f.type) or pa.types.is_string_view(f.type):
+        if (
+            pa.types.is_string(f.type)
+            or pa.types.is_large_string(f.type)
+            or pa.types.is_string_view(f.type)
+        ):
             highs = [None if h is None or len(h) >= _STRING_STATS_PREFIX else h for h in highs]
         cols[f.name] = (lows, highs, nulls)
     typed = {
