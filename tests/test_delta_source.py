@@ -261,3 +261,26 @@ def test_the_docs_example_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 of 6 work units" in done.stdout and "[{'n': 100, 's': 5000}]" in done.stdout
+
+
+def test_explicit_keys_stay_out_of_plans_and_explain(s3_server):
+    """Keys given in storage_options reach the store, never a plan, explain() or an error."""
+    from distfusion.protocol.task_plan import TaskPlan
+
+    s3_server.create_bucket("delta-keys")
+    keys = {"AWS_ACCESS_KEY_ID": "AKIDDELTAKEYS", "AWS_SECRET_ACCESS_KEY": "DeltaSecretValue"}
+    options = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true", **keys}
+    write_deltalake("s3://delta-keys/t", pa.table({"id": [1, 2, 3]}), storage_options=options)
+    ctx = DistributedContext(runtime=LocalRuntime())
+    ctx.register_delta("t", "s3://delta-keys/t", storage_options=options)
+    assert "DeltaSecretValue" in object_store.registered()["s3://delta-keys"].secrets()
+    df = ctx.sql("SELECT sum(id) AS s FROM t")
+    assert df.to_pylist() == [{"s": 6}]
+    graph = df.stage_graph()
+    plans = [TaskPlan.for_task("q", s, 0, (), 1).to_json() for s in graph.stages]
+    texts = [df.explain(), df.explain(analyze=True, verbose=True), str(plans)]
+    for text in texts:
+        assert "DeltaSecretValue" not in text and "AKIDDELTAKEYS" not in text
+    with pytest.raises(PlanningError) as info:
+        ctx.register_delta("v", "s3://delta-keys/t", version=9, storage_options=options)
+    assert "DeltaSecretValue" not in str(info.value)
