@@ -25,6 +25,7 @@ from deltalake.table import ProtocolVersions
 
 from distfusion import DistributedContext, LocalRuntime, delta, object_store
 from distfusion.errors import PlanningError
+from distfusion.protocol.task_plan import TaskPlan
 from distfusion.sources import FileRead, file_read
 from distfusion.work_unit_feed.filters import And, Comparison, In, IsNull, Not, Or
 from distfusion.work_unit_feed.statistics import might_match
@@ -139,7 +140,10 @@ def test_storage_options_from_a_registered_store():
         secret_access_key="SECRETEXAMPLE",
     )
     object_store.register("s3://", store, "opts-a")
-    options = delta.storage_options_for("s3://opts-a/t")
+    try:
+        options = delta.storage_options_for("s3://opts-a/t")
+    finally:  # a store with keys: Flight workers without a token would refuse every store
+        object_store.deregister("s3://", "opts-a")
     assert options["AWS_REGION"] == "eu-west-1"
     assert options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:1234"
     assert options["AWS_ALLOW_HTTP"] == "true"
@@ -265,13 +269,18 @@ def test_the_docs_example_runs(tmp_path):
 
 def test_explicit_keys_stay_out_of_plans_and_explain(s3_server):
     """Keys given in storage_options reach the store, never a plan, explain() or an error."""
-    from distfusion.protocol.task_plan import TaskPlan
-
     s3_server.create_bucket("delta-keys")
     keys = {"AWS_ACCESS_KEY_ID": "AKIDDELTAKEYS", "AWS_SECRET_ACCESS_KEY": "DeltaSecretValue"}
     options = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_ALLOW_HTTP": "true", **keys}
     write_deltalake("s3://delta-keys/t", pa.table({"id": [1, 2, 3]}), storage_options=options)
     ctx = DistributedContext(runtime=LocalRuntime())
+    try:
+        _query_with_keys(ctx, options)
+    finally:  # a store with keys: Flight workers without a token would refuse every store
+        object_store.deregister("s3://", "delta-keys")
+
+
+def _query_with_keys(ctx, options: dict) -> None:
     ctx.register_delta("t", "s3://delta-keys/t", storage_options=options)
     assert "DeltaSecretValue" in object_store.registered()["s3://delta-keys"].secrets()
     df = ctx.sql("SELECT sum(id) AS s FROM t")
