@@ -40,6 +40,8 @@ LAZY_IMPORTS = {
     ("distfusion.spark", "pyspark.sql.types"),
     ("distfusion.spark", "pyspark.sql"),
     ("distfusion.transport.flight", "pyarrow.flight"),
+    # Delta tables are read through deltalake (delta-rs), loaded only when used.
+    ("distfusion.delta", "deltalake"),
     # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.
     ("distfusion.work_unit_feed.table", "fsspec"),
     ("distfusion.worker.flight_cli", "distfusion.worker.flight_server"),

@@ -20,12 +20,14 @@ into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import os
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionContext, WindowUDF
@@ -35,7 +37,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
-from distfusion import object_store, udfs
+from distfusion import delta, object_store, udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
@@ -274,12 +276,17 @@ def _check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
 
 def _spark_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
     """The Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan)."""
-    spark = [name for name, s in sources.items() if s.is_spark]
-    if not spark:
+    return _tables_read(df, [name for name, s in sources.items() if s.is_spark])
+
+
+def _tables_read(df: DataFrame, names) -> list[str]:
+    """The tables of ``names`` that ``df``'s plan scans (from its rendered logical plan)."""
+    names = list(names)
+    if not names:
         return []
     text = df.optimized_logical_plan().display_indent()
     scanned = set(re.findall(r"TableScan: ([^\s]+)", text))
-    return [n for n in spark if n in scanned or sql_name(n) in scanned]
+    return [n for n in names if n in scanned or sql_name(n) in scanned]
 
 
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
@@ -414,6 +421,8 @@ class DistributedContext:
         self._feed_sources: dict[str, FeedTableSource] = {}
         self._held: dict[str, object] = {}  # table -> what its source needs (a Spark DataFrame)
         self._file_views: set[str] = set()  # tables of listed files: a view here (_register_files)
+        # table -> why the coordinator's DataFusion cannot read it (only tasks can)
+        self._not_on_coordinator: dict[str, str] = {}
 
     # ------------------------------------------------------------- registration
     def register_object_store(self, scheme: str, store, host: str | None = None) -> None:
@@ -595,6 +604,90 @@ class DistributedContext:
             raise PlanningError(msg) from exc
         self._add(source)
 
+    def register_delta(
+        self,
+        name: str,
+        table: Any,
+        version: int | None = None,
+        storage_options: dict[str, str] | None = None,
+        timestamp: datetime.datetime | str | None = None,
+    ) -> None:
+        """Register a Delta Lake table (its latest version, or one version of it) as ``name``.
+
+        The table is read through its own log, with delta-rs (``pip install
+        'distfusion[delta]'``): every active data file of the version is one
+        work unit (its URL, size and row count from the log, never listed),
+        read natively by DataFusion in the tasks. Partition values come from
+        the log, so a filter on a partition column keeps only the matching
+        files; deletion vectors and column mapping are applied, schema
+        evolution reads added columns as NULL in older files
+        (:mod:`distfusion.delta`, docs/delta.md).
+
+        On an object store (``s3://bucket/path``), the tasks read the files
+        through the store registered for the bucket
+        (:meth:`register_object_store`), and delta-rs reads the log with
+        ``storage_options`` made from that store unless given. A table given
+        ``storage_options`` for a bucket with no store registered gets a store
+        made from them (:func:`distfusion.delta.store_from_options`).
+
+        Args:
+            name: the table name in SQL.
+            table: the table's root (a path, ``file://`` or object store URL:
+                the directory holding ``_delta_log``) or a
+                ``deltalake.DeltaTable``.
+            version: the version to read (time travel); default the latest
+                (or the ``DeltaTable``'s loaded version).
+            storage_options: delta-rs's storage options (``AWS_ENDPOINT_URL``,
+                ``AWS_REGION``, keys, ...) for reading the log.
+            timestamp: read the version that was current at this time
+                (``datetime``, naive meaning UTC, or an ISO 8601 string), as
+                ``DeltaTable.load_as_version``; not with ``version``.
+
+        Raises:
+            ImportError: deltalake is not installed.
+            PlanningError: ``table`` is no Delta table; the version does not
+                exist or the time is before the table; the log is corrupt or
+                unreachable; the table needs a reader feature distfusion does
+                not apply (the message names the table, where it is and why).
+
+        Example:
+            >>> import tempfile, pyarrow as pa
+            >>> from deltalake import write_deltalake
+            >>> from distfusion import DistributedContext, LocalRuntime
+            >>> path = tempfile.mkdtemp()
+            >>> write_deltalake(path, pa.table({"x": [1, 2, 3]}))
+            >>> ctx = DistributedContext(runtime=LocalRuntime())
+            >>> ctx.register_delta("t", path)
+            >>> ctx.sql("SELECT sum(x) AS s FROM t").to_pylist()
+            [{'s': 6}]
+        """
+        dt = delta.load_delta(name, table, version, timestamp, storage_options)
+        uri = dt.table_uri
+        options = storage_options or getattr(dt, "_storage_options", None)
+        if object_store.is_url(uri):
+            key = object_store.store_url(uri)
+            if key not in object_store.registered() and options:
+                store = delta.store_from_options(uri, options)
+                if store is not None:
+                    scheme, _, host = key.partition("://")
+                    self.register_object_store(scheme + "://", store, host)
+            self._stores_for(uri)
+        self._forget(name)
+        try:
+            schema, unreadable = delta.register_on_coordinator(self.ctx, name, dt)
+            source = delta.delta_source(name, dt, schema)
+            for key in {object_store.store_url(u.path) for u in source.units if "://" in u.path}:
+                self._stores_for(key)  # files elsewhere (a shallow clone's): their stores
+        except Exception as exc:
+            self._forget(name)
+            if isinstance(exc, PlanningError):
+                raise
+            msg = f"cannot register the Delta table at {uri} as table {name!r}: {exc}"
+            raise PlanningError(object_store.redact(msg)) from exc
+        self._add(source)
+        if unreadable:
+            self._not_on_coordinator[table_name(name)] = unreadable
+
     def register_udf(self, udf: ScalarUDF) -> None:
         """Register a Python scalar UDF for SQL on this context and in every task.
 
@@ -724,6 +817,7 @@ class DistributedContext:
     def _forget(self, name: str) -> None:
         self.sources.pop(table_name(name), None)
         self._file_views.discard(table_name(name))
+        self._not_on_coordinator.pop(table_name(name), None)
         self._feed_sources.pop(table_name(name), None)
         self._held.pop(table_name(name), None)
         try:
@@ -1276,6 +1370,16 @@ class DistributedDataFrame:
                     f"table {spark[0]!r} is a Spark DataFrame, read only by Spark tasks, but "
                     f"this query runs on the coordinator only ({self.coordinator_only()}); "
                     "use spark.sql for it, or write the table to Parquet first"
+                )
+                raise PlanningError(msg)
+            unreadable = _tables_read(self.df, self.context._not_on_coordinator)
+            if unreadable:
+                table = unreadable[0]
+                msg = (
+                    f"table {table!r} is read only by tasks, but this query runs on the "
+                    f"coordinator only ({self.coordinator_only()}): "
+                    f"{self.context._not_on_coordinator[table]}; write the query so that it "
+                    "distributes, or read the table's result first (ctx.sql(...).to_arrow_table())"
                 )
                 raise PlanningError(msg)
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)

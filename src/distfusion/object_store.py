@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import datafusion.object_store as _df_store
 import obstore
@@ -76,6 +76,7 @@ __all__ = [
     "StoreSpec",
     "add_to",
     "copy_object",
+    "datafusion_url",
     "delete_objects",
     "deregister",
     "describe",
@@ -119,6 +120,27 @@ def store_url(url: str) -> str:
         msg = f"not an object store URL (scheme://bucket/key): {url!r}"
         raise ValueError(msg)
     return f"{parsed.scheme.lower()}://{parsed.netloc}"
+
+
+def datafusion_url(path: str) -> str:
+    """What to give DataFusion to read the object or file ``path`` names.
+
+    Units name an object by ``scheme://bucket/`` and its key as the store
+    lists it; DataFusion percent-decodes the path of a URL it is given, so a
+    key with ``%`` in it (Hive-style partition directories escape ``:``, ``
+    ``, ``/`` and ``%`` so: ``ts=2024-01-01%2010%3A00%3A00``) would name
+    another object. The key is percent-encoded here (``/`` kept). A local
+    path is returned as it is.
+
+    Example:
+        >>> datafusion_url("s3://lake/t/s=a%20b/part-0.parquet")
+        's3://lake/t/s%3Da%2520b/part-0.parquet'
+    """
+    if not is_url(path):
+        return path
+    scheme, _, rest = path.partition("://")
+    host, _, key = rest.partition("/")  # not urlparse: a key may hold "?" or "#"
+    return f"{scheme}://{host}/{quote(key, safe='/')}"
 
 
 # ---------------------------------------------------------------------- store classes

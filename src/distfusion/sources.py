@@ -20,20 +20,27 @@ read once, one partition per leaf task, never in full by several tasks.
 
 Sizes come from the files themselves: Parquet footers give row counts and the
 uncompressed bytes of every column chunk (used by the task estimator and the
-broadcast decision); CSV gives only its file size.
+broadcast decision); CSV gives only its file size. A lakehouse table
+(:mod:`distfusion.delta`) is a Parquet source whose units come from the
+table's own metadata instead: row counts and per-file statistics
+(:attr:`TableSource.unit_stats`) from its log, and, per file, how to read it
+(:func:`file_read`): columns named otherwise in the files (column mapping),
+rows deleted without rewriting the file (deletion vectors).
 """
 
 from __future__ import annotations
 
 import base64
 import glob
+import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datafusion import SessionContext, col, lit
+from datafusion import SessionConfig, SessionContext, col, lit
 
 from distfusion import object_store
 from distfusion.errors import PlanningError
@@ -56,6 +63,10 @@ __all__ = [
     "feed_source",
     "spark_source",
     "sql_name",
+    "FileRead",
+    "file_read",
+    "arrow_width",
+    "read_footers",
 ]
 
 
@@ -96,7 +107,17 @@ class TableSource:
             ``feed_id``, ``reader`` (class path), ``state`` (base64),
             ``tasks``, ``estimated_bytes``, and per stage ``chunked``;
             spark: ``dataframe_id``, ``partitions``, ``estimated_bytes``,
-            ``estimated_rows``, and per stage ``chunked``).
+            ``estimated_rows``, and per stage ``chunked``; Parquet:
+            ``partition_cols`` (see :func:`parquet_source`), ``file_columns``
+            (a table column -> its name in every file, when they differ:
+            Delta's column mapping), ``table`` (the registered name of a
+            pruned read), ``all_units`` (the units before pruning) and
+            ``pruned`` (how: partition values, statistics)).
+        unit_stats: statistics of the units, known without reading them (a
+            lakehouse table's metadata): unit path -> {column: ``(min, max,
+            null_count)``}, a value None when unknown; read by the planner on
+            the coordinator to skip units a filter rules out, never sent to
+            workers. Empty when unknown (files listed from a store).
     """
 
     name: str
@@ -105,6 +126,7 @@ class TableSource:
     units: tuple[WorkUnit, ...]
     column_bytes: dict[str, int] = field(default_factory=dict)
     options: dict = field(default_factory=dict)
+    unit_stats: dict[str, dict[str, tuple]] = field(default_factory=dict)
 
     @property
     def is_feed(self) -> bool:
@@ -260,7 +282,7 @@ def parquet_source(
     """
     # Parquet's encodings (dictionary, RLE) can make a column's uncompressed size far
     # smaller than its Arrow form; sizes are never estimated below rows x Arrow width.
-    row_width = sum(_arrow_width(f.type) for f in schema)
+    row_width = sum(arrow_width(f.type) for f in schema)
     units = []
     column_bytes: dict[str, int] = {}
     if isinstance(path, list | tuple):
@@ -268,7 +290,7 @@ def parquet_source(
         path = ""
     else:
         files = list_sized(os.fspath(path), ".parquet")
-    for f, md in zip(files, _footers(name, files), strict=True):
+    for f, md in zip(files, read_footers(name, files), strict=True):
         f = f[0]
         size = 0
         for rg in range(md.num_row_groups):
@@ -290,12 +312,12 @@ def parquet_source(
         )
     rows = sum(u.num_rows for u in units)
     for f in schema:
-        column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * _arrow_width(f.type))
+        column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * arrow_width(f.type))
     options = {"partition_cols": list(partition_cols)} if partition_cols else {}
     return TableSource(name, "parquet", schema, tuple(units), column_bytes, options)
 
 
-def _footers(name: str, files: list[tuple[str, int]]) -> list[pq.FileMetaData]:
+def read_footers(name: str, files: list[tuple[str, int]]) -> list[pq.FileMetaData]:
     """The Parquet footer of every ``(file, size)`` (an object store's read in parallel).
 
     Raises:
@@ -351,7 +373,7 @@ def _partition_values(
     return tuple(found[c] for c in partition_cols)
 
 
-def _arrow_width(dtype: pa.DataType) -> int:
+def arrow_width(dtype: pa.DataType) -> int:
     """Bytes per value of ``dtype`` in Arrow memory (16 for strings: a view's size)."""
     try:
         return max(1, dtype.bit_width // 8)
@@ -478,6 +500,8 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     this task's share. With no unit, the table is empty with the source's schema.
 
     Raises:
+        FileNotFoundError: a unit's file no longer exists (:func:`check_files_exist`).
+        ValueError: a file has fewer rows than its deletion vector covers.
         Exception: DataFusion's error when a file cannot be opened (the caller
             wraps it into a :class:`~distfusion.errors.TaskError`).
     """
@@ -495,19 +519,18 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
         return
     check_files_exist(source.name, [u.path for u in units])
     frames = []
-    partition_cols = source.options.get("partition_cols") or []
-    if partition_cols:
-        file_schema = pa.schema([f for f in source.schema if f.name not in partition_cols])
+    plain = not source.options.get("partition_cols") and not source.options.get("file_columns")
     for u in units:
-        if partition_cols:
-            frame = _with_partition_values(ctx, u, source.schema, file_schema, partition_cols)
-            frames.append(frame)
+        if source.format == "parquet" and plain and not u.data:
+            frames.append(
+                ctx.read_parquet(object_store.datafusion_url(u.path), schema=source.schema)
+            )
         elif source.format == "parquet":
-            frames.append(ctx.read_parquet(u.path, schema=source.schema))
+            frames.append(_read_parquet_unit(ctx, source, u))
         else:
             frames.append(
                 ctx.read_csv(
-                    u.path,
+                    object_store.datafusion_url(u.path),
                     schema=source.schema,
                     has_header=source.options["has_header"],
                     delimiter=source.options["delimiter"],
@@ -546,29 +569,150 @@ def check_files_exist(table: str, paths: list[str]) -> None:
         msg = (
             f"table {table!r}: source file {', '.join(gone[:3])}{more} no longer exists: it "
             "was removed after the table was registered; if the table's files changed on "
-            "purpose, register it again (ctx.register_parquet / register_csv) to list them anew"
+            "purpose, register it again (ctx.register_parquet / register_csv / register_delta) "
+            "to list them anew"
         )
         raise FileNotFoundError(msg)
 
 
-def _with_partition_values(
-    ctx: SessionContext,
-    unit: WorkUnit,
-    schema: pa.Schema,
-    file_schema: pa.Schema,
-    partition_cols: list[str],
-):
-    """One file of a directory-partitioned table, with its partition columns as constants.
+@dataclass(frozen=True)
+class FileRead:
+    """How one Parquet file of a lakehouse table is read, beyond its path.
 
-    Each value is the directory's text cast to the column's type, as DataFusion's
-    listing table reads it.
+    Travels in :attr:`WorkUnit.data` (JSON, :meth:`to_bytes`) of the file's
+    unit; a plain file has none.
+
+    Attributes:
+        columns: table column -> the column's name in this file, for the
+            columns whose name differs (Delta's column mapping by field id:
+            resolved per file); None: the file has no such column, which reads
+            as NULL.
+        keep: the rows of the file that are live, in file order (a Delta
+            deletion vector's selection vector: False for a deleted row); rows
+            past its end are live. None: no row is deleted.
     """
-    df = ctx.read_parquet(unit.path, schema=file_schema)
+
+    columns: dict[str, str | None] = field(default_factory=dict)
+    keep: pa.BooleanArray | None = None
+
+    def to_bytes(self) -> bytes:
+        """The read as JSON bytes; ``keep`` as a zlib-compressed bitmap (1 bit per row)."""
+        d: dict = {}
+        if self.columns:
+            d["columns"] = self.columns
+        if self.keep is not None:
+            keep = pa.concat_arrays([self.keep, pa.array([], pa.bool_())])  # offset 0
+            bits = keep.buffers()[1].to_pybytes() if len(keep) else b""
+            d["keep_rows"] = len(keep)
+            d["keep"] = base64.b64encode(zlib.compress(bits)).decode()
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> FileRead:
+        """Inverse of :meth:`to_bytes` (``b""``: a plain read).
+
+        Raises:
+            ValueError: ``raw`` is not a serialised file read.
+        """
+        if not raw:
+            return cls()
+        try:
+            d = json.loads(raw)
+            keep = None
+            if "keep" in d:
+                bits = zlib.decompress(base64.b64decode(d["keep"]))
+                n = int(d["keep_rows"])
+                keep = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
+            return cls(dict(d.get("columns", {})), keep)
+        except (KeyError, TypeError, ValueError, zlib.error) as exc:
+            msg = f"not a serialised FileRead: {exc}"
+            raise ValueError(msg) from exc
+
+
+def file_read(unit: WorkUnit) -> FileRead:
+    """How ``unit`` (a Parquet file) is read: its :class:`FileRead` (plain when it has none).
+
+    Raises:
+        ValueError: the unit's ``data`` is not a serialised :class:`FileRead`.
+    """
+    return FileRead.from_bytes(unit.data)
+
+
+def _read_parquet_unit(ctx: SessionContext, source: TableSource, unit: WorkUnit):
+    """One Parquet file of ``source`` as a DataFrame of the table's columns.
+
+    - partition columns (``options["partition_cols"]``) are constants: the
+      unit's value text cast to the column's type, as DataFusion's listing
+      table reads directory values (a None value is NULL);
+    - a column named otherwise in the file (``options["file_columns"]``, the
+      unit's :attr:`FileRead.columns`) is read by that name and renamed; one
+      the file lacks is NULL (so is any column missing from an older file:
+      DataFusion reads a file with the table's schema, as for schema
+      evolution);
+    - deleted rows (:attr:`FileRead.keep`) are dropped (:func:`_with_keep`).
+    """
+    read = file_read(unit)
+    columns = {**(source.options.get("file_columns") or {}), **read.columns}
+    partition_cols = source.options.get("partition_cols") or []
     values = dict(zip(partition_cols, unit.partition_values, strict=True))
+    fields = []
+    for f in source.schema:
+        if f.name not in values and columns.get(f.name, f.name) is not None:
+            fields.append(f.with_name(columns.get(f.name, f.name)))
+    file_schema = pa.schema(fields)
+    url = object_store.datafusion_url(unit.path)
+    if read.keep is None:
+        df = ctx.read_parquet(url, schema=file_schema)
+    else:
+        rows = _with_keep(url, unit.path, file_schema, read.keep)
+        df = ctx.from_arrow(rows).filter(col(_quoted(_KEEP)))
     exprs = []
-    for f in schema:
+    for f in source.schema:
         if f.name in values:
-            exprs.append(lit(values[f.name]).cast(f.type).alias(f.name))
+            value = values[f.name]
+            exprs.append(lit(value).cast(f.type).alias(f.name))
+        elif columns.get(f.name, f.name) is None:
+            exprs.append(lit(None).cast(f.type).alias(f.name))
         else:
-            exprs.append(col(f'"{f.name}"'))
+            exprs.append(col(_quoted(columns.get(f.name, f.name))).alias(f.name))
     return df.select(*exprs)
+
+
+def _quoted(name: str) -> str:
+    """``name`` as a DataFusion column reference that keeps its case and characters."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+_KEEP = "__distfusion_keep"
+"""The column of a file's rows read with a deletion vector that says whether a row is live."""
+
+
+def _with_keep(url: str, path: str, schema: pa.Schema, keep: pa.BooleanArray) -> pa.Table:
+    """The rows of the Parquet file at ``url``, in file order, with a column :data:`_KEEP`.
+
+    A deletion vector names rows by their position in the file, and
+    DataFusion's Parquet scan exposes no row position; so DataFusion reads the
+    whole file here, in one partition of a session of its own (no file
+    splitting, no predicate: every row, in file order), and the vector becomes
+    a column beside the rows, for DataFusion to filter on. The file's rows are
+    held in memory (only files with deletion vectors are read so).
+
+    Raises:
+        ValueError: the file has fewer rows than ``keep`` covers (the table's
+            log and its files disagree).
+        Exception: DataFusion's error reading the file.
+    """
+    config = SessionConfig().with_target_partitions(1).with_repartition_file_scans(False)
+    solo = SessionContext(config)
+    object_store.add_to(solo)
+    table = solo.read_parquet(url, schema=schema).to_arrow_table()
+    n = table.num_rows
+    if len(keep) > n:
+        msg = (
+            f"{path}: its deletion vector covers {len(keep)} rows but the file has {n}: "
+            "the table's log and its files disagree"
+        )
+        raise ValueError(msg)
+    if len(keep) < n:
+        keep = pa.concat_arrays([keep, pa.array([True] * (n - len(keep)), pa.bool_())])
+    return table.append_column(_KEEP, keep)

@@ -13,13 +13,18 @@ The query runs on the same SparkSession with the
 :class:`~distfusion.runtime.spark.SparkRuntime`: every task executes natively
 with DataFusion inside a Spark task. Table names resolve from Spark's catalog
 (temp views and tables of the current database) and from ``tables=``
-(DataFrames of the pipeline, by name). Each becomes one of two sources:
+(DataFrames of the pipeline and Delta tables, by name). Each becomes one of
+these sources:
 
 - **native**: a table whose optimized plan is a plain scan of Parquet or CSV
   files (Parquet partitioned by directory too), local or on an object store
   (``s3a://`` read as ``s3://`` with the bucket's ``fs.s3a.*`` settings, ``gs://``,
   ``abfss://``), is read by DataFusion in the tasks, its files from Spark's
   relation and its schema from Spark.
+- **Delta tables** given in ``tables=`` (a ``deltalake.DeltaTable`` or the
+  path or URL of its root, local or on an object store) are read natively
+  from their log, with no Spark job and no Delta connector in Spark
+  (:meth:`~distfusion.context.DistributedContext.register_delta`).
 - **through Spark**: anything else -- a view with a filter or a join, a
   DataFrame built with the DataFrame API, JSON, ORC, JDBC, Hive or any format
   Spark reads -- is computed by Spark: the leaf stage reading it runs over the
@@ -73,7 +78,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 from datafusion import AggregateUDF, WindowUDF
 
-from distfusion import object_store
+from distfusion import delta, object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
 from distfusion.object_store import store_url
@@ -274,7 +279,10 @@ def sql(
         config: planner settings.
         tables: more tables by name: Spark DataFrames of ``spark`` (any plan:
             native when a plain file scan, else :func:`register_spark_dataframe`),
-            or paths and object store URLs of Parquet (CSV: ``.csv``) files,
+            Delta tables (a ``deltalake.DeltaTable``, or the path or URL of a
+            table's root: read natively from its log, as
+            :meth:`~distfusion.context.DistributedContext.register_delta`), or
+            paths and object store URLs of Parquet (CSV: ``.csv``) files,
             read natively (``s3://bucket/prefix/``: the store from the
             environment unless registered); names case-insensitive.
         udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
@@ -288,8 +296,8 @@ def sql(
         PlanningError: invalid SQL, an unknown table or column, or a table
             distfusion cannot read (a schema Arrow cannot express, two columns
             differing only in case; the message names it and says why).
-        TypeError: a value of ``tables`` is not a Spark DataFrame, or one of
-            ``udfs`` is not a DataFusion UDF.
+        TypeError: a value of ``tables`` is not a Spark DataFrame, a Delta
+            table or a path, or one of ``udfs`` is not a DataFusion UDF.
     """
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
@@ -302,6 +310,8 @@ def sql(
         else:
             ctx.register_udf(f)  # TypeError for anything else
     for name, df in (tables or {}).items():
+        if _register_delta(ctx, name.lower(), df):
+            continue
         if isinstance(df, str | os.PathLike):  # files, local or on an object store
             path = os.fspath(df)
             if path.endswith(".csv"):
@@ -326,6 +336,30 @@ def sql(
                 raise PlanningError(reason) from exc
         raise
     return SparkDataFrame(ctx, df, spark)
+
+
+def _register_delta(ctx: DistributedContext, name: str, table) -> bool:
+    """Register ``table`` natively when it is a Delta table (a ``DeltaTable``, or its root).
+
+    A path or URL is a Delta table when it holds ``_delta_log``: then only the
+    files of its current version are read (a listing would read every file
+    ever written there, removed ones included).
+
+    Returns:
+        False when ``table`` is no Delta table (a Spark DataFrame, Parquet files).
+
+    Raises:
+        PlanningError: see :meth:`~distfusion.context.DistributedContext.register_delta`.
+    """
+    if isinstance(table, str | os.PathLike):
+        if not delta.is_delta_table(os.fspath(table)):
+            return False
+        ctx.register_delta(name, os.fspath(table))
+        return True
+    if type(table).__name__ == "DeltaTable" and type(table).__module__.startswith("deltalake"):
+        ctx.register_delta(name, table)
+        return True
+    return False
 
 
 def register_spark_table(

@@ -233,7 +233,7 @@ class StageGraph:
                 )
             for scan in s.scans:
                 n = len(scan.source.units)
-                if "all_units" in scan.source.options:  # a read pruned by partition values
+                if "all_units" in scan.source.options:  # a read pruned (partitions, statistics)
                     n = f"{n} of {scan.source.options['all_units']}"
                 if scan.source.is_feed:
                     chunked = scan.source.options.get("chunked")
@@ -261,7 +261,8 @@ class StageGraph:
                     counts = [len(u) for u in scan.task_units]
                     pruned = ""
                     if "all_units" in scan.source.options:
-                        pruned = f" as {scan.source.name}, partitions pruned"
+                        how = scan.source.options.get("pruned", "partitions pruned")
+                        pruned = f" as {scan.source.name}, {how}"
                     lines.append(
                         f"  <- scan {scan.source.options.get('table', scan.source.name)} "
                         f"({n} work units{pruned}, per task {counts})"

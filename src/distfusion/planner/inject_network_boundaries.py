@@ -64,6 +64,7 @@ from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.reuse_exchanges import ExchangeReuse
 from distfusion.planner.scan_filters import any_of, filter_over_read, scan_filters
+from distfusion.planner.skip_units import skip_units
 from distfusion.planner.substrait import (
     FunctionRegistry,
     SchemaOracle,
@@ -239,9 +240,11 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 source = replace(self.sources[n], options=options)
                 scans.append(SourceScan(source, ((),) * tasks))
             elif n in replicated:
-                scans.append(SourceScan(self.sources[n], (units,) * tasks, replicated=True))
+                scans.append(
+                    SourceScan(_no_stats(self.sources[n]), (units,) * tasks, replicated=True)
+                )
             else:
-                scans.append(SourceScan(self.sources[n], _split_units(units, tasks)))
+                scans.append(SourceScan(_no_stats(self.sources[n]), _split_units(units, tasks)))
         return tuple(scans)
 
     def gather(self, frag: Fragment) -> Fragment:
@@ -325,12 +328,19 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 f"table {name!r} is not registered with distfusion (register_parquet/register_csv)"
             )
             raise NotDistributableError(msg)
+        registered = name
+        above = (
+            self._filter_above[1] if self._filter_above and self._filter_above[0] == name else ()
+        )
+        self._filter_above = None
         if source.options.get("partition_cols"):
             rel, source = prune_partitions(rel, source, self.registry, self.oracle)
-            if source.name != name:  # a table of its own: the files this read keeps
-                self.sources[source.name] = source
-                self.oracle.register_empty(source.name, source.schema)
-                read, name = rel.read, source.name
+        if source.unit_stats:  # file skipping by statistics (a Delta table's log)
+            rel, source = skip_units(rel, source, scan_filters(read, self.registry) + above)
+        if source.name != registered:  # a table of its own: the files this read keeps
+            self.sources[source.name] = source
+            self.oracle.register_empty(source.name, source.schema)
+            read, name = rel.read, source.name
         cols = None
         if read.HasField("projection"):
             all_names = list(source.schema.names)
@@ -338,12 +348,6 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         scan_bytes = source.projected_bytes(cols)
         rows = source.num_rows if source.num_rows is not None else scan_bytes / 100
         if source.is_feed:
-            above = (
-                self._filter_above[1]
-                if self._filter_above and self._filter_above[0] == name
-                else ()
-            )
-            self._filter_above = None
             implied = scan_filters(read, self.registry) + above
             self.feed_filters.setdefault(name, []).append(implied)
             tasks = _feed_tasks(self.config, source.options.get("tasks"))
@@ -385,8 +389,9 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
     def visit_filter(self, rel: Rel) -> Fragment:
         names = conjunct_names(rel.filter.condition, self.registry)
         over = filter_over_read(rel, self.registry)
-        if over is not None and over[0] in self.sources and self.sources[over[0]].is_feed:
-            self._filter_above = over  # what the feed's read below keeps (visit_read)
+        source = self.sources.get(over[0]) if over is not None else None
+        if source is not None and (source.is_feed or source.unit_stats):
+            self._filter_above = over  # what the read below keeps (visit_read)
         try:
             return self._pipeline(rel, filter_selectivity(names))
         finally:
@@ -607,6 +612,11 @@ def _split_units(units: tuple[WorkUnit, ...], tasks: int) -> tuple[tuple[WorkUni
         bins[b].append(units[i])
         loads[b] += units[i].size_bytes
     return tuple(tuple(b) for b in bins)
+
+
+def _no_stats(source: TableSource) -> TableSource:
+    """``source`` without its unit statistics: planning is done with them (stages stay small)."""
+    return replace(source, unit_stats={}) if source.unit_stats else source
 
 
 def plan_stages(

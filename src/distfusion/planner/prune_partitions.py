@@ -34,7 +34,7 @@ from distfusion.planner.substrait import (
 from distfusion.planner.walk import contains, field_refs, is_subquery
 from distfusion.sources import TableSource, sql_name
 
-__all__ = ["prune_partitions"]
+__all__ = ["prune_partitions", "pruned_read"]
 
 UNIT_COLUMN = "__distfusion_unit"
 
@@ -73,10 +73,27 @@ def prune_partitions(
     keep = _passing_units(source, usable, oracle)
     if len(keep) == len(source.units):
         return rel, source
-    units = tuple(source.units[i] for i in keep)
+    return pruned_read(rel, source, tuple(source.units[i] for i in keep), "partitions pruned")
+
+
+def pruned_read(rel: Rel, source: TableSource, units: tuple, how: str) -> tuple[Rel, TableSource]:
+    """``rel`` reading a table of its own: ``source`` with only ``units`` (a subset of its units).
+
+    The table is named ``<table>__pruned_<digest of the kept paths>``; its
+    options say the registered name (``table``), the unit count before any
+    pruning (``all_units``) and ``how`` they were pruned (``pruned``, shown
+    by ``explain()``). Pruning a pruned read again keeps the first two.
+    """
+    table = source.options.get("table", source.name)
     digest = hashlib.sha1("\n".join(u.path for u in units).encode()).hexdigest()[:12]
-    alias = f"{source.name}__pruned_{digest}"
-    options = {**source.options, "table": source.name, "all_units": len(source.units)}
+    alias = f"{table}__pruned_{digest}"
+    previous = source.options.get("pruned")
+    options = {
+        **source.options,
+        "table": table,
+        "all_units": source.options.get("all_units", len(source.units)),
+        "pruned": how if previous is None or previous == how else f"{previous}, {how}",
+    }
     pruned = dataclasses.replace(source, name=alias, units=units, options=options)
     out = Rel()
     out.CopyFrom(rel)
