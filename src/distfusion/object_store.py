@@ -86,6 +86,7 @@ __all__ = [
     "list_prefix",
     "missing_objects",
     "object_sizes",
+    "open_input",
     "put_bytes",
     "put_file",
     "read_parquet_metadata",
@@ -785,6 +786,21 @@ def delete_objects(urls: list[str]) -> None:
         paths = [_located(u)[1] for u in group]
         for start in range(0, len(paths), 1000):
             obstore.delete(store, paths[start : start + 1000])
+
+
+def open_input(url: str, buffer_bytes: int = 1024 * 1024) -> Any:
+    """A readable, seekable binary file of the object at ``url``, read through its store.
+
+    For readers that need a file object (pyarrow's ``ParquetFile``): reads
+    are range requests of ``buffer_bytes`` or more, as asked. The store is
+    the one registered for ``url``'s bucket (or made from the environment).
+
+    Raises:
+        FileNotFoundError: no object at ``url``.
+        OSError: the store cannot be reached or refuses (obstore's error).
+    """
+    store, path = _located(url)
+    return obstore.open_reader(store, path, buffer_size=buffer_bytes)
 
 
 def to_json(shipped: tuple[tuple[str, StoreSpec], ...]) -> bytes:
