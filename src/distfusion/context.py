@@ -20,6 +20,7 @@ into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import os
 import re
@@ -39,6 +40,7 @@ from distfusion import object_store, udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
+from distfusion.iceberg import IcebergTable
 from distfusion.metrics.observer import QueryObserver, observing
 from distfusion.metrics.query import QueryMetrics, build_query_metrics
 from distfusion.metrics.render import analyzed_text, to_dot, to_html
@@ -642,6 +644,52 @@ class DistributedContext:
         self.ctx.register_record_batches(name, [[empty]])
         self._add(table)
 
+    def register_iceberg(
+        self,
+        name: str,
+        table,
+        snapshot_id: int | None = None,
+        as_of: datetime.datetime | int | None = None,
+        *,
+        tasks: int | None = None,
+    ) -> None:
+        """Register a pyiceberg ``Table`` as ``name``: planned while each query runs, read natively.
+
+        ``table`` comes from any pyiceberg catalog (REST, SQL, Glue, Hive) or
+        is a ``StaticTable``. Its snapshot is fixed now: the current one,
+        ``snapshot_id``, or the one current at ``as_of`` (time travel; the
+        snapshot's schema is read, as pyiceberg and Spark read it). Each query
+        plans the snapshot on the coordinator while it runs: manifests are
+        read one by one, files pruned by partition and column bounds with the
+        query's filters, and each data file streamed to a leaf task as soon as
+        its manifest is read (a work unit feed, as Trino's split source). The
+        tasks read the Parquet files natively with DataFusion through the
+        object store of the table's location (one is made from the table's
+        FileIO properties when none is registered), columns matched by
+        Iceberg field id (renamed, added, promoted columns), position deletes
+        applied; a table with equality deletes is refused. ``explain()``
+        after a run says how many of the snapshot's data files were planned.
+        docs/iceberg.md has the details.
+
+        Args:
+            name: the table name in SQL.
+            table: a ``pyiceberg.table.Table``.
+            snapshot_id: read this snapshot.
+            as_of: read the snapshot current at this time: a ``datetime``
+                (naive: local time) or milliseconds since the epoch.
+            tasks: desired leaf tasks reading it (default: one per worker).
+
+        Raises:
+            ImportError: pyiceberg is not installed.
+            PlanningError: both or an unknown ``snapshot_id`` / ``as_of``, a
+                column type DataFusion cannot read, a manifest list that
+                cannot be read (corrupt metadata; names its URL), equality
+                delete files (named), a location no object store reads.
+        """
+        source = IcebergTable(table, snapshot_id, as_of, name=name, tasks=tasks)
+        object_store.add_to(self.ctx)
+        self.register_feed_table(name, source)
+
     def _register_streamed(self, source: TableSource, held: object) -> None:
         """Register a table read at run time (a Spark DataFrame), keeping ``held`` alive with it.
 
@@ -1166,6 +1214,10 @@ class DistributedDataFrame:
         lines = ["Work unit feeds (last run):"]
         for table, parts in metrics.items():
             lines.append(f"  {table}:")
+            source = self.context._feed_sources.get(table)
+            said = source.describe_run() if source is not None else ""  # the last query's
+            if said:
+                lines.append(f"    {said}")
             lines.extend(f"    {m.describe()}" for m in parts)
         return "\n".join(lines)
 
