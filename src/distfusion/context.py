@@ -271,14 +271,49 @@ def _check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
                 raise PlanningError(msg)
 
 
-def _spark_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
-    """The Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan)."""
-    spark = [name for name, s in sources.items() if s.is_spark]
-    if not spark:
+def _streamed_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
+    """The streamed tables (Spark DataFrames, work unit feeds) ``df``'s plan scans.
+
+    Read from its rendered logical plan (``TableScan: name``).
+    """
+    streamed = [name for name, s in sources.items() if s.streamed]
+    if not streamed:
         return []
     text = df.optimized_logical_plan().display_indent()
     scanned = set(re.findall(r"TableScan: ([^\s]+)", text))
-    return [n for n in spark if n in scanned or sql_name(n) in scanned]
+    return [n for n in streamed if n in scanned or sql_name(n) in scanned]
+
+
+def _check_coordinator_reads(df: DataFrame, sources: dict[str, TableSource], reason: str) -> None:
+    """Refuse a coordinator-only query over a table only leaf tasks can read.
+
+    The coordinator's DataFusion context knows a Spark DataFrame or a
+    feed-backed table (an Iceberg table, a ``ListingFeed``) as an empty
+    table with its schema: single-node DataFusion running the query there
+    would read no row of it and answer as if it were empty.
+
+    Raises:
+        PlanningError: the query scans such a table (names it and what to do).
+    """
+    streamed = _streamed_tables_read(df, sources)
+    if not streamed:
+        return
+    name = streamed[0]
+    if sources[name].is_spark:
+        msg = (
+            f"table {name!r} is a Spark DataFrame, read only by Spark tasks, but "
+            f"this query runs on the coordinator only ({reason}); "
+            "use spark.sql for it, or write the table to Parquet first"
+        )
+    else:
+        msg = (
+            f"table {name!r} is a feed-backed table (an Iceberg table or a work unit feed), "
+            f"read only by distributed tasks, but this query runs on the coordinator only "
+            f"({reason}), where the table has no rows; copy what the query needs into a "
+            f"memory table first (CREATE TABLE {name}_copy AS SELECT ... FROM {name}: that "
+            "runs distributed) and query the copy, or rewrite the query so it is distributed"
+        )
+    raise PlanningError(msg)
 
 
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
@@ -1267,15 +1302,9 @@ class DistributedDataFrame:
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
         observer = QueryObserver(query_id, self.label)
-        if self.coordinator_only() is not None:
-            spark = _spark_tables_read(self.df, self.context.sources)
-            if spark:
-                msg = (
-                    f"table {spark[0]!r} is a Spark DataFrame, read only by Spark tasks, but "
-                    f"this query runs on the coordinator only ({self.coordinator_only()}); "
-                    "use spark.sql for it, or write the table to Parquet first"
-                )
-                raise PlanningError(msg)
+        reason = self.coordinator_only()
+        if reason is not None:
+            _check_coordinator_reads(self.df, self.context.sources, reason)
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)
         else:
             stream = self._observed(observer, *self._start(query_id))
@@ -1424,6 +1453,8 @@ class DistributedDataFrame:
         )
         committer = FileCommitter(spec, mode)
         reason = self.coordinator_only()  # planned before anything is touched on disk
+        if reason is not None:
+            _check_coordinator_reads(self.df, self.context.sources, reason)
         committer.setup_job()
         try:
             if reason is not None:
