@@ -276,7 +276,11 @@ def sql(
             native when a plain file scan, else :func:`register_spark_dataframe`),
             or paths and object store URLs of Parquet (CSV: ``.csv``) files,
             read natively (``s3://bucket/prefix/``: the store from the
-            environment unless registered); names case-insensitive.
+            environment unless registered), or pyiceberg ``Table`` objects
+            (read natively by the tasks, planned on the driver while the
+            query runs: :meth:`DistributedContext.register_iceberg`; the
+            executors pull the data files from the driver's feed endpoint);
+            names case-insensitive.
         udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
             ``udwf``); they travel to the executors with the tasks.
 
@@ -288,8 +292,8 @@ def sql(
         PlanningError: invalid SQL, an unknown table or column, or a table
             distfusion cannot read (a schema Arrow cannot express, two columns
             differing only in case; the message names it and says why).
-        TypeError: a value of ``tables`` is not a Spark DataFrame, or one of
-            ``udfs`` is not a DataFusion UDF.
+        TypeError: a value of ``tables`` is neither a Spark DataFrame, a path
+            nor a pyiceberg Table, or one of ``udfs`` is not a DataFusion UDF.
     """
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
@@ -308,6 +312,8 @@ def sql(
                 ctx.register_csv(name.lower(), path)
             else:
                 ctx.register_parquet(name.lower(), path)
+        elif _is_iceberg_table(df):
+            ctx.register_iceberg(name.lower(), df)
         elif not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
     names = _referenced_names(query)
@@ -326,6 +332,14 @@ def sql(
                 raise PlanningError(reason) from exc
         raise
     return SparkDataFrame(ctx, df, spark)
+
+
+def _is_iceberg_table(obj) -> bool:
+    """Whether ``obj`` is a pyiceberg ``Table`` (checked without importing pyiceberg)."""
+    cls = type(obj)
+    return cls.__module__.startswith("pyiceberg.") and all(
+        hasattr(obj, a) for a in ("metadata", "io", "scan")
+    )
 
 
 def register_spark_table(
