@@ -49,7 +49,6 @@ LAZY_IMPORTS = {
     ("distfusion.testing.s3_server", "werkzeug.serving"),
     # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
     ("distfusion.iceberg.filters", "pyiceberg"),
-    ("distfusion.iceberg.filters", "pyiceberg.expressions"),
     ("distfusion.iceberg.plan_files", "pyiceberg.manifest"),
     ("distfusion.iceberg.plan_files", "pyiceberg.table"),
     ("distfusion.iceberg.plan_files", "pyiceberg.table.delete_file_index"),

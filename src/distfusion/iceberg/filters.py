@@ -18,7 +18,8 @@ tasks):
   ``int``/``long`` column (``int`` within 32 bits), ``str`` to ``string``,
   ``bool`` to ``boolean``, ``date`` to ``date``, ``Decimal`` to a
   ``decimal`` of the same scale or wider (exactly representable), a naive
-  ``datetime`` to ``timestamp``, an aware one to ``timestamptz``. A value of
+  ``datetime`` to ``timestamp`` or ``timestamptz`` (then UTC, as the planner
+  gives it), an aware one to ``timestamptz``. A value of
   another kind (a float compared with an int column: ``x < 2.5`` is not
   ``x < 2``) is dropped rather than cast;
 - ``double`` columns only for ``=`` and ``IN`` with numbers that are not
@@ -36,6 +37,8 @@ import decimal
 import math
 from typing import Any
 
+from distfusion.work_unit_feed.filters import And, Comparison, In, IsNull, Not, Or
+
 __all__ = ["to_iceberg_expression"]
 
 _OPS = ("=", "!=", "<", "<=", ">", ">=")
@@ -52,14 +55,14 @@ def to_iceberg_expression(filters: tuple, schema) -> Any:
     Returns:
         The expression (``AlwaysTrue()`` when nothing converts).
     """
-    from pyiceberg.expressions import AlwaysTrue, And  # optional dependency
+    from pyiceberg import expressions as ex  # optional dependency
 
     parts = [e for e in (_convert(f, schema, exact=False) for f in filters) if e is not None]
     if not parts:
-        return AlwaysTrue()
+        return ex.AlwaysTrue()
     out = parts[0]
     for p in parts[1:]:
-        out = And(out, p)
+        out = ex.And(out, p)
     return out
 
 
@@ -67,8 +70,7 @@ def _convert(f, schema, exact: bool):
     """``f`` as a pyiceberg expression, or None; ``exact``: no weakening allowed (under Not)."""
     from pyiceberg import expressions as ex  # optional dependency
 
-    kind = type(f).__name__
-    if kind == "And":
+    if isinstance(f, And):
         parts = [_convert(c, schema, exact) for c in f.children]
         if exact and any(p is None for p in parts):
             return None
@@ -79,7 +81,7 @@ def _convert(f, schema, exact: bool):
         for p in parts[1:]:
             out = ex.And(out, p)
         return out
-    if kind == "Or":
+    if isinstance(f, Or):
         parts = [_convert(c, schema, exact) for c in f.children]
         if not parts or any(p is None for p in parts):
             return None
@@ -87,16 +89,16 @@ def _convert(f, schema, exact: bool):
         for p in parts[1:]:
             out = ex.Or(out, p)
         return out
-    if kind == "Not":
+    if isinstance(f, Not):
         inner = _convert(f.child, schema, exact=True)
         return None if inner is None else ex.Not(inner)
-    if kind == "IsNull":
+    if isinstance(f, IsNull):
         if _field(schema, f.column) is None:
             return None
         return ex.NotNull(f.column) if f.negated else ex.IsNull(f.column)
-    if kind == "Comparison":
+    if isinstance(f, Comparison):
         return _comparison(f.op, f.column, f.value, schema)
-    if kind == "In":
+    if isinstance(f, In):
         return _in(f.column, f.values, schema)
     return None
 
@@ -172,8 +174,8 @@ def _literal(t, value: Any, op: str) -> Any:
             return None
         return exact if exact == value else None
     if isinstance(value, datetime.datetime):
-        if value.tzinfo is None and isinstance(t, it.TimestampType):
-            return value
+        if value.tzinfo is None and isinstance(t, it.TimestampType | it.TimestamptzType):
+            return value  # naive: the column's own time (UTC for a zoned one), as pyiceberg's
         if value.tzinfo is not None and isinstance(t, it.TimestamptzType):
             return value
         return None

@@ -28,7 +28,11 @@ when it reads the footer with ``skip_metadata=False``), never by name:
 ``ctx.read_parquet(url)`` in the task's DataFusion session, through the
 object store registered for its bucket, with a projection that renames,
 casts and fills the columns: DataFusion reads only the columns and row
-groups the fragment needs.
+groups the fragment needs. Its footer is fetched once per task: DataFusion
+reads the schema with field ids, then the file again without field metadata
+(from its footer cache: a HEAD request, no second footer read), so that no
+output batch carries metadata the others lack (an exchange's batches must
+agree on their schema).
 
 **Position deletes** (:func:`frame_with_deletes`): the delete files are read
 natively (``file_path``, ``pos``, filtered to this data file), but the data
@@ -68,6 +72,7 @@ __all__ = [
     "frame_with_deletes",
     "native_frame",
     "scan_units",
+    "without_file_statistics",
 ]
 
 FIELD_ID = b"PARQUET:field_id"
@@ -268,8 +273,11 @@ def native_frame(ctx: SessionContext, layout: Layout, unit: WorkUnit, info: dict
         ValueError: see :func:`column_sources`.
         Exception: DataFusion's error (unreadable file, a refused request).
     """
-    df = ctx.read_parquet(unit.path, skip_metadata=False)
-    sources = column_sources(layout, df.schema(), info, unit.path)
+    with_ids = ctx.read_parquet(unit.path, skip_metadata=False).schema()
+    sources = column_sources(layout, with_ids, info, unit.path)
+    # Read again without the field metadata (DataFusion's footer cache: no second
+    # footer read), so that no batch carries it: batches of one exchange must agree.
+    df = ctx.read_parquet(unit.path)
     exprs = []
     for target, (kind, what) in zip(layout.schema, sources, strict=True):
         if kind == "column":
@@ -347,7 +355,8 @@ def _project(batch: pa.RecordBatch, schema: pa.Schema, sources: list) -> pa.Reco
     for target, (kind, what) in zip(schema, sources, strict=True):
         if kind == "column":
             a = batch.column(what)
-            arrays.append(a if a.type == target.type else a.cast(target.type))
+            # Equal types may differ in nested field metadata (field ids): view them away.
+            arrays.append(a.view(target.type) if a.type == target.type else a.cast(target.type))
         else:
             value = what if what is not None else pa.scalar(None, _plain(target.type))
             arrays.append(pa.repeat(value, batch.num_rows).cast(target.type))
@@ -394,6 +403,21 @@ def check_present(layout: Layout, units: list[WorkUnit]) -> None:
         raise FileNotFoundError(msg)
 
 
+def without_file_statistics(ctx: SessionContext) -> None:
+    """Turn off DataFusion's file statistics in ``ctx`` (the task's session).
+
+    DataFusion 55 (``datafusion.execution.collect_statistics``, on by default)
+    reads a column whose Parquet statistics have ``min == max`` and no nulls
+    as that constant; but Parquet statistics leave NaN out, so a ``double``
+    column holding ``[15.5, NaN]`` is read as ``[15.5, 15.5]``: a wrong
+    answer (seen with a file pyiceberg wrote; single-node DataFusion reads
+    it so too). Without file statistics DataFusion reads the values. Row
+    group and page pruning by the query's filters still run (they read the
+    footer themselves).
+    """
+    ctx.sql("SET datafusion.execution.collect_statistics = false").collect()
+
+
 def scan_units(ctx: SessionContext, layout: Layout, units: list[WorkUnit]) -> DataFrame:
     """The union of ``units``' files read as the table (natively, or with their deletes).
 
@@ -407,6 +431,7 @@ def scan_units(ctx: SessionContext, layout: Layout, units: list[WorkUnit]) -> Da
     """
     check_present(layout, units)
     infos = [json.loads(u.data) for u in units]
+    without_file_statistics(ctx)
 
     def frame(i: int) -> DataFrame:
         unit, info = units[i], infos[i]
