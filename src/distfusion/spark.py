@@ -36,6 +36,11 @@ with DataFusion inside a Spark task. Table names resolve from Spark's catalog
   holds the task's partition in memory first. Only the Spark runtime runs
   such a query: another runtime raises :class:`~distfusion.errors.PlanningError`.
 
+A pyiceberg ``Table`` given in ``tables=`` is neither: it is registered with
+:meth:`~distfusion.context.DistributedContext.register_iceberg`, planned on
+the driver while the query runs and read natively by the tasks, which pull
+its data files from the driver's feed endpoint (docs/iceberg.md).
+
 Names and types of tables read through Spark:
 
 - Spark resolves names case-insensitively, DataFusion folds unquoted
