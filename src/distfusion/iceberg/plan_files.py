@@ -22,8 +22,10 @@ file's unit must carry every delete file that applies to it).
 
 Refused with a clear error rather than read wrong: equality delete files
 and deletion vectors (Puffin) (their files named), data or delete files
-that are not Parquet, and files on a bucket no object store is registered
-for (the tasks could not read them).
+that are not Parquet, a delete file listed in a data manifest or the other
+way round (metadata the spec does not allow; its deletes would not be
+indexed before the data files they apply to), and files on a bucket no
+object store is registered for (the tasks could not read them).
 
 A unit (:class:`~distfusion.work_unit_feed.WorkUnit`): ``path`` is the file's
 URL (a local path for ``file://``), ``size_bytes`` its size, ``num_rows`` its
@@ -278,14 +280,17 @@ def plan_units(
                 elif f.content == DataFileContent.POSITION_DELETES:
                     checked(f.file_path)
                     index.add_delete_file(entry, partition_key=f.partition)
+                else:
+                    refused.setdefault("data files in a delete manifest", []).append(f.file_path)
         if refused:
             raise ValueError(refusal(table, refused))
         for entries in reader.results(data):
             report.manifests_read += 1
             for entry in entries:
                 f = entry.data_file
-                if f.content != DataFileContent.DATA:
-                    continue
+                if f.content != DataFileContent.DATA:  # its deletes were not indexed first
+                    refused.setdefault("delete files in a data manifest", []).append(f.file_path)
+                    raise ValueError(refusal(table, refused))
                 if f.file_format != FileFormat.PARQUET:
                     msg = (
                         f"Iceberg table {table!r}: data file {f.file_path} is "
