@@ -16,7 +16,9 @@ manifest fail the query naming the file.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 import time
 
@@ -179,14 +181,16 @@ class SlowManifests(FileIO):
     """A FileIO whose manifest reads are slowed down (the manifest list is not).
 
     The first manifest read takes ``delay_s``; every later one waits also
-    until ``gate`` is set (at most ``wait_s``), so that planning cannot end
-    before the consumer has seen its first rows unless units are held back.
+    until ``gate`` opens (at most ``wait_s``): a consumer's first rows, or a
+    task's first read, so that planning cannot end before them unless units
+    are held back until it ends.
     """
 
     def __init__(self, inner: FileIO, gate: threading.Event, delay_s: float = 0.1, wait_s=60):
         super().__init__(inner.properties)
         self.inner, self.gate, self.delay_s, self.wait_s = inner, gate, delay_s, wait_s
         self.reads: list[str] = []
+        self.read_ends: list[float] = []  # time.time() when each manifest read was let go
         self.lock = threading.Lock()
 
     def new_input(self, location: str):
@@ -198,6 +202,8 @@ class SlowManifests(FileIO):
             time.sleep(self.delay_s)
             if not first:
                 self.gate.wait(self.wait_s)
+            with self.lock:
+                self.read_ends.append(time.time())
         return self.inner.new_input(location)
 
     def new_output(self, location: str):
@@ -231,6 +237,60 @@ def test_first_rows_arrive_before_planning_finished(s3_iceberg, tmp_path, runtim
     assert events[0][2] < 4, events
     assert events[-1] == ("end", True, 4), events
     assert rows == 20 and len(io.reads) == 4
+    wait_idle(runtime)
+
+
+class RecordingIceberg(IcebergTable):
+    """An IcebergTable whose tasks note each scan in a file (any process): time and units."""
+
+    log = ""
+
+    def scan(self, ctx, units):
+        with open(self.log, "a") as f:
+            f.write(f"{time.time()} {len(units)}\n")
+        return super().scan(ctx, units)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"source": super().to_bytes().decode(), "log": self.log}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, schema: pa.Schema) -> RecordingIceberg:
+        d = json.loads(data)
+        source = super().from_bytes(d["source"].encode(), schema)
+        source.log = d["log"]
+        return source
+
+
+class FileGate:
+    """Opens once a file has a line (a task in any process wrote it)."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+                return True
+            time.sleep(0.02)
+        return False
+
+
+def test_leaf_tasks_read_files_before_planning_finished(s3_iceberg, tmp_path, runtime, workers):
+    """Units reach the leaf tasks (pushed, or pulled on Spark) while manifests are still read."""
+    catalog = s3_catalog(f"leaf_{runtime.name}", tmp_path / "c.db", s3_iceberg.endpoint)
+    t = small_table(catalog, "db.leaf", parts=4, rows_per_part=5)
+    log = tmp_path / "scans.log"
+    io = SlowManifests(t.io, FileGate(log))
+    source = RecordingIceberg(Table(t.name(), t.metadata, t.metadata_location, io, t.catalog))
+    source.log = str(log)
+    ctx = _ctx(runtime, workers)
+    ctx.register_feed_table("t", source)
+    got = ctx.sql("SELECT region, count(*) AS n FROM t GROUP BY 1").to_pylist()
+    assert sorted(r["n"] for r in got) == [5, 5, 5, 5]
+    scans = [float(line.split()[0]) for line in log.read_text().splitlines()]
+    assert min(scans) < max(io.read_ends), (scans, io.read_ends)  # a task read first
+    assert source.reports()[-1].finished and source.reports()[-1].data_files == 4
     wait_idle(runtime)
 
 
