@@ -369,8 +369,8 @@ def check_present(layout: Layout, units: list[WorkUnit]) -> None:
     DataFusion reads a file URL that names nothing as an empty table (it
     lists the path as a prefix), so a file removed after the scan was
     planned (an expired snapshot's files deleted, an orphan-file clean-up)
-    would lose its rows without a word. Local files: ``stat``; objects: one
-    HEAD request each (:func:`distfusion.object_store.missing_objects`), as
+    would lose its rows without a word. Local files: ``stat``; objects:
+    :func:`distfusion.object_store.missing_objects`, as
     :func:`distfusion.sources.check_files_exist` does for file tables.
 
     Raises:
