@@ -50,6 +50,15 @@ LAZY_IMPORTS = {
     ("distfusion.testing.s3_server", "boto3"),
     ("distfusion.testing.s3_server", "moto.moto_server.werkzeug_app"),
     ("distfusion.testing.s3_server", "werkzeug.serving"),
+    # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
+    ("distfusion.iceberg.filters", "pyiceberg"),
+    ("distfusion.iceberg.plan_files", "pyiceberg.manifest"),
+    ("distfusion.iceberg.plan_files", "pyiceberg.table"),
+    ("distfusion.iceberg.plan_files", "pyiceberg.table.delete_file_index"),
+    ("distfusion.iceberg.plan_files", "pyiceberg.transforms"),
+    ("distfusion.iceberg.plan_files", "pyiceberg.typedef"),
+    ("distfusion.iceberg.table", "pyiceberg"),
+    ("distfusion.iceberg.table", "pyiceberg.manifest"),
 }
 
 

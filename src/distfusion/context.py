@@ -41,6 +41,7 @@ from distfusion import delta, object_store, udfs
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
+from distfusion.iceberg import IcebergTable
 from distfusion.metrics.observer import QueryObserver, observer_for, observing
 from distfusion.metrics.query import QueryMetrics, build_query_metrics
 from distfusion.metrics.render import analyzed_text, to_dot, to_html
@@ -274,11 +275,6 @@ def _check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
                 raise PlanningError(msg)
 
 
-def _spark_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
-    """The Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan)."""
-    return _tables_read(df, [name for name, s in sources.items() if s.is_spark])
-
-
 def _tables_read(df: DataFrame, names) -> list[str]:
     """The tables of ``names`` that ``df``'s plan scans (from its rendered logical plan)."""
     names = list(names)
@@ -287,6 +283,54 @@ def _tables_read(df: DataFrame, names) -> list[str]:
     text = df.optimized_logical_plan().display_indent()
     scanned = set(re.findall(r"TableScan: ([^\s]+)", text))
     return [n for n in names if n in scanned or sql_name(n) in scanned]
+
+
+def _check_coordinator_reads(
+    df: DataFrame,
+    sources: dict[str, TableSource],
+    reason: str,
+    not_on_coordinator: dict[str, str] | None = None,
+) -> None:
+    """Refuse a coordinator-only query over a table only leaf tasks can read.
+
+    The coordinator's DataFusion context knows a Spark DataFrame or a
+    feed-backed table (an Iceberg table, a ``ListingFeed``) as an empty
+    table with its schema: single-node DataFusion running the query there
+    would read no row of it and answer as if it were empty. Tables in
+    ``not_on_coordinator`` (name -> why) cannot be read here either (a Delta
+    table whose reader DataFusion lacks a store for).
+
+    Raises:
+        PlanningError: the query scans such a table (names it and what to do).
+    """
+    streamed = _tables_read(df, [n for n, s in sources.items() if s.streamed])
+    if streamed:
+        name = streamed[0]
+        if sources[name].is_spark:
+            msg = (
+                f"table {name!r} is a Spark DataFrame, read only by Spark tasks, but "
+                f"this query runs on the coordinator only ({reason}); "
+                "use spark.sql for it, or write the table to Parquet first"
+            )
+        else:
+            msg = (
+                f"table {name!r} is a feed-backed table (an Iceberg table or a work unit "
+                f"feed), read only by distributed tasks, but this query runs on the "
+                f"coordinator only ({reason}), where the table has no rows; copy what the "
+                f"query needs into a memory table first (CREATE TABLE {name}_copy AS SELECT "
+                f"... FROM {name}: that runs distributed) and query the copy, or rewrite the "
+                "query so it is distributed"
+            )
+        raise PlanningError(msg)
+    unreadable = _tables_read(df, not_on_coordinator or {})
+    if unreadable:
+        table = unreadable[0]
+        msg = (
+            f"table {table!r} is read only by tasks, but this query runs on the "
+            f"coordinator only ({reason}): {not_on_coordinator[table]}; write the query so "
+            "that it distributes, or read the table's result first (ctx.sql(...).to_arrow_table())"
+        )
+        raise PlanningError(msg)
 
 
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
@@ -788,6 +832,52 @@ class DistributedContext:
         empty = pa.RecordBatch.from_pylist([], schema=table.schema)
         self.ctx.register_record_batches(name, [[empty]])
         self._add(table)
+
+    def register_iceberg(
+        self,
+        name: str,
+        table,
+        snapshot_id: int | None = None,
+        as_of: datetime.datetime | int | None = None,
+        *,
+        tasks: int | None = None,
+    ) -> None:
+        """Register a pyiceberg ``Table`` as ``name``: planned while each query runs, read natively.
+
+        ``table`` comes from any pyiceberg catalog (REST, SQL, Glue, Hive) or
+        is a ``StaticTable``. Its snapshot is fixed now: the current one,
+        ``snapshot_id``, or the one current at ``as_of`` (time travel; the
+        snapshot's schema is read, as pyiceberg and Spark read it). Each query
+        plans the snapshot on the coordinator while it runs: manifests are
+        read one by one, files pruned by partition and column bounds with the
+        query's filters, and each data file streamed to a leaf task as soon as
+        its manifest is read (a work unit feed, as Trino's split source). The
+        tasks read the Parquet files natively with DataFusion through the
+        object store of the table's location (one is made from the table's
+        FileIO properties when none is registered), columns matched by
+        Iceberg field id (renamed, added, promoted columns), position deletes
+        applied; a table with equality deletes is refused. ``explain()``
+        after a run says how many of the snapshot's data files were planned.
+        docs/iceberg.md has the details.
+
+        Args:
+            name: the table name in SQL.
+            table: a ``pyiceberg.table.Table``.
+            snapshot_id: read this snapshot.
+            as_of: read the snapshot current at this time: a ``datetime``
+                (naive: local time) or milliseconds since the epoch.
+            tasks: desired leaf tasks reading it (default: one per worker).
+
+        Raises:
+            ImportError: pyiceberg is not installed.
+            PlanningError: both or an unknown ``snapshot_id`` / ``as_of``, a
+                column type DataFusion cannot read, a manifest list that
+                cannot be read (corrupt metadata; names its URL), equality
+                delete files (named), a location no object store reads.
+        """
+        source = IcebergTable(table, snapshot_id, as_of, name=name, tasks=tasks)
+        object_store.add_to(self.ctx)
+        self.register_feed_table(name, source)
 
     def _register_streamed(self, source: TableSource, held: object) -> None:
         """Register a table read at run time (a Spark DataFrame), keeping ``held`` alive with it.
@@ -1314,6 +1404,10 @@ class DistributedDataFrame:
         lines = ["Work unit feeds (last run):"]
         for table, parts in metrics.items():
             lines.append(f"  {table}:")
+            source = self.context._feed_sources.get(table)
+            said = source.describe_run() if source is not None else ""  # the last query's
+            if said:
+                lines.append(f"    {said}")
             lines.extend(f"    {m.describe()}" for m in parts)
         return "\n".join(lines)
 
@@ -1363,25 +1457,11 @@ class DistributedDataFrame:
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
         observer = QueryObserver(query_id, self.label)
-        if self.coordinator_only() is not None:
-            spark = _spark_tables_read(self.df, self.context.sources)
-            if spark:
-                msg = (
-                    f"table {spark[0]!r} is a Spark DataFrame, read only by Spark tasks, but "
-                    f"this query runs on the coordinator only ({self.coordinator_only()}); "
-                    "use spark.sql for it, or write the table to Parquet first"
-                )
-                raise PlanningError(msg)
-            unreadable = _tables_read(self.df, self.context._not_on_coordinator)
-            if unreadable:
-                table = unreadable[0]
-                msg = (
-                    f"table {table!r} is read only by tasks, but this query runs on the "
-                    f"coordinator only ({self.coordinator_only()}): "
-                    f"{self.context._not_on_coordinator[table]}; write the query so that it "
-                    "distributes, or read the table's result first (ctx.sql(...).to_arrow_table())"
-                )
-                raise PlanningError(msg)
+        reason = self.coordinator_only()
+        if reason is not None:
+            _check_coordinator_reads(
+                self.df, self.context.sources, reason, self.context._not_on_coordinator
+            )
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)
         else:
             stream = self._observed(observer, *self._start(query_id))
@@ -1533,6 +1613,10 @@ class DistributedDataFrame:
         )
         committer = FileCommitter(spec, mode)
         reason = self.coordinator_only()  # planned before anything is touched on disk
+        if reason is not None:
+            _check_coordinator_reads(
+                self.df, self.context.sources, reason, self.context._not_on_coordinator
+            )
         committer.setup_job()
         try:
             if reason is not None:

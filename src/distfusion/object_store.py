@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
+import io
 import json
 import os
 import threading
@@ -87,6 +88,7 @@ __all__ = [
     "list_prefix",
     "missing_objects",
     "object_sizes",
+    "open_input",
     "put_bytes",
     "put_file",
     "read_parquet_metadata",
@@ -807,6 +809,57 @@ def delete_objects(urls: list[str]) -> None:
         paths = [_located(u)[1] for u in group]
         for start in range(0, len(paths), 1000):
             obstore.delete(store, paths[start : start + 1000])
+
+
+def open_input(url: str, buffer_bytes: int = 1024 * 1024) -> Any:
+    """A readable, seekable binary file of the object at ``url``, read through its store.
+
+    For readers that need a file object (pyarrow's ``ParquetFile``): reads
+    are range requests of ``buffer_bytes`` or more, as asked. The store is
+    the one registered for ``url``'s bucket (or made from the environment).
+
+    Raises:
+        FileNotFoundError: no object at ``url``.
+        OSError: the store cannot be reached or refuses (obstore's error).
+    """
+    store, path = _located(url)
+    return _ObjectFile(obstore.open_reader(store, path, buffer_size=buffer_bytes))
+
+
+class _ObjectFile(io.RawIOBase):
+    """obstore's ``ReadableFile`` as a Python raw file (pyarrow needs ``closed``, ``readinto``)."""
+
+    def __init__(self, reader: Any) -> None:
+        super().__init__()
+        self._reader = reader
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._reader.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._reader.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(
+            self._reader.read(size) if size is not None and size >= 0 else self._reader.read()
+        )
+
+    def readinto(self, buffer) -> int:
+        data = self._reader.read(len(buffer))
+        n = len(data)
+        memoryview(buffer)[:n] = memoryview(data)
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._reader.close()
+        super().close()
 
 
 def to_json(shipped: tuple[tuple[str, StoreSpec], ...]) -> bytes:

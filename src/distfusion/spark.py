@@ -41,6 +41,11 @@ these sources:
   holds the task's partition in memory first. Only the Spark runtime runs
   such a query: another runtime raises :class:`~distfusion.errors.PlanningError`.
 
+A pyiceberg ``Table`` given in ``tables=`` is neither: it is registered with
+:meth:`~distfusion.context.DistributedContext.register_iceberg`, planned on
+the driver while the query runs and read natively by the tasks, which pull
+its data files from the driver's feed endpoint (docs/iceberg.md).
+
 Names and types of tables read through Spark:
 
 - Spark resolves names case-insensitively, DataFusion folds unquoted
@@ -284,7 +289,11 @@ def sql(
             :meth:`~distfusion.context.DistributedContext.register_delta`), or
             paths and object store URLs of Parquet (CSV: ``.csv``) files,
             read natively (``s3://bucket/prefix/``: the store from the
-            environment unless registered); names case-insensitive.
+            environment unless registered), or pyiceberg ``Table`` objects
+            (read natively by the tasks, planned on the driver while the
+            query runs: :meth:`DistributedContext.register_iceberg`; the
+            executors pull the data files from the driver's feed endpoint);
+            names case-insensitive.
         udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
             ``udwf``); they travel to the executors with the tasks.
 
@@ -296,8 +305,9 @@ def sql(
         PlanningError: invalid SQL, an unknown table or column, or a table
             distfusion cannot read (a schema Arrow cannot express, two columns
             differing only in case; the message names it and says why).
-        TypeError: a value of ``tables`` is not a Spark DataFrame, a Delta
-            table or a path, or one of ``udfs`` is not a DataFusion UDF.
+        TypeError: a value of ``tables`` is neither a Spark DataFrame, a Delta
+            table, a pyiceberg Table nor a path, or one of ``udfs`` is not a
+            DataFusion UDF.
     """
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
@@ -318,6 +328,8 @@ def sql(
                 ctx.register_csv(name.lower(), path)
             else:
                 ctx.register_parquet(name.lower(), path)
+        elif _is_iceberg_table(df):
+            ctx.register_iceberg(name.lower(), df)
         elif not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
     names = _referenced_names(query)
@@ -360,6 +372,14 @@ def _register_delta(ctx: DistributedContext, name: str, table) -> bool:
         ctx.register_delta(name, table)
         return True
     return False
+
+
+def _is_iceberg_table(obj) -> bool:
+    """Whether ``obj`` is a pyiceberg ``Table`` (checked without importing pyiceberg)."""
+    cls = type(obj)
+    return cls.__module__.startswith("pyiceberg.") and all(
+        hasattr(obj, a) for a in ("metadata", "io", "scan")
+    )
 
 
 def register_spark_table(

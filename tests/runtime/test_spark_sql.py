@@ -179,3 +179,27 @@ def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
         for key in ("access.key", "secret.key"):
             conf.unset(f"fs.s3a.bucket.lake.{key}")
         stores.deregister("s3://", "lake")
+
+
+def test_an_iceberg_table_on_s3_through_tables(spark, s3_server, s3_store, tmp_path):
+    """``tables={"t": <pyiceberg Table>}``: planned on the driver, the executors pull its files."""
+    from datafusion import SessionContext
+
+    from distfusion import object_store
+    from tests.iceberg_tables import build_events, s3_catalog
+
+    s3_server.create_bucket("iceberg")
+    object_store.register("s3://", s3_store("iceberg"), "iceberg")  # no keys: the workers' own
+    events = build_events(s3_catalog("spark_sql", tmp_path / "c.db", s3_server.endpoint))
+    sql = "SELECT region, count(*) AS n, sum(value) AS s FROM events GROUP BY region"
+    df = distfusion.spark.sql(spark, sql, tables={"Events": events.table})
+    oracle = SessionContext()
+    rows = events.table.scan().to_arrow()
+    oracle.register_record_batches(
+        "events", [rows.cast(df.context.sources["events"].schema).to_batches()]
+    )
+    expected = oracle.sql(sql).to_arrow_table()
+    assert_same_result(df.to_arrow_table(), expected, ordered=False)
+    assert "Iceberg snapshot" in df.explain_run()
+    back = df.to_spark().orderBy("region").collect()
+    assert [r.region for r in back] == sorted(expected.column("region").to_pylist())

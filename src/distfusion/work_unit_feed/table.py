@@ -4,6 +4,10 @@ A :class:`FeedTableSource` is a table whose work units are discovered while
 the query runs. It has an Arrow :attr:`~FeedTableSource.schema`, a
 :class:`~distfusion.work_unit_feed.feed.WorkUnitFeed`, a desired task count,
 and ``read(unit) -> pyarrow.RecordBatchReader``, which runs on the worker.
+A source may also read natively: ``scan(ctx, units) -> datafusion.DataFrame``
+(:meth:`FeedTableSource.scan`, e.g. Parquet files read by DataFusion through
+the task's object stores); a leaf task then registers that DataFrame as the
+table instead of reading batches in Python.
 
 How a worker gets a ``read``: in process (the local runtime) it calls the very
 object registered on the coordinator. A worker in another process (Flight, a
@@ -28,6 +32,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from datafusion import DataFrame, SessionContext
 
 from distfusion.work_unit_feed.feed import (
     FeedContext,
@@ -68,8 +73,9 @@ class FeedTableSource:
         estimated_bytes: the table's size for broadcast decisions, bytes; None
             when unknown (:data:`UNKNOWN_FEED_BYTES`: never broadcast).
 
-    Implement :meth:`read`; override :meth:`to_bytes` / :meth:`from_bytes`
-    when ``read`` needs state of the instance on another process.
+    Implement :meth:`read`, or :meth:`scan` for a native read (a task then
+    never calls ``read``); override :meth:`to_bytes` / :meth:`from_bytes`
+    when they need state of the instance on another process.
     """
 
     schema: pa.Schema
@@ -87,6 +93,41 @@ class FeedTableSource:
             Exception: anything; the task fails with a TaskError carrying it.
         """
         raise NotImplementedError
+
+    def scan(self, ctx: SessionContext, units: list[WorkUnit]) -> DataFrame:
+        """Optional native read of ``units``: a DataFusion DataFrame over their rows.
+
+        Runs inside a leaf task on a worker, with the task's ``SessionContext``
+        (its object stores and UDFs registered). Implement it instead of
+        :meth:`read` when DataFusion can read the units itself (Parquet files:
+        ``ctx.read_parquet(url)``): the rows then never pass through Python,
+        and DataFusion reads them in parallel, projecting and filtering as the
+        task's fragment asks. The task calls it once per chunk of units that
+        arrived (a fragment run per chunk), or once with every unit of its
+        partition (see docs/work-unit-feeds.md); never with an empty list.
+
+        Returns:
+            A DataFrame with exactly :attr:`schema`'s column names and types, in
+            order (it is registered as the table the fragment reads).
+
+        Raises:
+            Exception: anything; the task fails with a TaskError carrying it.
+        """
+        raise NotImplementedError
+
+    @property
+    def scans_natively(self) -> bool:
+        """True when the class implements :meth:`scan` (tasks use it, not :meth:`read`)."""
+        return type(self).scan is not FeedTableSource.scan
+
+    def describe_run(self, query_id: str | None = None) -> str:
+        """One line about what the feed did in query ``query_id`` (default: the last), or ``""``.
+
+        ``explain()`` after a run prints it under the table's feed metrics
+        (an Iceberg table: "planned 3 of 10 data files ..."). Called on the
+        coordinator. The default says nothing.
+        """
+        return ""
 
     def to_bytes(self) -> bytes:
         """What another process needs to rebuild this source for ``read`` (default none)."""

@@ -516,6 +516,31 @@ def _read_units(source, units: list[WorkUnit], schema: pa.Schema) -> list[pa.Rec
     return out
 
 
+def _scan_units(
+    ctx: SessionContext, source, units: list[WorkUnit], meter: TaskMeter | None
+) -> DataFrame:
+    """``units`` read natively by ``source.scan`` (a FeedTableSource that implements it).
+
+    Their bytes count as the task's source bytes (``meter``).
+
+    Raises:
+        Exception: ``scan``'s error (a file gone, unreadable, a schema it refuses).
+    """
+    if meter is not None:
+        meter.unit_bytes += sum(u.size_bytes for u in units)
+    return source.scan(ctx, units)
+
+
+def _register_frames(ctx: SessionContext, name: str, frames: list[DataFrame]) -> None:
+    """Register the union of ``frames`` (a native feed scan's chunks) as view ``name``."""
+    if name in ctx.catalog().schema().names():
+        ctx.deregister_table(sql_name(name))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.union(other)
+    ctx.register_view(sql_name(name), df)
+
+
 def _register_feed(
     ctx: SessionContext, name: str, schema: pa.Schema, batches: list[pa.RecordBatch], n: int
 ) -> None:
@@ -636,6 +661,14 @@ def feed_dataframes(
     table (a global partial aggregate then says "0 rows", as a task without
     units does).
 
+    A feed whose source reads natively
+    (:attr:`~distfusion.work_unit_feed.FeedTableSource.scans_natively`: an
+    Iceberg table's Parquet files) is not read in Python: each chunk of units
+    becomes the DataFrame ``source.scan(ctx, units)`` returns, registered as
+    the table (chunked), or the union of every chunk's DataFrame (whole:
+    DataFusion then reads all the files when the fragment runs, not holding
+    them in memory first).
+
     Raises:
         FeedError: a feed's provider failed, or the feed cannot be reached.
         TaskError: a Spark table's partition was not offered to this task.
@@ -656,25 +689,29 @@ def feed_dataframes(
                 o["feed_id"], o["reader"], o["state"], share.source.schema
             )
 
-    def chunks(share: ScanShare) -> Iterator[list[pa.RecordBatch]]:
+    def chunks(share: ScanShare) -> Iterator[list[pa.RecordBatch] | DataFrame]:
         if share.source.is_spark:
             return _spark_chunks(plan.key, share, meter)
         reader = readers[share.source.name]
+        if reader.scans_natively:  # DataFusion reads the units: a DataFrame per chunk
+            return (_scan_units(ctx, reader, c, meter) for c in feed_chunks(share))
         return (_read_units(reader, c, share.source.schema) for c in feed_chunks(share))
 
     n = plan.target_partitions
 
-    def register(source, batches: list[pa.RecordBatch]) -> None:
+    def register(source, got: list[pa.RecordBatch] | list[DataFrame]) -> None:
         if source.is_spark:
-            _register_spark(ctx, source, batches, n)
+            _register_spark(ctx, source, got, n)
+        elif got and isinstance(got[0], DataFrame):
+            _register_frames(ctx, source.name, got)
         else:
-            _register_feed(ctx, source.name, source.schema, batches, n)
+            _register_feed(ctx, source.name, source.schema, got, n)
 
     if len(feeds) == 1 and feeds[0].source.options.get("chunked"):
         source = feeds[0].source
         ran = False
-        for batches in chunks(feeds[0]):
-            register(source, batches)
+        for chunk in chunks(feeds[0]):
+            register(source, [chunk] if isinstance(chunk, DataFrame) else chunk)
             ran = True
             yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
         if not ran:  # an empty feed or partition (read once: not asked again)
@@ -682,10 +719,13 @@ def feed_dataframes(
             yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
         return
     for share in feeds:
-        batches = []
+        got = []
         for chunk in chunks(share):
-            batches.extend(chunk)
-        register(share.source, batches)
+            if isinstance(chunk, DataFrame):
+                got.append(chunk)
+            else:
+                got.extend(chunk)
+        register(share.source, got)
     yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
 
 
