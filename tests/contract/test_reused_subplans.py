@@ -65,9 +65,7 @@ MODES = {
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_subplan_used_twice(shape, mode, runtime, workers, tpch_dir, oracle):
-    config = DistributedConfig(
-        tasks_per_stage=workers, broadcast_threshold_bytes=0, **MODES[mode]
-    )
+    config = DistributedConfig(tasks_per_stage=workers, broadcast_threshold_bytes=0, **MODES[mode])
     ctx = DistributedContext(runtime=runtime, config=config)
     tpch.register_tpch(ctx, tpch_dir)
     sql = SHAPES[shape]
