@@ -35,7 +35,7 @@ from distfusion import udfs
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.planner.substrait import consume_plan
-from distfusion.protocol.errors import task_error
+from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
 from distfusion.sources import WorkUnit, register_scan, sql_name
@@ -813,7 +813,9 @@ def run_task_into(
         raise AssertionError("unreachable")  # pragma: no cover
     except (TaskError, QueryCancelled):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
         raise task_error(plan.key.stage_id, plan.key.task_index, worker, exc) from exc
 
 
@@ -934,5 +936,7 @@ def stream_head_stage(
             on_metrics(meter.finish(None, rows, nbytes))
     except DistfusionError:
         raise
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure); not GeneratorExit
+        if not is_task_failure(exc):
+            raise
         raise task_error(plan.key.stage_id, plan.key.task_index, COORDINATOR, exc) from exc
