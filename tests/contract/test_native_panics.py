@@ -9,6 +9,13 @@ for failed tasks; a Spark executor tells the driver), its other tasks are
 cancelled, and nothing stays behind. The panic is real: a UDF returns
 strings where it declared int64, and DataFusion's ``sum`` panics over them
 (tests/udf_funcs.py ``native_panic``; the session's Flight workers load it).
+
+The panic first seen this way was DataFusion's own: the shuffle hashes its
+keys with datafusion-spark's ``xxhash64``, which panics when every argument
+is a scalar over a batch of several rows, as a ``CASE`` of literals is when
+every row takes one branch (docs/datafusion-bugs.md). Shuffle keys are now
+hashed as materialized columns; the query that showed it gives DataFusion's
+answer.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import time
 
 import pyarrow as pa
 
-from distfusion import DistributedConfig, DistributedContext, TaskPanicked
+from distfusion import DistributedConfig, DistributedContext, TaskPanicked, tpch
+from tests.compare import assert_same_result, oracle_result
 from tests.contract.conftest import wait_idle
 from tests.udf_funcs import POISON, SLOW_S, native_panic
 
@@ -93,3 +101,25 @@ def test_a_native_panic_in_a_task_is_a_task_error(runtime, workers):
     # The runtime goes on.
     n = ctx.sql("SELECT count(*) AS n FROM slow").to_arrow_table().column("n")[0].as_py()
     assert n == len(slow)
+
+
+SHOWN_BY = (
+    "SELECT CASE WHEN l_orderkey IS NULL THEN 'none' WHEN l_quantity > 25 THEN 'big' "
+    "ELSE 'small' END AS bucket, count(DISTINCT s_nationkey) AS n1, "
+    "count(DISTINCT l_partkey) AS n2 "
+    "FROM supplier LEFT JOIN lineitem ON s_suppkey = l_suppkey AND l_quantity > 49 "
+    "GROUP BY 1"
+)
+
+
+def test_a_shuffle_key_of_one_value_per_batch(runtime, workers, tpch_dir, oracle):
+    # Shuffled by the CASE (the grouping key), appended to the join's output:
+    # every row of a batch takes the branch 'big'.
+    config = DistributedConfig(tasks_per_stage=workers, broadcast_threshold_bytes=0)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    df = ctx.sql(SHOWN_BY)
+    got, raised, ended = _run(df)
+    assert ended and raised is None, repr(raised)
+    assert_same_result(got, oracle_result(oracle, SHOWN_BY), ordered=False)
+    wait_idle(runtime)

@@ -463,11 +463,23 @@ def _partition_into(
         else c
         for i, c in enumerate(keep)
     ]
-    df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
+    # The planner's appended key columns are selected too, and dropped below:
+    # a computed column used twice is not inlined into the hash by DataFusion's
+    # optimizer, so xxhash64 always hashes a column. Inlined, a key that is a
+    # scalar at run time (a CASE of literals whose rows all take one branch)
+    # made datafusion-spark's xxhash64 panic over a batch of several rows
+    # (docs/datafusion-bugs.md).
+    appended = [
+        col(f'"{schema.names[k]}"').alias(f"{PARTITION_ID}_key{k}")
+        for k in out.key_columns
+        if k >= len(keep)
+    ]
+    df = df.select(*body, *appended, pid.cast(pa.int64()).alias(PARTITION_ID))
+    rows_of = list(range(len(keep)))
     for b in batches(df):
-        ids = b.column(len(keep)).to_numpy()
+        ids = b.column(b.num_columns - 1).to_numpy()
         counts = np.bincount(ids, minlength=n)
-        rows = b.drop_columns([PARTITION_ID])
+        rows = b.select(rows_of)
         if np.count_nonzero(counts) == 1:
             sink.add(int(ids[0]), rows)
             continue
