@@ -251,9 +251,13 @@ def _check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
                 raise PlanningError(msg)
 
 
-def _spark_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
-    """The Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan)."""
-    spark = [name for name, s in sources.items() if s.is_spark]
+def _streamed_tables_read(df: DataFrame, sources: dict[str, TableSource]) -> list[str]:
+    """The feed and Spark DataFrame tables ``df``'s plan scans (from its rendered logical plan).
+
+    Their rows exist only where tasks run: the coordinator holds an empty table
+    under their names, so a query on the coordinator only would read nothing.
+    """
+    spark = [name for name, s in sources.items() if s.streamed]
     if not spark:
         return []
     text = df.optimized_logical_plan().display_indent()
@@ -1073,12 +1077,19 @@ class DistributedDataFrame:
         query_id = str(uuid.uuid4())
         observer = QueryObserver(query_id, self.label)
         if self.coordinator_only() is not None:
-            spark = _spark_tables_read(self.df, self.context.sources)
-            if spark:
+            streamed = _streamed_tables_read(self.df, self.context.sources)
+            if streamed:
+                name = streamed[0]
+                spark = self.context.sources[name].is_spark
+                kind = (
+                    "a Spark DataFrame, read only by Spark tasks"
+                    if spark
+                    else "fed by a work unit feed, read only by tasks"
+                )
+                advice = "use spark.sql for it, or write" if spark else "write"
                 msg = (
-                    f"table {spark[0]!r} is a Spark DataFrame, read only by Spark tasks, but "
-                    f"this query runs on the coordinator only ({self.coordinator_only()}); "
-                    "use spark.sql for it, or write the table to Parquet first"
+                    f"table {name!r} is {kind}, but this query runs on the coordinator "
+                    f"only ({self.coordinator_only()}); {advice} the table to Parquet first"
                 )
                 raise PlanningError(msg)
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)
