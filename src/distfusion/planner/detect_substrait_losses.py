@@ -30,8 +30,8 @@ coordinator anyway).
 
 Everything is decided from the plan's structure, never from its text (an output
 column may be named ``... IGNORE NULLS ...``): the nodes of the plan
-(``LogicalPlan.inputs()`` and the plans of subquery expressions), each node's
-expressions through datafusion-python's variants (``to_variant()``,
+(``LogicalPlan.inputs()``), each node's expressions through datafusion-python's
+variants (``to_variant()``,
 ``rex_call_operands()``), and, for what datafusion-python has no getter for
 (null treatment, a window function's ``DISTINCT`` and ``FILTER``, a cast's
 type), the expression's own protobuf encoding (``Expr.to_bytes``:
@@ -120,8 +120,9 @@ def substrait_losses(plan: LogicalPlan, ctx: SessionContext, substrait: Plan) ->
     Returns:
         One phrase per property lost (``"IGNORE NULLS (first_value)"``), in the
         order first met, without repeats; empty when nothing known is lost.
-        An expression DataFusion cannot encode to protobuf where a property is
-        to be read counts as lost (the check must not pass what it cannot see).
+        What cannot be read counts as lost (the check must not pass what it
+        cannot see): an expression DataFusion cannot encode to protobuf where a
+        property is to be read; in a subquery, what a lost property may sit on.
     """
     codec = ctx.with_python_udf_inlining(enabled=False)  # UDFs by name: nothing pickled
     found: dict[str, None] = {}
