@@ -98,8 +98,9 @@ def flight_workers():
     """URLs of three Flight worker processes on 127.0.0.1 (free ports).
 
     Started once per session and stopped at its end, even after a failure.
+    They load the fault-injection UDFs (``tests.udf_funcs:FAULTS``) and no other.
     """
-    procs = start_workers(FLIGHT_WORKERS)
+    procs = start_workers(FLIGHT_WORKERS, "--udf", "tests.udf_funcs:FAULTS")
     try:
         yield [p.url for p in procs]
     finally:

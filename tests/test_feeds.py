@@ -29,6 +29,7 @@ from distfusion import (
     FeedTableSource,
     ListingFeed,
     LocalRuntime,
+    PlanningError,
     TaskError,
     WorkSharingFeedProvider,
     WorkUnit,
@@ -204,6 +205,16 @@ def test_same_result_as_datafusion(runtime, file_dir, feed_oracle, shape):
     ctx = feed_context(runtime, file_dir)
     got = ctx.sql(sql).to_arrow_table()
     assert_same_result(got, oracle_result(feed_oracle, sql), is_ordered(sql))
+
+
+def test_a_query_only_the_coordinator_runs_refuses_a_feed_table(file_dir):
+    # The coordinator holds an empty table under a feed table's name: a query
+    # that Substrait cannot carry (IGNORE NULLS) would read no row there.
+    ctx = feed_context(LocalRuntime(workers=3), file_dir)
+    df = ctx.sql("SELECT k, first_value(v ORDER BY id) IGNORE NULLS FROM a GROUP BY k")
+    assert "IGNORE NULLS" in df.coordinator_only()
+    with pytest.raises(PlanningError, match="table 'a' is fed by a work unit feed.*Parquet"):
+        df.to_arrow_table()
 
 
 def test_task_counts_follow_the_source(file_dir):

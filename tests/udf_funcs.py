@@ -143,3 +143,34 @@ def _gated(values: pa.Array, gates: pa.Array) -> pa.Array:
 
 gated = distfusion.udf(_gated, [pa.int64(), pa.string()], pa.int64(), "volatile", name="gated")
 STREAMING_UDFS = [gated]
+
+
+# ------------------------------------------------------------------ a native panic
+POISON = -1
+"""The value :func:`native_panic` panics DataFusion's native code on."""
+SLOW_S = 0.5
+"""Seconds :func:`native_panic` takes over a batch without :data:`POISON`."""
+
+
+def _native_panic(values: pa.Array) -> pa.Array:
+    """``values`` (int64) unchanged, after :data:`SLOW_S` seconds; a panic for :data:`POISON`.
+
+    A batch holding :data:`POISON` comes back at once as strings although the
+    function declares int64: DataFusion takes the declared type on trust, and
+    an aggregate over it (``sum``) panics in Rust (``primitive array``, from
+    arrow's ``as_primitive``), which reaches Python as pyo3's
+    ``PanicException``, a ``BaseException``. A real panic in native code,
+    no mock: tests check that such a task fails its query with a TaskError.
+    """
+    if len(values) and pc.any(pc.equal(values, POISON)).as_py():
+        return pa.array(["not an int64"] * len(values))
+    time.sleep(SLOW_S)
+    return values
+
+
+native_panic = distfusion.udf(
+    _native_panic, [pa.int64()], pa.int64(), "volatile", name="native_panic"
+)
+# What the session's Flight workers load (tests/conftest.py): tests that need a
+# UDF the workers lack use other names.
+FAULTS = [native_panic]

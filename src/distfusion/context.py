@@ -47,11 +47,12 @@ from distfusion.metrics.query import QueryMetrics, build_query_metrics
 from distfusion.metrics.render import analyzed_text, to_dot, to_html
 from distfusion.metrics.task import TaskMeter
 from distfusion.planner.config import DistributedConfig, PlannerConfig
+from distfusion.planner.detect_substrait_losses import substrait_losses
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
 from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
-from distfusion.planner.substrait import consume_plan, fits_decoder
+from distfusion.planner.substrait import consume_plan, fits_decoder, parse_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.adaptive import AdaptiveReport, plan_final, run_adaptive
@@ -177,32 +178,18 @@ def plan_statements(
     return result
 
 
-# What DataFusion's Substrait producer drops without an error (DataFusion 55), as
-# its logical plans display it. A query using it would return another answer.
-_LOST_IN_SUBSTRAIT = ("IGNORE NULLS",)
-
-# A cast to a timestamp with a zone, as DataFusion 55 displays it
-# (``CAST(x AS Timestamp(s, "+08:00"))``, also ``x AT TIME ZONE 'Europe/Paris'``):
-# Substrait's timestamp type has no zone, and DataFusion's consumer makes it
-# UTC, which changes what zone-dependent functions (date_trunc, date_part, casts
-# to text) compute. Literals keep their instant; only their label is lost (the
-# result's zone is set back in ``_named``).
-_CAST_ZONE = re.compile(r'Timestamp\(\w+, "([^"]+)"\)')
-_UTC = {"UTC", "+00:00", "Z"}
-
-
 def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | None:
     """What of the optimized plan ``logical`` its Substrait ``plan_bytes`` does not carry.
 
-    A cast to a timestamp with a time zone other than UTC is lost (Substrait has
-    no field for the zone). The Substrait plan is consumed again on ``ctx`` and compared with
-    ``logical``: a modifier of :data:`_LOST_IN_SUBSTRAIT` (``first_value(x)
-    IGNORE NULLS``: Substrait has no field for it) that the original shows more
-    often than the round trip was dropped on the way. A plan too deep for
-    DataFusion's decoder even in pieces (an expression nested about 30 deep,
-    such as a sum of 40 columns) is not carried either. Only plans that use such
-    a modifier or are too deep to decode whole are consumed again; the views
-    a deep plan's pieces need are dropped from ``ctx`` afterwards.
+    Read from the plan's structure, never its text
+    (:func:`~distfusion.planner.detect_substrait_losses.substrait_losses`:
+    ``IGNORE NULLS``, ``DISTINCT`` and ``FILTER`` of window functions, ``RANGE``
+    frames with an offset, casts to a timestamp zone other than UTC; in a
+    subquery, what such a property may sit on). A plan
+    too deep for DataFusion's decoder even in pieces (an expression nested
+    about 30 deep, such as a sum of 40 columns) is not carried either: only
+    such plans are consumed again, and the views their pieces need are dropped
+    from ``ctx`` afterwards.
 
     Returns:
         A sentence naming what was lost, or None when nothing known was.
@@ -210,18 +197,17 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
     Raises:
         Exception: DataFusion's error when it rejects ``plan_bytes`` otherwise.
     """
-    before = logical.display_indent()
-    zones = sorted({z for z in _CAST_ZONE.findall(before) if z not in _UTC})
-    if zones:
+    lost = substrait_losses(logical, ctx, parse_plan(plan_bytes))
+    if lost:
         return (
-            "Substrait does not carry the time zone of a cast to a timestamp "
-            f"({', '.join(zones)}): DataFusion's consumer reads it as UTC"
+            f"Substrait does not carry {'; '.join(lost)} "
+            "(DataFusion's producer drops it without an error)"
         )
-    if not any(m in before for m in _LOST_IN_SUBSTRAIT) and fits_decoder(plan_bytes):
-        return None  # nothing to lose: no round trip
+    if fits_decoder(plan_bytes):
+        return None
     tables = ctx.catalog().schema().names()
     try:
-        after = consume_plan(ctx, plan_bytes).display_indent()
+        consume_plan(ctx, plan_bytes)
     except Exception as exc:  # DataFusion raises bare Exception
         if "recursion limit" not in str(exc):
             raise
@@ -229,10 +215,7 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
     finally:
         for name in ctx.catalog().schema().names() - tables:
             ctx.deregister_table(name)
-    lost = [m for m in _LOST_IN_SUBSTRAIT if before.count(m) > after.count(m)]
-    if not lost:
-        return None
-    return f"Substrait does not carry {', '.join(lost)} (DataFusion's producer drops it)"
+    return None
 
 
 def table_name(name: str) -> str:

@@ -8,6 +8,7 @@ DistfusionError
  │    └── NotDistributableError     DataFusion accepts it, the distributed planner
  │                                  cannot cut it (the query runs on the coordinator)
  ├── TaskError                      a task failed on a worker (names stage, task, worker)
+ │    └── TaskPanicked              its native code panicked (not retried)
  ├── TransportError                 a worker could not be reached or answered badly
  │    ├── WorkerUnavailableError (TransientError)
  │    └── AuthenticationError       a worker rejected the shared secret token
@@ -38,6 +39,7 @@ __all__ = [
     "PlanningError",
     "QueryCancelled",
     "TaskError",
+    "TaskPanicked",
     "TransientError",
     "TransportError",
     "WorkerUnavailableError",
@@ -113,6 +115,18 @@ class TaskError(DistfusionError):
         self.remote_traceback = remote_traceback
         msg = f"stage {stage_id} task {task_index} failed on worker {worker}: {cause}"
         super().__init__(msg)
+
+
+class TaskPanicked(TaskError):
+    """A task's native code panicked: DataFusion's or arrow's Rust code hit a bug.
+
+    Also what a UDF returning another type or length than it declared leads
+    to (DataFusion takes the declared type on trust). A panic reaches Python
+    as pyo3's ``PanicException`` (a ``BaseException``); the task fails with
+    this error instead, and its query with it at once: the Spark runtime does
+    not run it again (the same input panics again), the other tasks are
+    cancelled. The cause starts with ``"DataFusion panicked: "``.
+    """
 
 
 class TransportError(DistfusionError):

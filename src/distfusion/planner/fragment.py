@@ -12,15 +12,16 @@ to the planner by adaptive execution. See docs/architecture.md (the planner).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from substrait.proto import Rel
 
 from distfusion.planner.estimate import Estimate
-from distfusion.planner.walk import rel_kind
+from distfusion.planner.walk import rel_kind, walk
 from distfusion.stages import Stage, StageInput
 
-__all__ = ["Fragment", "KeySource", "MaterializedStage", "through_emit"]
+__all__ = ["Fragment", "KeySource", "MaterializedStage", "canonical_reads", "through_emit"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,63 @@ class Fragment:
             chunkable=self.chunkable if keep_chunks else frozenset(),
         )
 
+    def with_distinct_reads(self) -> Fragment:
+        """This fragment with every stage input read under a table name of its own.
+
+        A task registers each of its inputs as a table under the input's name,
+        so two inputs of one name fail the task (DataFusion: ``The table
+        __stage_N already exists``). One stage output read twice the same way
+        in one fragment gets one name: a stage that ran already read wherever
+        the plan needs its computation (a CTE joined with itself, the same
+        ``UNION ALL`` branch twice, two identical correlated subqueries, see
+        :meth:`~distfusion.planner.reuse_exchanges.ExchangeReuse._read_ran`).
+        The second and later such reads, in the order of the fragment's
+        relation tree (depth first), are renamed ``<name>_read2``, ... in their
+        ``ReadRel`` and input alike. The names follow from the fragment alone,
+        so the same fragment gets the same names in every plan of the query
+        (its computation digest, which adaptive execution finds stages that
+        ran by, stays the same).
+
+        Only inputs equal but for their name are renamed (which ``ReadRel``
+        goes with which does not matter); ``self`` is returned when no name
+        repeats.
+        """
+        counts = Counter(i.table for i in self.inputs)
+        repeated = {t for t, n in counts.items() if n > 1}
+        if not repeated:
+            return self
+        rel = Rel()
+        rel.CopyFrom(self.rel)
+        reads: dict[str, list] = {t: [] for t in repeated}
+        for m in walk(rel):
+            if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
+                names = m.read.named_table.names
+                if len(names) == 1 and names[0] in reads:
+                    reads[names[0]].append(m.read.named_table)
+        taken = {i.table for i in self.inputs}
+        renamed: dict[str, list[str]] = {}
+        for table in repeated:
+            first, *others = [replace(i, table="") for i in self.inputs if i.table == table]
+            if any(o != first for o in others) or len(reads[table]) != counts[table]:
+                continue  # not interchangeable reads: left as they are
+            names = [table]
+            for k in range(2, counts[table] + 1):
+                name = f"{table}_read{k}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                names.append(name)
+            for named_table, name in zip(reads[table], names, strict=True):
+                named_table.names[0] = name
+            renamed[table] = names
+        if not renamed:
+            return self
+        inputs = []
+        for i in self.inputs:
+            names = renamed.get(i.table)
+            inputs.append(replace(i, table=names.pop(0)) if names else i)
+        return replace(self, rel=rel, inputs=inputs, passthrough=None)
+
 
 @dataclass(frozen=True)
 class MaterializedStage:
@@ -100,6 +158,36 @@ class MaterializedStage:
     stage: Stage
     rows: int
     bytes: int
+
+
+def canonical_reads(rel: Rel, inputs: list[StageInput]) -> tuple[Rel, tuple]:
+    """``rel`` with the reads of its stage ``inputs`` named after what they read; their identity.
+
+    What a fragment computes does not depend on the names its reads got: a
+    consumer of a reused stage reads it as ``__stage_N_2``, and a graph
+    planned again reads a stage that ran as ``__stage_N``. Exchange reuse and
+    adaptive execution compare fragments in this form, so the same computation
+    is found whatever its reads are called. Input ``i`` is named
+    ``#<stage>.<boundary>.<partitions>.<k>`` (its k-th read of that stage that
+    way); the identity is ``(stage, boundary, partitions, groups)`` per input.
+    ``rel`` is not changed (a copy is renamed).
+    """
+    seen: Counter = Counter()
+    names: dict[str, str] = {}
+    identity = []
+    for i in inputs:
+        key = (i.stage_id, i.boundary, i.partitions, i.groups)
+        identity.append(key)
+        seen[key] += 1
+        names.setdefault(i.table, f"#{i.stage_id}.{i.boundary}.{i.partitions}.{seen[key]}")
+    out = Rel()
+    out.CopyFrom(rel)
+    for m in walk(out):
+        if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
+            table = m.read.named_table.names
+            if len(table) == 1 and table[0] in names:
+                table[0] = names[table[0]]
+    return out, tuple(identity)
 
 
 def through_emit(rel: Rel, candidates: list[list[int]]) -> tuple[int, ...] | None:

@@ -52,7 +52,7 @@ from distfusion.planner import decompose_aggregate as dagg
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.distribute_joins import JoinDistribution
 from distfusion.planner.estimate import Estimate, filter_selectivity
-from distfusion.planner.fragment import Fragment, MaterializedStage, through_emit
+from distfusion.planner.fragment import Fragment, MaterializedStage, canonical_reads, through_emit
 from distfusion.planner.plan_subqueries import (
     SubqueryPlanning,
     has_own_subquery,
@@ -86,6 +86,7 @@ from distfusion.planner.walk import (
 )
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
+    BROADCAST,
     COALESCE,
     RESULT,
     SHUFFLE,
@@ -147,7 +148,14 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         A stage planned already for the same computation cut the same way,
         or one that ran already (adaptive execution), is read again rather
         than planned once more (:mod:`~distfusion.planner.reuse_exchanges`).
+        Each input of the stage is read under a name of its own
+        (:meth:`Fragment.with_distinct_reads`).
         """
+        frag = frag.with_distinct_reads()
+        for inp in frag.inputs:  # the names it gave
+            if inp.table not in self.tables:
+                self.tables.add(inp.table)
+                self.oracle.register_empty(inp.table, inp.schema)
         rel = frag.rel
         key_columns: list[int] = []
         base_schema = self.oracle.schema(rel)
@@ -172,10 +180,20 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             rel = proj
         full_schema = self.oracle.schema(rel) if appended else base_schema
         renamed = pa.schema([pa.field(f"c{i}", f.type, True) for i, f in enumerate(full_schema)])
-        fragment = self.oracle.plan_bytes(rel, list(named_struct(renamed).names))
+        names = list(named_struct(renamed).names)
+        fragment = self.oracle.plan_bytes(rel, names)
         declared = pa.schema(list(renamed)[:num_columns])
-        inputs = tuple((i.table, i.boundary, i.partitions) for i in frag.inputs)
-        what = (fragment, kind, partitions, tuple(key_columns), frag.tasks, inputs, frag.replicated)
+        # What it computes, whatever its reads are named (exchange reuse).
+        canonical, inputs = canonical_reads(rel, frag.inputs)
+        what = (
+            self.oracle.plan_bytes(canonical, names),
+            kind,
+            partitions,
+            tuple(key_columns),
+            frag.tasks,
+            inputs,
+            frag.replicated,
+        )
         if what in self.computed:
             stage_id, table = self._reuse_planned(what, readers)
         else:
@@ -513,7 +531,30 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # Columns are named c0.. like every stage's: the query's own names may
         # repeat (SELECT * over a join); the caller restores them.
         self.seal(frag, RESULT)
+        self._count_readers()
         return StageGraph(self.query_id, tuple(self.stages), self.config.memory_per_task_bytes)
+
+    def _count_readers(self) -> None:
+        """Set each new stage's ``output.readers`` to the reads the graph makes of it.
+
+        A shuffle or coalesce input reads each partition once, a broadcast
+        input once per consumer task; a worker frees a partition after that
+        many reads. Counted on the finished graph: a fragment found to compute
+        what a stage planned already computes (exchange reuse) is dropped
+        after its own inputs were sealed, and the reads it would have made are
+        not made. Stages that ran (adaptive execution) keep their output anyway.
+        """
+        reads: dict[int, int] = {}
+        for s in self.stages:
+            for inp in s.inputs:
+                n = s.num_tasks if inp.boundary == BROADCAST else 1
+                reads[inp.stage_id] = reads.get(inp.stage_id, 0) + n
+        self.stages = [
+            replace(s, output=replace(s.output, readers=reads[s.stage_id]))
+            if s.stage_id in reads and s.stage_id not in self.ran
+            else s
+            for s in self.stages
+        ]
 
 
 def _spark_columns(plan: Plan, sources: dict[str, TableSource]) -> dict[str, list[int] | None]:

@@ -25,7 +25,7 @@ from dataclasses import replace
 from substrait.proto import Expression, Rel
 
 from distfusion.planner.estimate import Estimate
-from distfusion.planner.fragment import Fragment, MaterializedStage
+from distfusion.planner.fragment import Fragment, MaterializedStage, canonical_reads
 from distfusion.planner.substrait import named_struct, stage_read
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, Stage, StageInput
 
@@ -42,9 +42,16 @@ class ExchangeReuse:
     """
 
     def _computation(self, frag: Fragment) -> str:
-        """Digest of what ``frag`` computes: its relation, tasks, inputs and replicated scans."""
-        h = hashlib.sha1(frag.rel.SerializeToString(deterministic=True))
-        inputs = [(i.table, i.boundary, i.partitions) for i in frag.inputs]
+        """Digest of what ``frag`` computes: its relation, tasks, inputs and replicated scans.
+
+        Taken over ``frag`` with its reads named as :meth:`seal` names them
+        (:meth:`~distfusion.planner.fragment.Fragment.with_distinct_reads`),
+        and then after what they read, not their names
+        (:func:`~distfusion.planner.fragment.canonical_reads`).
+        """
+        frag = frag.with_distinct_reads()
+        rel, inputs = canonical_reads(frag.rel, frag.inputs)
+        h = hashlib.sha1(rel.SerializeToString(deterministic=True))
         h.update(repr((frag.tasks, inputs, sorted(frag.replicated))).encode())
         return h.hexdigest()
 

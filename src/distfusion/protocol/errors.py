@@ -21,9 +21,16 @@ from __future__ import annotations
 import traceback
 
 from distfusion import errors, object_store
-from distfusion.errors import DistfusionError, TaskError
+from distfusion.errors import DistfusionError, TaskError, TaskPanicked
 
-__all__ = ["KIND", "error_from_dict", "error_to_dict", "task_error"]
+__all__ = [
+    "KIND",
+    "error_from_dict",
+    "error_to_dict",
+    "is_native_panic",
+    "is_task_failure",
+    "task_error",
+]
 
 KIND = "distfusion-error"
 """The key holding the error's kind; marks a dict as an encoded error."""
@@ -67,6 +74,29 @@ def error_from_dict(d: dict) -> DistfusionError | None:
         return None
 
 
+def is_native_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a panic in Rust code (DataFusion's, arrow's) surfacing in Python.
+
+    pyo3 turns a panic that unwinds to the Python boundary into
+    ``pyo3_runtime.PanicException``, a ``BaseException`` (so that ``except
+    Exception`` does not swallow it). Told by its class (pyo3 creates it at
+    run time: there is nothing to import), not by its message.
+    """
+    return any(
+        c.__name__ == "PanicException" and c.__module__ == "pyo3_runtime" for c in type(exc).__mro__
+    )
+
+
+def is_task_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while a task runs, fails the task (rather than the process).
+
+    Every ``Exception``, and a panic in native code (:func:`is_native_panic`);
+    not ``KeyboardInterrupt``, ``SystemExit`` or ``GeneratorExit``, which end
+    more than the task.
+    """
+    return isinstance(exc, Exception) or is_native_panic(exc)
+
+
 def task_error(stage_id: int, task_index: int, worker: str, exc: BaseException) -> TaskError:
     """``exc``, raised by task ``task_index`` of stage ``stage_id`` on ``worker``, as a TaskError.
 
@@ -74,9 +104,18 @@ def task_error(stage_id: int, task_index: int, worker: str, exc: BaseException) 
     about the worker's credentials, :func:`distfusion.object_store.hint`); the
     traceback is kept as ``remote_traceback``. Explicitly given credentials of
     the process's object stores are blanked out of both
-    (:func:`distfusion.object_store.redact`).
+    (:func:`distfusion.object_store.redact`). A panic in native code
+    (:func:`is_native_panic`) is a :class:`~distfusion.errors.TaskPanicked`
+    whose cause is ``"DataFusion panicked: message"`` (DataFusion's bug, or a
+    UDF's that returned what it did not declare).
     """
+    tb = object_store.redact("".join(traceback.format_exception(exc)))
+    if is_native_panic(exc):
+        cause = object_store.redact(
+            f"DataFusion panicked: {exc} (a bug in native code, or a UDF that returned "
+            "another type or length than it declared)"
+        )
+        return TaskPanicked(stage_id, task_index, worker, cause, tb)
     cause = object_store.redact(f"{type(exc).__name__}: {exc}")
     cause += object_store.hint(cause)
-    tb = object_store.redact("".join(traceback.format_exception(exc)))
     return TaskError(stage_id, task_index, worker, cause, tb)

@@ -23,12 +23,15 @@ from distfusion.protocol.task_plan import TaskKey
 
 __all__ = [
     "ACTION_CANCEL_QUERY",
+    "ACTION_FAILED_TASKS",
     "ACTION_KEEPALIVE",
     "ACTION_QUERY_METRICS",
     "ACTION_SET_OBJECT_STORES",
     "ACTION_SET_PLAN",
     "ACTION_STATS",
+    "ACTION_TASK_FAILED",
     "ACTION_TASK_STATS",
+    "ACTION_WORKER_STARTED",
     "ACTION_WRITE_PART",
     "DEFAULT_QUERY_TTL_S",
     "TOKEN_ENV",
@@ -65,6 +68,15 @@ ACTION_SET_OBJECT_STORES = "set_object_stores"
 (:func:`distfusion.object_store.to_json`): the coordinator's object stores,
 credentials included, sent before a worker's first task plan and again when
 they change; only to workers that take a token. Answer: nothing."""
+ACTION_FAILED_TASKS = "failed_tasks"
+"""Body: a query id. Answer: a JSON list of the error codec's dicts of the tasks
+of that query that failed on the worker so far (polled by the coordinator while
+the query runs, to fail it at once)."""
+ACTION_TASK_FAILED = "task_failed"
+"""Body: JSON ``{"query_id", "error"}`` (``error``: the error codec's dict of a
+:class:`~distfusion.errors.TaskPanicked`), sent by a Spark executor's task to the
+driver's worker the moment the task panicked, so that the driver fails the query
+at once rather than when the Spark job's other tasks end. Answer: nothing."""
 ACTION_WRITE_PART = "write_part"
 """Body: JSON ``{"part": HeadPart.to_json(), "spec": WriteSpec.to_json()}``: run
 a part of a head stage and write its rows as files (``distfusion.write``).

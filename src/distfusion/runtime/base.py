@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.errors import DistfusionError, QueryCancelled
+from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
@@ -251,6 +251,13 @@ def _run_each(fn: Callable, items: list, threads: int) -> list:
     return [f.result() for f in futures]
 
 
+FAILURE_POLL_S = 0.5
+"""Seconds between two polls of a running query's workers for failed tasks
+(:meth:`WorkerQueryRun.fail`): a task's failure ends its query within about this
+long, however long its other tasks would run on. One ``failed_tasks`` call per
+worker of the query per poll (a Flight action; in process, a dict lookup)."""
+
+
 class WorkerQueryRun:
     """A :class:`QueryRun` on workers reached through a :class:`WorkerTransport`.
 
@@ -264,6 +271,13 @@ class WorkerQueryRun:
         stream_head(g3)          place and deliver the stages not run yet,
                                  run the head stage here; then close()
         close()                  cancel_query on every worker used
+
+    While stages run, a thread polls their workers for failed tasks
+    (``failed_tasks``, every :data:`FAILURE_POLL_S`): the first failure fails
+    the query at once (:meth:`fail`), so its other tasks are cancelled and the
+    caller gets the task's error, rather than when a reader of the failed
+    task's output gets there (after the tasks before it in the reader's
+    order, however long they run).
 
     Placement persists for the whole query: a task keeps its worker in every
     later graph, so a consumer planned later reads a finished stage where it
@@ -335,6 +349,9 @@ class WorkerQueryRun:
         self._head_spill_dir: str | None = None
         self._closed = False
         self._lock = threading.Lock()
+        self._failure: TaskError | None = None  # the task error that failed the query (fail)
+        self._watching = threading.Event()  # set once the failure watch started
+        self._closing = threading.Event()  # set by close(): the watch ends
         # Work unit feeds: a provider's failure tears the query down at once.
         self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=False)
         self.observer = observer if observer is not None else observer_for(query_id)
@@ -419,6 +436,7 @@ class WorkerQueryRun:
         except DistfusionError as exc:
             self.close()
             self._raise_feed_error(exc)
+            self._raise_failure(exc)
             raise
         finally:
             self.close()
@@ -431,6 +449,7 @@ class WorkerQueryRun:
         except DistfusionError as exc:
             self.close()
             self._raise_feed_error(exc)
+            self._raise_failure(exc)
             raise
         except BaseException:
             self.close()
@@ -552,17 +571,60 @@ class WorkerQueryRun:
         if err is not None and exc is not err:
             raise err from exc
 
+    def fail(self, err: TaskError) -> None:
+        """Fail the query with task error ``err``: close it now (its tasks are cancelled).
+
+        The caller's wait (:meth:`run_stages`, :meth:`stream_head`) raises
+        ``err`` instead of the cancellation it causes. Called by the failure
+        watch (:data:`FAILURE_POLL_S`); the first error wins; a closed run
+        stays as it is.
+        """
+        with self._lock:
+            if self._closed or self._failure is not None:
+                return
+            self._failure = err
+        self.close()
+
+    def _raise_failure(self, exc: DistfusionError) -> None:
+        """Raise the task error that failed the query (:meth:`fail`), rather than what it caused."""
+        err = self._failure
+        if err is not None and exc is not err:
+            raise err from exc
+
+    def _watch_failures(self) -> None:
+        """Start polling the workers of the query for failed tasks (once; see :meth:`fail`)."""
+        failed_tasks = getattr(self.transport, "failed_tasks", None)
+        if failed_tasks is None or self._watching.is_set():
+            return
+        self._watching.set()
+
+        def watch() -> None:
+            while not self._closing.wait(FAILURE_POLL_S):
+                for url in sorted(set(self.placement.copy().values())):
+                    try:
+                        errors = failed_tasks(url, self.query_id)
+                    except Exception:  # lost or closed meanwhile: other paths report it
+                        continue
+                    if errors:
+                        self.fail(errors[0])
+                        return
+
+        name = f"distfusion-failures-{self.query_id[:8]}"
+        threading.Thread(target=watch, name=name, daemon=True).start()
+
     def close(self) -> None:
         """See :meth:`QueryRun.close`: ``cancel_query`` on every worker used. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._closing.set()
         try:
             self.feeds.close()
             abort = getattr(self.transport, "abort_query", None)
             if abort is not None:  # reads of this process blocked on a stream end now
-                abort(self.query_id, QueryCancelled(f"query {self.query_id} was closed"))
+                reason = self._failure or QueryCancelled(f"query {self.query_id} was closed")
+                abort(self.query_id, reason)
             self._collect_metrics()
             for url in sorted(set(self.placement.values())):
                 self.transport.cancel_query(url, self.query_id)
@@ -660,6 +722,8 @@ class WorkerQueryRun:
                     self.transport, stage, lambda t, sid=stage.stage_id: self.placement[(sid, t)]
                 )
             self._delivered[stage.stage_id] = stage.num_tasks
+        if stages:
+            self._watch_failures()
 
     def _measure(self, stage: Stage) -> StageStats:
         """Wait for every task of ``stage``; its output summed over the tasks."""

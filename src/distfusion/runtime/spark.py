@@ -93,12 +93,18 @@ from distfusion.errors import (
     PlanningError,
     QueryCancelled,
     TaskError,
+    TaskPanicked,
     TransportError,
     WorkerUnavailableError,
 )
 from distfusion.metrics.observer import observer_for
 from distfusion.metrics.task import TaskMetrics
-from distfusion.protocol.errors import error_from_dict, error_to_dict, task_error
+from distfusion.protocol.errors import (
+    error_from_dict,
+    error_to_dict,
+    is_task_failure,
+    task_error,
+)
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.base import (
@@ -567,6 +573,17 @@ class SparkRuntime:
         run = self._live_runs.get(query_id)
         return run is None or run.closed
 
+    def _task_panicked(self, query_id: str, error: dict) -> None:
+        """A task of ``query_id`` panicked on an executor (``error``: its encoded TaskPanicked).
+
+        Called by the driver's worker (``task_failed``) while the task's Spark
+        job still runs; the query's run fails at once (:meth:`_SparkFlightQuery.panicked`).
+        """
+        run = self._live_runs.get(query_id)
+        err = error_from_dict(error)
+        if run is not None and isinstance(err, TaskPanicked):
+            run.panicked(err)
+
     def stats(self) -> dict[str, dict]:
         """Live tasks and bytes held for queries, under the Spark master's URL.
 
@@ -639,6 +656,7 @@ class SparkRuntime:
                     advertise_host=advertise,
                 )
                 self._driver_worker.on_worker_started = self._executor_started
+                self._driver_worker.on_task_failed = self._task_panicked
                 self.executor_urls.add(self._driver_worker.url)  # in stats() and idle checks
             return self._driver_worker
 
@@ -1125,6 +1143,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._recoveries = 0  # times lost outputs were computed again (at most task_max_failures)
         self._spark_inputs: dict[int, tuple] = {}  # stage id -> _spark_input(...)
         self._running = False
+        self._panic: TaskPanicked | None = None  # a task that panicked (see panicked)
         self._memory: int | None = None  # the graph's memory_per_task_bytes
         self._keepalive = threading.Event()
         self.observer.add_refresher(lambda: _spark_progress(self.sc, self.group))
@@ -1142,6 +1161,24 @@ class _SparkFlightQuery(WorkerQueryRun):
             self._used |= self.runtime.executor_urls
             self.sc.cancelJobGroup(self.group)
         super().close()
+
+    def panicked(self, err: TaskPanicked) -> None:
+        """Task ``err`` names panicked on an executor: fail the query now.
+
+        A panic is not run again (the same input panics again). The query is
+        failed with ``err`` (:meth:`WorkerQueryRun.fail`): its Spark job is
+        cancelled and its tasks on every worker with it, and the wait for the
+        job raises ``err``. Otherwise the job would end, and the failure be
+        seen, only when its slowest task did. (Task failures on the Flight data
+        plane are otherwise retried, so the failure watch of other runtimes,
+        which fails the query on any task error, does not run here.)
+        """
+        if self._panic is not None or self.closed:
+            return
+        self._panic = err
+        self._used |= self.runtime.executor_urls  # the job's tasks said nothing yet
+        name = f"distfusion-panic-{self.query_id[:8]}"
+        threading.Thread(target=self.fail, args=(err,), name=name, daemon=True).start()
 
     def _forget(self) -> None:
         self._keepalive.set()
@@ -1238,6 +1275,7 @@ class _SparkFlightQuery(WorkerQueryRun):
 
         Raises:
             TaskError: a task failed ``task_max_failures`` times.
+            TaskPanicked: a task panicked (at its first attempt).
             QueryCancelled: the run was closed meanwhile.
             TransportError: Spark failed the job.
         """
@@ -1247,6 +1285,11 @@ class _SparkFlightQuery(WorkerQueryRun):
             failed = self._spark_round(pending, attempts)
             if not failed:
                 return
+            panic = self._panic or next(
+                (err for _, err in failed if isinstance(err, TaskPanicked)), None
+            )
+            if panic is not None:  # not run again; the others were cancelled for it
+                raise panic
             lost = self._lost_workers()
             if lost and self._recoveries < self.runtime.task_max_failures:
                 self._recoveries += 1  # the failed tasks may have read what was lost
@@ -1870,7 +1913,9 @@ def _run_task(
             metrics.add({(stage.stage_id, task_index): measured[0].to_dict()})
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
         err = task_error(stage.stage_id, task_index, worker, exc)
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     return iter(out)
@@ -1978,10 +2023,16 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         _maybe_inject_failure(key.stage_id, key.task_index, attempt)
         with offering(key, table, batches):
             metrics = worker.run_task(plan)
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
         err = exc
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
+        if isinstance(err, TaskPanicked):  # the driver fails the query now, not at the job's end
+            _executor_transport(token).task_failed(
+                driver_url, key.query_id, error_to_dict(err), WORKER_STARTED_TIMEOUT_S
+            )
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
         return (key.stage_id, key.task_index, url, None, report)
     return (key.stage_id, key.task_index, url, metrics.to_dict(), None)
@@ -2039,7 +2090,9 @@ def _run_head_part(index, records, token, budget, threads, fn):
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     try:
         value = fn(part.index, attempt, part_batches(part, token, budget, threads, attempt))
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
         err = exc
         if not isinstance(exc, TaskError):
             err = task_error(part.plan.key.stage_id, part.index, url, exc)

@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from distfusion.errors import TaskError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 
@@ -95,6 +96,20 @@ class WorkerTransport(Protocol):
         Raises:
             WorkerUnavailableError: the worker cannot be reached.
             TransportError: the worker's answer is not a list of metrics.
+        """
+        ...
+
+    def failed_tasks(self, url: str, query_id: str) -> list[TaskError]:
+        """The errors of the tasks of ``query_id`` that failed on the worker at ``url`` so far.
+
+        Does not wait. The coordinator polls it while a query runs
+        (:data:`~distfusion.runtime.base.FAILURE_POLL_S`) and fails the query
+        with the first error found: the query's other tasks are cancelled at
+        once rather than when a reader gets to the failed task's output.
+        Optional: a transport without it leaves failures to the readers.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
         """
         ...
 

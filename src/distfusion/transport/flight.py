@@ -15,12 +15,15 @@ served by :class:`~distfusion.worker.flight_server.FlightWorker`)::
              batches of FEED_SCHEMA                 (back-pressure: gRPC flow control)
       DoAction "query_metrics" body: query id  ──> [TaskMetrics.to_dict(), ...]
                                                     of the tasks finished there
+      DoAction "failed_tasks" body: query id   ──> [error dicts] of its failed tasks
       DoAction "cancel_query" body: query id   ──> stop tasks, free state
       DoAction "keepalive" body: [query ids]   ──> the coordinator is alive
       DoAction "stats"                         ──> {"live_tasks", "bytes_held", ...}
       DoAction "worker_started" {url,          ──> (a Spark driver's worker) the
              query_id}                              executor worker is known; answer
                                                     {"cancelled": the query was closed}
+      DoAction "task_failed" {query_id,        ──> (a Spark driver's worker) a task
+             error}                                 panicked: fail the query now
 
 The task plan is plain JSON (the Substrait fragment base64-encoded inside,
 see :meth:`~distfusion.protocol.task_plan.TaskPlan.to_json`): nothing that
@@ -60,6 +63,7 @@ from distfusion.errors import (
     FeedError,
     PlanningError,
     QueryCancelled,
+    TaskError,
     TransportError,
     WorkerUnavailableError,
 )
@@ -73,11 +77,13 @@ from distfusion.protocol.feed_messages import (
 )
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
+    ACTION_FAILED_TASKS,
     ACTION_KEEPALIVE,
     ACTION_QUERY_METRICS,
     ACTION_SET_OBJECT_STORES,
     ACTION_SET_PLAN,
     ACTION_STATS,
+    ACTION_TASK_FAILED,
     ACTION_TASK_STATS,
     ACTION_WORKER_STARTED,
     ACTION_WRITE_PART,
@@ -572,6 +578,40 @@ class FlightWorkerTransport:
         except (TransportError, KeyError):
             return False
         return bool(answer) and bool(json.loads(answer[0]).get("cancelled"))
+
+    def failed_tasks(self, url: str, query_id: str) -> list[TaskError]:
+        """See :meth:`WorkerTransport.failed_tasks` (the ``failed_tasks`` action, JSON).
+
+        Waits at most ``action_timeout_s``.
+
+        Raises:
+            WorkerUnavailableError: the worker cannot be reached.
+            TransportError: the answer is not a list of encoded errors.
+        """
+        what = f"failed tasks of query {query_id[:8]}"
+        (body,) = self._action(
+            url, ACTION_FAILED_TASKS, query_id.encode(), self.action_timeout_s, what
+        )
+        try:
+            errors = [error_from_dict(d) for d in json.loads(body)]
+        except (ValueError, TypeError, AttributeError) as exc:
+            msg = f"worker {url} answered {what} badly: {exc}"
+            raise TransportError(msg) from None
+        return [e for e in errors if isinstance(e, TaskError)]
+
+    def task_failed(self, url: str, query_id: str, error: dict, timeout_s: float) -> None:
+        """Tell the Spark driver's worker at ``url`` that a task of ``query_id`` panicked.
+
+        ``error`` is the error codec's dict of the task's
+        :class:`~distfusion.errors.TaskPanicked`. Best effort: when the driver
+        cannot be reached within ``timeout_s`` seconds, it learns the error from
+        the task's result when the Spark job ends, as for any other failure.
+        """
+        body = json.dumps({"query_id": query_id, "error": error}).encode()
+        try:
+            self._action(url, ACTION_TASK_FAILED, body, timeout_s)
+        except (TransportError, KeyError):
+            pass
 
     def keepalive(self, url: str, query_ids: list[str], timeout_s: float = 5.0) -> bool:
         """Tell the worker at ``url`` that the coordinator of ``query_ids`` is alive.

@@ -34,6 +34,8 @@ class LocalWorker(Protocol):
 
     def query_metrics(self, query_id: str) -> list: ...  # noqa: D102
 
+    def failed_tasks(self, query_id: str) -> list: ...  # noqa: D102
+
     def receive_feed(  # noqa: D102
         self, key: TaskKey, table: str, units: Iterator[bytes]
     ) -> None: ...
@@ -85,6 +87,10 @@ class InMemoryTransport:
     def query_metrics(self, url: str, query_id: str) -> list:
         """See :meth:`WorkerTransport.query_metrics` (the worker's own objects)."""
         return self._worker(url).query_metrics(query_id)
+
+    def failed_tasks(self, url: str, query_id: str) -> list:
+        """See :meth:`WorkerTransport.failed_tasks` (the worker's own error objects)."""
+        return self._worker(url).failed_tasks(query_id)
 
     def stream_feed(self, url: str, key: TaskKey, table: str, units: Iterator[bytes]) -> None:
         """See :meth:`WorkerTransport.stream_feed` (the inbox is a bounded in-process queue)."""

@@ -35,7 +35,7 @@ from distfusion import object_store, udfs
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.planner.substrait import consume_plan
-from distfusion.protocol.errors import task_error
+from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
 from distfusion.sources import WorkUnit, register_scan, sql_name
@@ -468,11 +468,23 @@ def _partition_into(
         else c
         for i, c in enumerate(keep)
     ]
-    df = df.select(*body, pid.cast(pa.int64()).alias(PARTITION_ID))
+    # The planner's appended key columns are selected too, and dropped below:
+    # a computed column used twice is not inlined into the hash by DataFusion's
+    # optimizer, so xxhash64 always hashes a column. Inlined, a key that is a
+    # scalar at run time (a CASE of literals whose rows all take one branch)
+    # made datafusion-spark's xxhash64 panic over a batch of several rows
+    # (docs/datafusion-bugs.md).
+    appended = [
+        col(f'"{schema.names[k]}"').alias(f"{PARTITION_ID}_key{k}")
+        for k in out.key_columns
+        if k >= len(keep)
+    ]
+    df = df.select(*body, *appended, pid.cast(pa.int64()).alias(PARTITION_ID))
+    rows_of = list(range(len(keep)))
     for b in batches(df):
-        ids = b.column(len(keep)).to_numpy()
+        ids = b.column(b.num_columns - 1).to_numpy()
         counts = np.bincount(ids, minlength=n)
-        rows = b.drop_columns([PARTITION_ID])
+        rows = b.select(rows_of)
         if np.count_nonzero(counts) == 1:
             sink.add(int(ids[0]), rows)
             continue
@@ -858,7 +870,9 @@ def run_task_into(
         raise AssertionError("unreachable")  # pragma: no cover
     except (TaskError, QueryCancelled):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
         raise task_error(plan.key.stage_id, plan.key.task_index, worker, exc) from exc
 
 
@@ -979,5 +993,7 @@ def stream_head_stage(
             on_metrics(meter.finish(None, rows, nbytes))
     except DistfusionError:
         raise
-    except Exception as exc:
+    except BaseException as exc:  # a native panic too (is_task_failure); not GeneratorExit
+        if not is_task_failure(exc):
+            raise
         raise task_error(plan.key.stage_id, plan.key.task_index, COORDINATOR, exc) from exc

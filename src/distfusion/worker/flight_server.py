@@ -57,15 +57,17 @@ import pyarrow as pa
 from distfusion import object_store
 from distfusion.errors import QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMetrics
-from distfusion.protocol.errors import task_error
+from distfusion.protocol.errors import error_to_dict, task_error
 from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
     ACTION_CANCEL_QUERY,
+    ACTION_FAILED_TASKS,
     ACTION_KEEPALIVE,
     ACTION_QUERY_METRICS,
     ACTION_SET_OBJECT_STORES,
     ACTION_SET_PLAN,
     ACTION_STATS,
+    ACTION_TASK_FAILED,
     ACTION_TASK_STATS,
     ACTION_WORKER_STARTED,
     ACTION_WRITE_PART,
@@ -263,6 +265,9 @@ class FlightWorker:
         self.on_worker_started: Callable[[str, str], bool] | None = None
         """``(url, query_id) -> cancelled``: called for ``worker_started`` (a Spark
         driver's worker: see :data:`~distfusion.protocol.messages.ACTION_WORKER_STARTED`)."""
+        self.on_task_failed: Callable[[str, dict], None] | None = None
+        """``(query_id, error dict)``: called for ``task_failed`` (a Spark driver's
+        worker: see :data:`~distfusion.protocol.messages.ACTION_TASK_FAILED`)."""
         self._stop = threading.Event()
         self._closed = False
         # Everything the handlers use exists before the port is bound.
@@ -345,6 +350,9 @@ class FlightWorker:
         if name == ACTION_QUERY_METRICS:
             tasks = self.worker.query_metrics(body.decode())
             return [json.dumps([m.to_dict() for m in tasks]).encode()]
+        if name == ACTION_FAILED_TASKS:
+            errors = self.worker.failed_tasks(body.decode())
+            return [json.dumps([error_to_dict(e) for e in errors]).encode()]
         if name == ACTION_CANCEL_QUERY:
             query_id = body.decode()
             self._cancel(query_id)
@@ -374,6 +382,10 @@ class FlightWorker:
             d = json.loads(body)
             cancelled = self.on_worker_started(d["url"], d["query_id"])
             return [json.dumps({"cancelled": bool(cancelled)}).encode()]
+        if name == ACTION_TASK_FAILED and self.on_task_failed is not None:
+            d = json.loads(body)
+            self.on_task_failed(d["query_id"], d["error"])
+            return []
         msg = f"unknown action {name!r}"
         raise KeyError(msg)
 

@@ -57,7 +57,7 @@ import pyarrow as pa
 
 from distfusion.errors import DistfusionError, QueryCancelled, TaskError
 from distfusion.metrics.task import TaskMetrics
-from distfusion.protocol.errors import task_error
+from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
 from distfusion.transport.feed_endpoint import pull_feed
 from distfusion.work_unit_feed.unit import WorkUnit
@@ -263,6 +263,20 @@ class Worker:
         with self._lock:
             return list(self._metrics.get(query_id, {}).values())
 
+    def failed_tasks(self, query_id: str) -> list[TaskError]:
+        """The errors of the tasks of ``query_id`` that failed here so far (no waiting).
+
+        Cancelled tasks are not failed ones. The coordinator polls this to fail
+        the query the moment one of its tasks does, rather than when a reader
+        gets to the task's output (:class:`~distfusion.runtime.base.WorkerQueryRun`).
+        """
+        with self._lock:
+            return [
+                t.error
+                for k, t in self._tasks.items()
+                if k.query_id == query_id and isinstance(t.error, TaskError)
+            ]
+
     def receive_feed(self, key: TaskKey, table: str, units: Iterable[bytes]) -> None:
         """Take the feed of ``table`` for task ``key`` as the coordinator streams it.
 
@@ -450,6 +464,7 @@ class Worker:
         output = task.output
         with self._lock:
             self._running += 1
+        finished = False
         try:
             if self.is_cancelled(qid):
                 raise QueryCancelled(f"query {qid} was cancelled")
@@ -466,6 +481,7 @@ class Worker:
                 meter=meter,
             )
             output.finish()
+            finished = True
             task_metrics = meter.finish(sizes=(tuple(output.rows), tuple(output.nbytes)))
             with self._lock:
                 task.metrics = task_metrics
@@ -473,17 +489,22 @@ class Worker:
                 self._spill_count += metrics.spill_count
                 self._output_spilled_bytes += output.spilled_bytes
                 if not self.is_cancelled(qid):
-                    key = (plan.key.stage_id, plan.key.task_index)
-                    self._metrics.setdefault(qid, {})[key] = task_metrics
+                    at = (plan.key.stage_id, plan.key.task_index)
+                    self._metrics.setdefault(qid, {})[at] = task_metrics
         except QueryCancelled as exc:
             # Without its traceback: the frames it holds keep the task's DataFusion
             # plan alive, and with it the partition tasks DataFusion spawned.
             task.error = exc.with_traceback(None)
         except TaskError as exc:
             task.error = exc
-        except Exception as exc:  # reading an input failed, or a bug: name the task
+        except BaseException as exc:  # reading an input failed, a bug, a native panic
             task.error = task_error(key.stage_id, key.task_index, self.url, exc)
+            if not is_task_failure(exc):  # its consumers still learn it failed (finally)
+                raise
         finally:
+            if task.error is None and not finished:  # never leave consumers waiting
+                ended = RuntimeError("the task ended before its output was finished")
+                task.error = task_error(key.stage_id, key.task_index, self.url, ended)
             with self._lock:
                 self._running -= 1
                 for k in [k for k in self._inboxes if k[0] == key]:
