@@ -213,7 +213,7 @@ def test_a_query_only_the_coordinator_runs_refuses_a_feed_table(file_dir):
     ctx = feed_context(LocalRuntime(workers=3), file_dir)
     df = ctx.sql("SELECT k, first_value(v ORDER BY id) IGNORE NULLS FROM a GROUP BY k")
     assert "IGNORE NULLS" in df.coordinator_only()
-    with pytest.raises(PlanningError, match="table 'a' is fed by a work unit feed.*Parquet"):
+    with pytest.raises(PlanningError, match="table 'a' is a feed-backed table.*memory table"):
         df.to_arrow_table()
 
 
