@@ -253,6 +253,20 @@ CASES = {
         ),
         False,
     ),
+    "fill_nan": (
+        lambda c: (
+            c.table("nation")
+            .select(
+                "n_nationkey",
+                F.when(col("n_regionkey") == lit(1), lit(float("nan")))
+                .otherwise(col("n_regionkey").cast(pa.float64()))
+                .alias("x"),
+            )
+            .fill_nan(-1.0)
+        ),
+        False,
+    ),
+    "tail": (lambda c: c.table("region").sort("r_regionkey").tail(2), True),
     "alias": (
         lambda c: (
             c.table("nation")
@@ -417,7 +431,7 @@ def test_read_parquet_is_a_distributed_source(tpch_dir, oracle, runtime_for):
         .aggregate([col("l_linestatus")], [F.sum(col("l_extendedprice")).alias("total")])
     )
     assert_same_result(df.to_arrow_table(), expected.to_arrow_table(), ordered=False)
-    assert "scan df_parquet_" in df.explain() and "4 work units" in df.explain()
+    assert "scan lineitem_" in df.explain() and "4 work units" in df.explain()
     (name,) = ctx.table_names()
     assert ctx.sources[name].format == "parquet"
 
@@ -549,3 +563,4 @@ def test_readers_refuse_options_they_do_not_apply(ctx, tpch_dir):
     with pytest.raises(PlanningError, match="exists already"):
         ctx.from_pydict({"a": [1]}, name="taken")
     ctx.deregister_table("taken")
+

@@ -133,9 +133,21 @@ def plan_label(df: DataFrame) -> str:
     return f"DataFrame {text}"[:80]
 
 
-def _generated_name(kind: str) -> str:
-    """A fresh table name for a source registered by a reader (``df_parquet_<hex>``)."""
-    return f"df_{kind}_{uuid.uuid4().hex[:16]}"
+def _generated_name(kind: str, path: Any = None) -> str:
+    """A fresh table name for a source a reader registers: ``<what>_<12 hex digits>``.
+
+    ``<what>`` is the last part of ``path`` (a file's name without its
+    extension, a directory's name) in lower-case letters, digits and ``_``
+    (``data/tpch/lineitem/`` -> ``lineitem_3f2a...``), else ``kind``: the
+    name ``explain()`` shows tells which files the scan reads.
+    """
+    stem = ""
+    if isinstance(path, str | os.PathLike):
+        last = os.path.basename(os.fspath(path).rstrip("/"))
+        stem = re.sub(r"[^a-z0-9_]+", "_", last.split(".")[0].lower()).strip("_")
+    if not stem or not stem[0].isalpha():
+        stem = kind
+    return f"{stem[:40]}_{uuid.uuid4().hex[:12]}"
 
 
 def _refuse_options(method: str, **options: tuple[Any, Any]) -> None:
@@ -364,6 +376,14 @@ class Transformations:
         """
         return self._transformed("fill_null", lambda: self.df.fill_null(value, subset))
 
+    def fill_nan(self, value: float, subset: list[str] | None = None) -> Self:
+        """Replace NaN with ``value`` in ``subset`` (default: every float column).
+
+        Raises:
+            PlanningError: an unknown column of ``subset``.
+        """
+        return self._transformed("fill_nan", lambda: self.df.fill_nan(value, subset))
+
     def unnest_columns(
         self,
         *columns: str,
@@ -413,6 +433,14 @@ class Transformations:
     def head(self, n: int = 5) -> Self:
         """The first ``n`` rows: ``limit(n)``."""
         return self.limit(n)
+
+    def tail(self, n: int = 5) -> Self:
+        """The last ``n`` rows: runs a distributed :meth:`count` now, then ``limit(n, count - n)``.
+
+        Raises:
+            PlanningError, TaskError, TransportError: as ``execute_stream`` (the count).
+        """
+        return self.limit(n, max(0, self.count() - n))
 
     def distinct(self) -> Self:
         """The distinct rows."""
@@ -626,7 +654,8 @@ class Readers:
     ``_marker`` (:func:`mark_session`'s name), the ``register_*`` methods, and
     ``_frame(df, label)`` (a distributed DataFrame of this context around
     DataFusion's ``df``). Readers register their input under a generated name
-    (``df_parquet_<hex>``, ...; :meth:`table_names` lists them), so that the
+    (``lineitem_<hex>`` for ``read_parquet("data/lineitem/")``, ``arrow_<hex>``;
+    ``table_names()`` lists them), so that the
     planner sees a source as for ``register_parquet``: files become work
     units split across the leaf tasks. Such a table stays registered until
     ``deregister_table(name)``, as DataFusion's ``from_arrow`` tables do.
@@ -715,7 +744,7 @@ class Readers:
             file_sort_order=(file_sort_order, None),
             object_store=(object_store, None),
         )
-        name = _generated_name("parquet")
+        name = _generated_name("parquet", path)
         self.register_parquet(name, path, schema=schema, table_partition_cols=table_partition_cols)
         return self.table(name)
 
@@ -763,7 +792,7 @@ class Readers:
             options=(options, None),
             object_store=(object_store, None),
         )
-        name = _generated_name("csv")
+        name = _generated_name("csv", path)
         self.register_csv(name, path, schema=schema, has_header=has_header, delimiter=delimiter)
         return self.table(name)
 
