@@ -12,6 +12,7 @@ input are tested after them.
 from __future__ import annotations
 
 import datetime
+import re
 import warnings
 
 import pyarrow as pa
@@ -24,6 +25,7 @@ from datafusion.expr import Window
 from distfusion import DistributedConfig, DistributedContext, DistributedDataFrame, tpch
 from distfusion.errors import PlanningError
 from tests.compare import assert_same_result
+from tests.conftest import REPO
 
 WORKERS = 3
 
@@ -564,3 +566,39 @@ def test_readers_refuse_options_they_do_not_apply(ctx, tpch_dir):
         ctx.from_pydict({"a": [1]}, name="taken")
     ctx.deregister_table("taken")
 
+
+# ------------------------------------------------------------------- docs
+def test_the_readme_example_runs_and_equals_datafusion(tpch_dir, oracle, capsys):
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### DataFrame API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    code = code.replace('"data/tpch-sf1/', f'"{tpch_dir}/')
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "Stage 2" in out and "1-URGENT" in out
+    df = namespace["df"]
+    expected = oracle.sql(
+        "SELECT o_orderpriority, sum(l_extendedprice) AS revenue, count(*) AS lines "
+        "FROM lineitem JOIN orders ON l_orderkey = o_orderkey WHERE l_quantity > 45 "
+        "GROUP BY o_orderpriority ORDER BY o_orderpriority"
+    ).to_arrow_table()
+    assert_same_result(df.to_arrow_table(), expected, ordered=True)
+    df.context.close()
+
+
+def test_the_first_example_of_the_doc_runs(tpch_dir, oracle, capsys):
+    text = (REPO / "docs" / "dataframe.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.DOTALL).group(1)
+    code = code.replace('"data/tpch-sf1/', f'"{tpch_dir}/')
+    namespace: dict = {}
+    exec(compile(code, "docs/dataframe.md", "exec"), namespace)
+    assert "10 rows" in capsys.readouterr().out
+    expected = oracle.sql(
+        "SELECT o_custkey, sum(o_totalprice) AS spent, rank() OVER (ORDER BY sum(o_totalprice) DESC) "
+        "AS rank FROM orders WHERE o_orderdate >= DATE '1998-01-01' GROUP BY o_custkey "
+        "ORDER BY rank LIMIT 10"
+    ).to_arrow_table()
+    got = namespace["per_customer"].filter(col("rank") <= lit(10)).sort(col("rank"))
+    assert got.to_arrow_table().column("spent") == expected.column("spent")
+    namespace["ctx"].close()
