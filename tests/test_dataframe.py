@@ -504,6 +504,19 @@ def test_from_datafusion_distributes_a_plain_dataframe(ctx, oracle):
     assert sql.to_pydict() == {"n": [oracle.table("orders").count()]}
 
 
+def test_from_datafusion_finds_tables_of_any_case_and_qualified(runtime_for):
+    ctx = DistributedContext(runtime=runtime_for("local", WORKERS))
+    ctx.register_table('"Upper.Case"', pa.table({"a": [1, 2]}))
+    ctx.register_table('"T1"', pa.table({"a": [3]}))
+    ctx.register_table("t2", pa.table({"a": [4]}))
+    for plain, rows in (
+        (ctx.ctx.table('"Upper.Case"'), [1, 2]),
+        (ctx.ctx.table('"T1"'), [3]),
+        (ctx.ctx.sql("SELECT a FROM datafusion.public.t2"), [4]),
+    ):
+        assert sorted(ctx.from_datafusion(plain).to_pydict()["a"]) == rows
+
+
 def test_from_datafusion_refuses_another_session_context(ctx, oracle):
     with pytest.raises(PlanningError, match="another SessionContext"):
         ctx.from_datafusion(oracle.table("nation"))  # same table names, another context

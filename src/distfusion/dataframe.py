@@ -115,12 +115,33 @@ def check_session(ctx: SessionContext, marker: str, df: DataFrame) -> None:
         raise PlanningError(msg) from exc
     text = df.logical_plan().display_indent()
     for name in dict.fromkeys(_SCANNED.findall(text)):
-        if not ctx.table_exist(name):
+        if not _table_exists(ctx, name):
             msg = (
                 f"the DataFrame scans table {name!r}, which this DistributedContext does not "
                 "know (it comes from a DataFrame of another SessionContext); register it here"
             )
             raise PlanningError(msg)
+
+
+def _table_exists(ctx: SessionContext, shown: str) -> bool:
+    """Whether ``ctx`` has the table a plan shows as ``shown`` (``t``, ``T1``, ``cat.schema.t``).
+
+    A plan shows names as registered, case kept and unquoted; DataFusion's
+    ``table_exist`` parses its argument as SQL, folding unquoted parts to lower
+    case, so each part is also tried double-quoted (and the whole name, for a
+    table whose name holds a dot).
+    """
+
+    def quoted(part: str) -> str:
+        return '"' + part.replace('"', '""') + '"'
+
+    for candidate in (shown, ".".join(quoted(p) for p in shown.split(".")), quoted(shown)):
+        try:
+            if ctx.table_exist(candidate):
+                return True
+        except Exception:  # DataFusion's: not a name it can parse
+            continue
+    return False
 
 
 def plan_label(df: DataFrame) -> str:
