@@ -59,8 +59,10 @@ CASES = {
         False,
     ),
     "with_column": (
-        lambda c: c.table("orders").with_column(
-            "o_year", F.date_part(lit("year"), col("o_orderdate"))
+        lambda c: (
+            c.table("orders")
+            .select("o_orderkey", "o_orderdate")
+            .with_column("o_year", F.date_part(lit("year"), col("o_orderdate")))
         ),
         False,
     ),
@@ -91,8 +93,10 @@ CASES = {
         False,
     ),
     "join": (
-        lambda c: c.table("customer").join(
-            c.table("orders"), left_on="c_custkey", right_on="o_custkey", how="left"
+        lambda c: (
+            c.table("customer")
+            .select("c_custkey", "c_name")
+            .join(_orders_since(c, 1), left_on="c_custkey", right_on="o_custkey", how="left")
         ),
         False,
     ),
@@ -138,10 +142,14 @@ CASES = {
         False,
     ),
     "join_on": (
-        lambda c: c.table("orders").join_on(
-            c.table("lineitem"),
-            col("o_orderkey") == col("l_orderkey"),
-            col("l_extendedprice") * lit(5) > col("o_totalprice"),
+        lambda c: (
+            _orders_since(c, 1)
+            .join_on(
+                c.table("lineitem"),
+                col("o_orderkey") == col("l_orderkey"),
+                col("l_extendedprice") * lit(5) > col("o_totalprice"),
+            )
+            .select("o_orderkey", "l_linenumber", "l_extendedprice", "o_totalprice")
         ),
         False,
     ),
