@@ -38,6 +38,7 @@ from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
 from distfusion import delta, object_store, udfs
+from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
@@ -414,8 +415,14 @@ def _zone_only(got: pa.DataType, want: pa.DataType) -> bool:
     )
 
 
-class DistributedContext:
-    """Registers tables and plans SQL for distributed execution.
+class DistributedContext(Readers):
+    """Registers tables and plans SQL or DataFrames for distributed execution.
+
+    Queries come as SQL (:meth:`sql`) or as DataFrames built with
+    DataFusion's DataFrame API from :meth:`table`, :meth:`read_parquet`,
+    :meth:`read_csv`, :meth:`from_arrow`, :meth:`from_pydict`,
+    :meth:`from_pylist`, :meth:`from_pandas` or :meth:`from_datafusion`
+    (:mod:`distfusion.dataframe`).
 
     Args:
         runtime: runs the stage graphs: a :class:`~distfusion.runtime.base.Runtime`,
@@ -443,6 +450,7 @@ class DistributedContext:
         self._runtime_factory = runtime
         self.config = config or DistributedConfig()
         self.ctx = SessionContext()
+        self._marker = mark_session(self.ctx)  # tells this context's DataFrames apart
         self.sources: dict[str, TableSource] = {}
         self._written = False  # a write ran or may run: memory tables are read again
         self._feed_sources: dict[str, FeedTableSource] = {}
@@ -959,6 +967,10 @@ class DistributedContext:
         label = " ".join(statements[-1].split())[:80] if statements else ""
         return DistributedDataFrame(self, df, label)
 
+    def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:
+        """A distributed DataFrame of this context around DataFusion's ``df``."""
+        return DistributedDataFrame(self, df, label)
+
     def _statement(self, sql: str) -> DataFrame:
         """Plan one statement on the coordinator's context; keep :attr:`sources` in step."""
         self._reread_memory_tables()
@@ -1086,12 +1098,16 @@ FORMATS = ("text", "dot", "html")
 """Formats of :meth:`DistributedDataFrame.explain`."""
 
 
-class DistributedDataFrame:
+class DistributedDataFrame(Transformations):
     """A planned query. Results are computed by the runtime on each call.
 
-    Mirrors ``datafusion.DataFrame``: :meth:`explain`, :meth:`to_arrow_table`,
-    :meth:`collect`, :meth:`to_pandas`, :meth:`execute_stream`, :meth:`show`.
-    After a run, :meth:`metrics` tells what it did.
+    Mirrors ``datafusion.DataFrame``: its transformations (``select``,
+    ``filter``, ``aggregate``, ``join``, ``sort``, ... of
+    :class:`~distfusion.dataframe.Transformations`) build a new plan on the
+    coordinator; :meth:`explain`, :meth:`to_arrow_table`, :meth:`collect`,
+    :meth:`to_pandas`, :meth:`execute_stream`, :meth:`show`, ``count``,
+    :meth:`write_parquet` run it distributed. After a run, :meth:`metrics`
+    tells what it did.
     """
 
     def __init__(self, context: DistributedContext, df: DataFrame, label: str = "") -> None:
@@ -1110,6 +1126,10 @@ class DistributedDataFrame:
     def schema(self) -> pa.Schema:
         """The result's Arrow schema."""
         return self.df.schema()
+
+    def _derive(self, df: DataFrame) -> DistributedDataFrame:
+        """A DataFrame of this context around ``df`` (a transformation's result)."""
+        return DistributedDataFrame(self.context, df, plan_label(df))
 
     def _is_query(self) -> bool:
         return len(self.df.schema()) > 0  # DDL has no columns
@@ -1745,6 +1765,18 @@ class _ExplainDataFrame(DistributedDataFrame):
     def schema(self) -> pa.Schema:
         """``plan_type``, ``plan`` (both strings)."""
         return EXPLAIN_SCHEMA
+
+    def _transformed(self, method: str, build: Callable[[], DataFrame]) -> DistributedDataFrame:
+        """Refused: the rows of an EXPLAIN are made on collect, they have no plan to extend.
+
+        Raises:
+            PlanningError: always.
+        """
+        msg = (
+            "the result of EXPLAIN cannot be transformed; "
+            "use ctx.from_arrow(df.to_arrow_table()) to query its rows"
+        )
+        raise PlanningError(msg)
 
     def coordinator_only(self) -> str | None:
         """The explained query's answer (see :meth:`DistributedDataFrame.coordinator_only`)."""

@@ -9,6 +9,18 @@ Swap ``spark.sql(q)`` for ``distfusion.spark.sql(spark, q)`` in a pipeline::
     df.to_spark().write.parquet("out/")     # the pipeline goes on in Spark
     df.to_pandas()                          # or Arrow/pandas, as in the core API
 
+or start from a Spark DataFrame and go on with DataFusion's DataFrame API
+(:func:`from_spark`)::
+
+    from datafusion import col, lit, functions as F
+
+    df = (
+        distfusion.spark.from_spark(spark.table("lineitem"))
+        .filter(col("l_quantity") > lit(45))
+        .aggregate([col("l_returnflag")], [F.sum(col("l_extendedprice")).alias("total")])
+    )
+    df.to_spark().show()
+
 The query runs on the same SparkSession with the
 :class:`~distfusion.runtime.spark.SparkRuntime`: every task executes natively
 with DataFusion inside a Spark task. Table names resolve from Spark's catalog
@@ -98,6 +110,7 @@ from distfusion.sources import spark_source
 
 __all__ = [
     "sql",
+    "from_spark",
     "register_spark_table",
     "register_spark_dataframe",
     "SparkDataFrame",
@@ -108,6 +121,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
 _FORMATS = {"parquet": "parquet", "csv": "csv"}
 _runtimes: dict[int, SparkRuntime] = {}
+_contexts: dict[int, DistributedContext] = {}  # SparkSession -> from_spark's context
 
 
 class SparkDataFrame(DistributedDataFrame):
@@ -123,6 +137,10 @@ class SparkDataFrame(DistributedDataFrame):
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
         self._held: list[_HeldResult] = []
+
+    def _derive(self, df) -> SparkDataFrame:
+        """A transformation's result: a SparkDataFrame of the same context and session."""
+        return SparkDataFrame(self.context, DistributedDataFrame._derive(self, df), self.spark)
 
     def to_spark(self):
         """The result as a Spark DataFrame on the same SparkSession, computed on the executors.
@@ -251,6 +269,89 @@ def _runtime_for(spark) -> SparkRuntime:
         runtime = SparkRuntime(spark=spark)
         _runtimes[id(spark)] = runtime
     return runtime
+
+
+def _context_for(spark) -> DistributedContext:
+    """The DistributedContext :func:`from_spark` registers into by default: one per session.
+
+    On the session's runtime (:func:`_runtime_for`); a new one when that runtime is new.
+    """
+    runtime = _runtime_for(spark)
+    ctx = _contexts.get(id(spark))
+    if ctx is None or ctx._runtime is not runtime:
+        ctx = DistributedContext(runtime=runtime)
+        _contexts[id(spark)] = ctx
+    return ctx
+
+
+def from_spark(
+    df, name: str | None = None, context: DistributedContext | None = None
+) -> SparkDataFrame:
+    """A Spark DataFrame as an input table of a distfusion DataFrame; back with ``to_spark()``.
+
+    ``df`` is registered as :func:`sql`'s ``tables=`` registers a DataFrame:
+    read natively when its plan is a plain scan of Parquet or CSV files,
+    else through Spark, each leaf task fed one of its partitions inside the
+    Spark task computing it (the module's docstring). The result offers
+    DataFusion's DataFrame API (:mod:`distfusion.dataframe`: ``filter``,
+    ``aggregate``, ``join``, ...; expressions from ``datafusion.col``,
+    ``lit``, ``functions``), runs on the Spark runtime of ``df``'s session,
+    and every DataFrame derived from it is a :class:`SparkDataFrame`, so
+    :meth:`SparkDataFrame.to_spark` hands the result back to Spark::
+
+        from datafusion import col, lit, functions as F
+
+        big = distfusion.spark.from_spark(spark.table("lineitem")).filter(
+            col("l_quantity") > lit(45)
+        )
+        orders = distfusion.spark.from_spark(spark.table("orders"))
+        big.join(orders, left_on="l_orderkey", right_on="o_orderkey").aggregate(
+            [col("o_orderpriority")], [F.count_star().alias("n")]
+        ).to_spark().show()
+
+    DataFrames from one SparkSession share a context by default (one per
+    session), so they join each other; ``frame.context`` is that
+    :class:`~distfusion.context.DistributedContext` (``read_parquet`` and
+    ``register_delta`` there give more inputs to the same plans, ``sql``
+    reads the tables by name). Registered tables stay in that context until
+    ``frame.context.deregister_table(name)``.
+
+    Args:
+        df: a classic ``pyspark.sql.DataFrame`` (not Spark Connect's).
+        name: the table's name in the context (default: a generated
+            ``spark_df_<hex>``); case-insensitive, as in :func:`sql`.
+        context: the context to register into (default: the session's);
+            its runtime must be a
+            :class:`~distfusion.runtime.spark.SparkRuntime` on ``df``'s
+            session when a table is read through Spark.
+
+    Returns:
+        A :class:`SparkDataFrame` reading the whole table.
+
+    Raises:
+        ImportError: pyspark is not installed.
+        TypeError: ``df`` is not a classic Spark DataFrame (a Spark Connect
+            DataFrame has no JVM handle to read through).
+        PlanningError: a table ``name`` exists already in the context; as
+            :func:`register_spark_dataframe` (a type Arrow cannot express,
+            columns differing only in case).
+    """
+    import_pyspark()
+    if not hasattr(df, "_jdf") or not hasattr(df, "sparkSession"):
+        msg = (
+            f"from_spark takes a classic pyspark.sql.DataFrame, got {type(df).__module__}."
+            f"{type(df).__name__}; Spark Connect DataFrames are not supported yet"
+        )
+        raise TypeError(msg)
+    spark = df.sparkSession
+    ctx = context if context is not None else _context_for(spark)
+    name = (name or f"spark_df_{uuid.uuid4().hex[:16]}").lower()
+    if ctx.ctx.table_exist(name):  # earlier DataFrames would read a replacement
+        msg = f"from_spark: a table {name!r} exists already; deregister_table it first"
+        raise PlanningError(msg)
+    if not _register_native(ctx, df, name, name):
+        register_spark_dataframe(ctx, name, df)
+    return SparkDataFrame(ctx, ctx.table(name), spark)
 
 
 def _referenced_names(query: str) -> set[str]:
