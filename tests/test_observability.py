@@ -281,7 +281,7 @@ def test_html_has_every_stage(ctx):
     df = ctx.sql(tpch.query(5))
     df.collect()
     parser = _Cells()
-    parser.feed(df._repr_html_())
+    parser.feed(df.explain_run(format="html"))
     parser.close()
     assert parser.stack == []
     graph = df._ran_graph()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import html
 import os
 import re
 import time
@@ -1094,6 +1095,9 @@ _EXPLAIN_FORMATS = {
 EXPLAIN_SCHEMA = pa.schema([("plan_type", pa.string()), ("plan", pa.string())])
 """The columns of an ``EXPLAIN`` result, as DataFusion's."""
 
+HTML_ROWS = 10
+"""Rows a notebook shows of a DistributedDataFrame (``_repr_html_``)."""
+
 FORMATS = ("text", "dot", "html")
 """Formats of :meth:`DistributedDataFrame.explain`."""
 
@@ -1245,8 +1249,11 @@ class DistributedDataFrame(Transformations):
         assert self._graph is not None  # coordinator_only() planned it
         return self._graph
 
-    def explain(self, analyze: bool = False, verbose: bool = False, format: str = "text") -> str:
+    def explain(self, verbose: bool = False, analyze: bool = False, format: str = "text") -> str:
         """The distributed plan as text, Graphviz DOT or HTML.
+
+        The arguments come in DataFusion's order (``explain(verbose, analyze)``);
+        unlike DataFusion's, the plan is returned, not printed.
 
         Stages head first, with task counts, boundaries, work units per task and
         each stage's fragment as DataFusion renders it. After an adaptive run,
@@ -1383,8 +1390,22 @@ class DistributedDataFrame(Transformations):
         return self._metrics
 
     def _repr_html_(self) -> str:
-        """The plan as HTML for notebooks (with the metrics of the last run, if any)."""
-        return self.explain_run(format="html")
+        """The first rows as an HTML table, for notebooks (as datafusion-python renders them).
+
+        Runs the query with ``LIMIT`` :data:`HTML_ROWS`; the plan is shown by
+        an explicit ``explain(format="html")``.
+        """
+        table = self._head(HTML_ROWS)
+        header = "".join(f"<th>{html.escape(n)}</th>" for n in table.column_names)
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row.values()) + "</tr>"
+            for row in table.to_pylist()
+        )
+        return f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+
+    def _head(self, num: int) -> pa.Table:
+        """The first ``num`` rows: the query run with a ``LIMIT`` (only those rows are read)."""
+        return DistributedDataFrame(self.context, self.df.limit(num), self.label).to_arrow_table()
 
     def _plan_text(self) -> str:
         """The text of ``explain()`` with no argument."""
@@ -1692,11 +1713,14 @@ class DistributedDataFrame(Transformations):
         return self.to_arrow_table().to_pylist()
 
     def show(self, num: int = 20) -> None:
-        """Print the first ``num`` rows as a table."""
-        print_table(self.to_arrow_table(), limit=num)
+        """Print the first ``num`` rows as a table (the query runs with ``LIMIT num``)."""
+        print_table(self._head(num), limit=num)
 
     def __repr__(self) -> str:
-        return self.explain()
+        """The query's label and columns; plans and runs nothing (``explain()`` shows the plan)."""
+        columns = ", ".join(f"{f.name}: {f.type}" for f in self.df.schema())
+        label = f" {self.label!r}" if self.label else ""
+        return f"DistributedDataFrame{label} [{columns}]"
 
 
 def map_head_parts(run: QueryRun, graph: StageGraph, fn, split: bool = True) -> list:
@@ -1782,9 +1806,9 @@ class _ExplainDataFrame(DistributedDataFrame):
         """The explained query's answer (see :meth:`DistributedDataFrame.coordinator_only`)."""
         return self.inner.coordinator_only()
 
-    def explain(self, analyze: bool = False, verbose: bool = False, format: str = "text") -> str:
+    def explain(self, verbose: bool = False, analyze: bool = False, format: str = "text") -> str:
         """The explained query's plan (see :meth:`DistributedDataFrame.explain`)."""
-        return self.inner.explain(analyze, verbose, format)
+        return self.inner.explain(verbose, analyze, format)
 
     def metrics(self) -> QueryMetrics | None:
         """The metrics of the explained query's last run (``EXPLAIN ANALYZE``)."""

@@ -13,7 +13,7 @@ DistfusionError
  │    ├── WorkerUnavailableError (TransientError)
  │    └── AuthenticationError       a worker rejected the shared secret token
  ├── FeedError                      a work unit feed's provider failed (names feed, partition)
- ├── QueryCancelled                 the result stream was closed before it ended
+ ├── QueryCancelledError            the result stream was closed before it ended
  └── TransientError                 retry-safe: running the same query again may succeed
 ```
 
@@ -38,6 +38,7 @@ __all__ = [
     "NotDistributableError",
     "PlanningError",
     "QueryCancelled",
+    "QueryCancelledError",
     "TaskError",
     "TaskPanicked",
     "TransientError",
@@ -165,8 +166,12 @@ class AuthenticationError(_WorkerCallError):
     what = "rejected the call"
 
 
-class QueryCancelled(DistfusionError):
+class QueryCancelledError(DistfusionError):
     """The query was cancelled (its result stream was closed) before it finished."""
+
+
+QueryCancelled = QueryCancelledError
+"""Deprecated alias of :class:`QueryCancelledError` (the name before the ``Error`` suffix)."""
 
 
 class FeedError(DistfusionError):

@@ -5,7 +5,7 @@ row per work unit (``unit``: :meth:`WorkUnit.to_bytes`, ``error`` null). A
 stream that fails ends with one row whose ``unit`` is null and whose
 ``error`` is the error codec's JSON (:mod:`distfusion.protocol.errors`), so
 the receiver raises the same :class:`~distfusion.errors.FeedError` (or
-:class:`~distfusion.errors.QueryCancelled`) instead of taking a cut stream
+:class:`~distfusion.errors.QueryCancelledError`) instead of taking a cut stream
 for a finished one. Used in both directions: pushed by the coordinator to a
 Flight worker (``DoPut``, :func:`encode_feed_descriptor`), pulled by a Spark
 task from the driver's feed endpoint (``DoGet``, :func:`encode_feed_ticket`).
@@ -57,7 +57,7 @@ def decode_feed_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[bytes]:
     """The serialised units of a feed stream, in order.
 
     Raises:
-        FeedError / QueryCancelled: the stream ended with that error.
+        FeedError / QueryCancelledError: the stream ended with that error.
         TransportError: the stream ended with another error, or a batch is not
             of :data:`FEED_SCHEMA`.
     """

@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
@@ -367,7 +367,7 @@ class WorkerQueryRun:
         Raises:
             ValueError: a stage is not in ``graph``, is its head stage, or
                 reads a stage that has not run and is not in ``stage_ids``.
-            QueryCancelled: the run was closed.
+            QueryCancelledError: the run was closed.
             TaskError: a task failed (names the stage, the task and the worker).
             TransportError: a worker could not be reached.
         """
@@ -400,7 +400,7 @@ class WorkerQueryRun:
 
         Raises:
             ValueError: a stage reads a stage that is not in ``graph`` and never ran.
-            QueryCancelled: the run was closed.
+            QueryCancelledError: the run was closed.
             TaskError: a task failed, here or on a worker.
             TransportError: a worker could not be reached.
         """
@@ -623,7 +623,7 @@ class WorkerQueryRun:
             self.feeds.close()
             abort = getattr(self.transport, "abort_query", None)
             if abort is not None:  # reads of this process blocked on a stream end now
-                reason = self._failure or QueryCancelled(f"query {self.query_id} was closed")
+                reason = self._failure or QueryCancelledError(f"query {self.query_id} was closed")
                 abort(self.query_id, reason)
             self._collect_metrics()
             for url in sorted(set(self.placement.values())):
@@ -663,7 +663,7 @@ class WorkerQueryRun:
     def _check_open(self) -> None:
         if self._closed:
             msg = f"query {self.query_id} was closed"
-            raise QueryCancelled(msg)
+            raise QueryCancelledError(msg)
 
     def _place(self, graph: StageGraph, stages: list[Stage]) -> None:
         """Give every task of ``stages`` (not placed yet) a worker URL."""
@@ -776,7 +776,7 @@ def execute_graph(
 
     Raises:
         TaskError: a task failed, here or on a worker.
-        QueryCancelled: a worker cancelled the query.
+        QueryCancelledError: a worker cancelled the query.
         TransportError: a worker could not be reached.
     """
     run = WorkerQueryRun(

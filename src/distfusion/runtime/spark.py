@@ -91,7 +91,7 @@ import pyarrow as pa
 from distfusion import object_store, udfs
 from distfusion.errors import (
     PlanningError,
-    QueryCancelled,
+    QueryCancelledError,
     TaskError,
     TaskPanicked,
     TransportError,
@@ -909,13 +909,13 @@ class _SparkQuery:
 
         Raises:
             FeedError: a work unit feed's provider failed (which closed the run).
-            QueryCancelled: the run was closed; nothing more is held or broadcast.
+            QueryCancelledError: the run was closed; nothing more is held or broadcast.
         """
         if self.feeds.error is not None:
             raise self.feeds.error
         if self.closed:
             msg = f"query {self.query_id} was cancelled"
-            raise QueryCancelled(msg)
+            raise QueryCancelledError(msg)
 
     def _spark_call(self, action):
         """Run a Spark action (:func:`_spark_call`)."""
@@ -1249,7 +1249,7 @@ class _SparkFlightQuery(WorkerQueryRun):
 
         Raises:
             TaskError: the fragment failed (named by stage, task and the driver's worker).
-            QueryCancelled: the run was closed meanwhile.
+            QueryCancelledError: the run was closed meanwhile.
         """
         self._check_open()
         worker = self.runtime.driver_worker()
@@ -1276,7 +1276,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         Raises:
             TaskError: a task failed ``task_max_failures`` times.
             TaskPanicked: a task panicked (at its first attempt).
-            QueryCancelled: the run was closed meanwhile.
+            QueryCancelledError: the run was closed meanwhile.
             TransportError: Spark failed the job.
         """
         attempts = dict.fromkeys(tasks, 0)
@@ -1422,7 +1422,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         Raises:
             TaskError: a part failed ``task_max_failures`` times (names the
                 head stage, the part as its task and the executor).
-            QueryCancelled: the run was closed meanwhile.
+            QueryCancelledError: the run was closed meanwhile.
             TransportError: Spark failed the job.
         """
         parts = self.head_parts(graph, split)
@@ -1544,7 +1544,7 @@ def _spark_call(action, check_open, master: str):
     (from another thread), whose jobs then fail as cancelled.
 
     Raises:
-        QueryCancelled: the run was closed before or while the action ran.
+        QueryCancelledError: the run was closed before or while the action ran.
         TaskError: a task failed on every attempt Spark made.
         TransportError: Spark failed the job for another reason.
     """
@@ -2019,7 +2019,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
             driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
         ):
             msg = f"query {key.query_id} was closed before its task started"
-            raise QueryCancelled(msg)
+            raise QueryCancelledError(msg)
         _maybe_inject_failure(key.stage_id, key.task_index, attempt)
         with offering(key, table, batches):
             metrics = worker.run_task(plan)
@@ -2124,14 +2124,14 @@ def frame_function(parts: list[HeadPart], token: str, budget: int | None, thread
                 try:
                     for b in spark_runtime.part_batches(parts[i], token, budget, threads):
                         yield spark_runtime.as_schema(b, schema)
-                except spark_runtime.QueryCancelled as exc:
+                except spark_runtime.QueryCancelledError as exc:
                     msg = (
                         f"{exc}: the distfusion result this Spark DataFrame reads was released "
                         "(its DataFrame returned by to_spark() was garbage collected, "
                         "release() was called, or the session closed); keep a reference "
                         "to it until its last action"
                     )
-                    raise spark_runtime.QueryCancelled(msg) from exc
+                    raise spark_runtime.QueryCancelledError(msg) from exc
 
     return run
 

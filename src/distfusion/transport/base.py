@@ -55,7 +55,7 @@ class WorkerTransport(Protocol):
 
         Raises:
             TaskError: the task failed; stage, task, worker and cause are kept.
-            QueryCancelled: the query was cancelled.
+            QueryCancelledError: the query was cancelled.
             TimeoutError: the task's plan did not arrive within ``timeout_s``.
             WorkerUnavailableError: the worker cannot be reached.
         """
@@ -77,7 +77,7 @@ class WorkerTransport(Protocol):
 
         Raises:
             TaskError: the task failed; stage, task, worker and cause are kept.
-            QueryCancelled: the query was cancelled.
+            QueryCancelledError: the query was cancelled.
             TimeoutError: the task did not finish within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached.
         """
@@ -122,12 +122,12 @@ class WorkerTransport(Protocol):
         until ``units`` ends, the worker stops taking units (the task ended),
         or the worker's bounded inbox applies back-pressure for as long as the
         task reads slowly. When ``units`` raises a FeedError or
-        QueryCancelled, the stream ends with that error and the task raises it.
+        QueryCancelledError, the stream ends with that error and the task raises it.
         The worker may get the stream before the task's plan.
 
         Raises:
             WorkerUnavailableError: the worker cannot be reached.
-            QueryCancelled: the query was cancelled on the worker.
+            QueryCancelledError: the query was cancelled on the worker.
         """
         ...
 

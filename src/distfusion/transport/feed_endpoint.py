@@ -24,7 +24,7 @@ from __future__ import annotations
 import hmac
 import threading
 
-from distfusion.errors import DistfusionError, FeedError, QueryCancelled
+from distfusion.errors import DistfusionError, FeedError, QueryCancelledError
 from distfusion.protocol.feed_messages import (
     FEED_SCHEMA,
     decode_feed_batches,
@@ -94,7 +94,7 @@ class FeedEndpoint:
             try:
                 for raw_unit in session.read(key.task_index):
                     yield unit_batch(raw_unit)
-            except (FeedError, QueryCancelled) as exc:
+            except (FeedError, QueryCancelledError) as exc:
                 yield error_batch(exc)
 
         return flight.GeneratorStream(FEED_SCHEMA, batches())

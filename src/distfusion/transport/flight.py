@@ -62,7 +62,7 @@ from distfusion.errors import (
     AuthenticationError,
     FeedError,
     PlanningError,
-    QueryCancelled,
+    QueryCancelledError,
     TaskError,
     TransportError,
     WorkerUnavailableError,
@@ -136,11 +136,11 @@ def encode_error(exc: BaseException, with_traceback: bool = True):
 
     Returns:
         A ``pyarrow.flight.FlightError`` subclass instance: cancelled for
-        :class:`QueryCancelled`, timed out for ``TimeoutError``, server error
+        :class:`QueryCancelledError`, timed out for ``TimeoutError``, server error
         otherwise.
     """
     flight = import_flight()
-    if isinstance(exc, QueryCancelled):
+    if isinstance(exc, QueryCancelledError):
         cls = flight.FlightCancelledError
     elif isinstance(exc, TimeoutError):
         cls = flight.FlightTimedOutError
@@ -359,7 +359,7 @@ class FlightWorkerTransport:
         Raises:
             TaskError: the task failed on its worker (its fields as the worker
                 set them), here or while iterating.
-            QueryCancelled: the query was cancelled on the worker or aborted here.
+            QueryCancelledError: the query was cancelled on the worker or aborted here.
             TimeoutError: the task's plan did not arrive within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached or died while
                 streaming; names the URL, the stage and the task.
@@ -432,7 +432,7 @@ class FlightWorkerTransport:
 
         Raises:
             TaskError: the task failed on its worker (its fields as the worker set them).
-            QueryCancelled: the query was cancelled on the worker.
+            QueryCancelledError: the query was cancelled on the worker.
             TimeoutError: the task did not finish within ``timeout_s`` seconds.
             WorkerUnavailableError: the worker cannot be reached.
             AuthenticationError: the worker rejected the token.
@@ -500,7 +500,7 @@ class FlightWorkerTransport:
             try:
                 for raw in units:
                     writer.write_batch(unit_batch(raw))
-            except (FeedError, QueryCancelled) as exc:
+            except (FeedError, QueryCancelledError) as exc:
                 writer.write_batch(error_batch(exc))
             writer.done_writing()
             writer.close()

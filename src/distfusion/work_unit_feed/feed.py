@@ -37,7 +37,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from distfusion.errors import FeedError, QueryCancelled
+from distfusion.errors import FeedError, QueryCancelledError
 from distfusion.work_unit_feed.filters import Filter
 from distfusion.work_unit_feed.unit import WorkUnit
 
@@ -336,7 +336,7 @@ class _PartitionStream:
                         f"query {self.session.ctx.query_id} was cancelled while reading feed "
                         f"{self.session.ctx.table!r} partition {self.partition}"
                     )
-                    raise QueryCancelled(msg)
+                    raise QueryCancelledError(msg)
             yield raw
 
 
@@ -391,7 +391,7 @@ class FeedSession:
 
         Raises:
             FeedError: the partition's provider raised.
-            QueryCancelled: the session was closed, or ``stop()`` became true.
+            QueryCancelledError: the session was closed, or ``stop()`` became true.
             IndexError: no such partition.
         """
         return self._streams[partition].read(stop)

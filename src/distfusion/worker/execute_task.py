@@ -32,7 +32,7 @@ from datafusion import DataFrame, RuntimeEnvBuilder, SessionConfig, SessionConte
 from datafusion.functions import spark as spark_functions
 
 from distfusion import object_store, udfs
-from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import is_task_failure, task_error
@@ -305,7 +305,7 @@ def stream_batches(
     metrics: SpillMetrics | None = None,
     binding: InputBinding | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Execute ``df``, yielding Arrow batches; stops with QueryCancelled when asked.
+    """Execute ``df``, yielding Arrow batches; stops with QueryCancelledError when asked.
 
     ``cancelled()`` is checked between batches: DataFusion's work stops at its
     next batch. Over streamed or replayed inputs (``binding``) the pulls check
@@ -325,13 +325,13 @@ def stream_batches(
     stop them.
 
     Raises:
-        QueryCancelled: ``cancelled()`` became true.
+        QueryCancelledError: ``cancelled()`` became true.
         Exception: DataFusion's error while executing.
     """
     try:
         for rb in df.execute_stream():
             if cancelled():
-                raise QueryCancelled("query cancelled")
+                raise QueryCancelledError("query cancelled")
             batch = rb.to_pyarrow()
             if batch.num_rows:
                 yield batch
@@ -418,7 +418,7 @@ def partition_output(
         ``c0..``, the declared ``num_columns`` only). With one: None.
 
     Raises:
-        QueryCancelled: ``cancelled()`` became true.
+        QueryCancelledError: ``cancelled()`` became true.
         Exception: DataFusion's error while executing.
     """
     lists = _Lists(plan.output.num_partitions) if sink is None else None
@@ -836,7 +836,7 @@ def run_task_into(
         TaskError: the fragment failed (DataFusion's message and the traceback
             kept), an input's producer task failed (that task's error), or a
             work unit feed failed (its FeedError's message: feed and partition).
-        QueryCancelled: the query was cancelled.
+        QueryCancelledError: the query was cancelled.
     """
     metrics = SpillMetrics()
     if meter is not None:
@@ -856,7 +856,7 @@ def run_task_into(
                     ctx, df = build_dataframe(plan, read_once, mem, settings, binding, streaming)
                     _partition_into(df, plan, cancelled, sink, metrics, meter, binding)
                     return metrics
-                except (TaskError, QueryCancelled):
+                except (TaskError, QueryCancelledError):
                     raise
                 except Exception as exc:
                     last = n + 1 == len(attempts)
@@ -868,7 +868,7 @@ def run_task_into(
         finally:
             binding.close()
         raise AssertionError("unreachable")  # pragma: no cover
-    except (TaskError, QueryCancelled):
+    except (TaskError, QueryCancelledError):
         raise
     except BaseException as exc:  # a native panic too (is_task_failure)
         if not is_task_failure(exc):
@@ -897,7 +897,7 @@ def run_task(
     Raises:
         TaskError: the fragment failed, an input's producer task failed, or a
             work unit feed failed (see :func:`run_task_into`).
-        QueryCancelled: the query was cancelled.
+        QueryCancelledError: the query was cancelled.
     """
     lists = _Lists(plan.output.num_partitions)
     meter = task_meter(plan, worker) if on_metrics is not None else None
@@ -948,7 +948,7 @@ def stream_head_stage(
         DistfusionError: reading an input failed (a producer's TaskError, a
             transport error) or a feed's provider failed (FeedError), passed on
             as it is.
-        QueryCancelled: ``cancelled()`` became true.
+        QueryCancelledError: ``cancelled()`` became true.
         TaskError: the fragment failed here (worker ``coordinator``).
     """
     meter = task_meter(plan, COORDINATOR)

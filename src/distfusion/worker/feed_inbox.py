@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from distfusion.errors import DistfusionError, FeedError, QueryCancelled
+from distfusion.errors import DistfusionError, FeedError, QueryCancelledError
 from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = ["CHUNK_UNITS", "INBOX_UNITS", "FeedInbox", "RemoteWorkUnitFeed"]
@@ -58,12 +58,12 @@ class FeedInbox:
             False when the inbox was closed (its task ended): the sender stops.
 
         Raises:
-            QueryCancelled: the query was cancelled while waiting.
+            QueryCancelledError: the query was cancelled while waiting.
         """
         with self._cond:
             while len(self._units) >= self.capacity and not self._closed:
                 if self.cancelled():
-                    raise QueryCancelled("query cancelled while streaming a work unit feed")
+                    raise QueryCancelledError("query cancelled while streaming a work unit feed")
                 self._cond.wait(0.1)
             if self._closed:
                 return False
@@ -92,13 +92,13 @@ class FeedInbox:
         Raises:
             FeedError: the provider failed (names the feed and the partition),
                 or the task could not reach the feed.
-            QueryCancelled: the query was cancelled.
+            QueryCancelledError: the query was cancelled.
         """
         while True:
             with self._cond:
                 while not self._units and not self._finished:
                     if self.cancelled() or self._closed:
-                        raise QueryCancelled("query cancelled while reading a work unit feed")
+                        raise QueryCancelledError("query cancelled while reading a work unit feed")
                     self._cond.wait(0.1)
                 if self._error is not None:
                     raise self._error
@@ -131,7 +131,7 @@ class RemoteWorkUnitFeed:
         Raises:
             ValueError: ``partition`` is not this task's partition.
             FeedError: the provider failed, or the feed cannot be reached.
-            QueryCancelled: the query was cancelled.
+            QueryCancelledError: the query was cancelled.
         """
         if partition is not None and partition != self.partition:
             msg = f"this task reads partition {self.partition} of feed {self.id}, not {partition}"

@@ -55,7 +55,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from distfusion import object_store
-from distfusion.errors import QueryCancelled, TaskError
+from distfusion.errors import QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import error_to_dict, task_error
 from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
@@ -317,7 +317,7 @@ class FlightWorker:
 
         Raises:
             TaskError: the task failed (names the stage, the task and this worker).
-            QueryCancelled: the query was cancelled here meanwhile.
+            QueryCancelledError: the query was cancelled here meanwhile.
         """
         self._action(ACTION_SET_PLAN, plan.to_json())
         metrics = self.worker.task_metrics(plan.key)
@@ -467,7 +467,7 @@ class FlightWorker:
     def _cancel(self, query_id: str) -> None:
         # Tasks of the query blocked reading inputs from other workers stop at
         # their next poll round, so they stop asking the producers too.
-        self.transport.abort_query(query_id, QueryCancelled(f"query {query_id} was cancelled"))
+        self.transport.abort_query(query_id, QueryCancelledError(f"query {query_id} was cancelled"))
         self.worker.cancel_query(query_id)
 
 

@@ -47,7 +47,7 @@ Three limits of pulling from Python, and what this module does about them:
   already, and its filters stay DataFusion operators over the scan.
 
 Cancellation: a pull that waits checks its ``cancelled()`` every 0.1 s and
-raises :class:`~distfusion.errors.QueryCancelled`, which fails DataFusion's
+raises :class:`~distfusion.errors.QueryCancelledError`, which fails DataFusion's
 stream wherever it pulls -- a join's probe side, an aggregate, a sort -- so
 the task's DataFusion work stops at its next pull. Inputs read whole are
 *replayed* the same way (:meth:`InputBinding.replay`) where
@@ -74,7 +74,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from substrait.proto import Plan
 
-from distfusion.errors import QueryCancelled
+from distfusion.errors import QueryCancelledError
 from distfusion.planner.walk import children, rel_kind, relations, source_tables
 
 __all__ = [
@@ -478,7 +478,7 @@ class _Replay:
     DataFusion works on a memory table's batches without returning to
     Python, so a cancelled task over it ran on until its fragment yielded (an
     aggregate over a join: the end of the task). Read through this instead,
-    the next pull raises QueryCancelled. Replaying never waits, so it holds
+    the next pull raises QueryCancelledError. Replaying never waits, so it holds
     no tokio thread and takes no pull slot.
     """
 
@@ -589,7 +589,7 @@ class InputBinding:
     """The streamed inputs of one task: their pull slots and the first error a pull raised.
 
     Args:
-        cancelled: checked before every pull; true raises QueryCancelled.
+        cancelled: checked before every pull; true raises QueryCancelledError.
         keep: keep what was read, for a run again (a bounded memory pool).
         slots: the process's pull slots (default :data:`pull_slots`).
         remote: the producers run in other processes (see :class:`PullSlots`).
@@ -616,9 +616,9 @@ class InputBinding:
             self.error = exc
 
     def check(self) -> None:
-        """Raise QueryCancelled (and keep it as :attr:`error`) when the task was cancelled."""
+        """Raise QueryCancelledError (and keep it as :attr:`error`) when the task was cancelled."""
         if self.cancelled():
-            exc = QueryCancelled("query cancelled")
+            exc = QueryCancelledError("query cancelled")
             self.failed(exc)
             raise exc
 

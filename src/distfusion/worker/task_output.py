@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from distfusion.errors import QueryCancelled
+from distfusion.errors import QueryCancelledError
 from distfusion.worker.execute_task import without_views
 
 __all__ = ["TaskOutput"]
@@ -256,12 +256,12 @@ class TaskOutput:
         Args:
             partition: the output partition.
             cancelled: checked every 0.1 s while waiting for a batch; true
-                raises QueryCancelled.
+                raises QueryCancelledError.
             timeout_s: longest wait for one batch (or the end), seconds; None: no limit.
 
         Raises:
             KeyError: the partition was freed (the query was cancelled).
-            QueryCancelled: ``cancelled()`` became true while waiting.
+            QueryCancelledError: ``cancelled()`` became true while waiting.
             TimeoutError: no batch came within ``timeout_s``.
             OSError: its spill file is gone or unreadable.
             Exception: the task's error (:meth:`fail`), at the batch where it failed.
@@ -283,7 +283,7 @@ class TaskOutput:
                         if self._finished:
                             return
                         if cancelled():
-                            raise QueryCancelled("query cancelled")
+                            raise QueryCancelledError("query cancelled")
                         wait_s = _POLL_S
                         if deadline is not None:
                             left = deadline - time.monotonic()

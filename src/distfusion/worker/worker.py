@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from distfusion.errors import DistfusionError, QueryCancelled, TaskError
+from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.task_plan import ScanShare, TaskKey, TaskPlan
@@ -188,7 +188,7 @@ class Worker:
         Raises:
             TaskError: the task failed (its own error, with stage, task,
                 worker), here or while iterating.
-            QueryCancelled: the query was cancelled on this worker (here or
+            QueryCancelledError: the query was cancelled on this worker (here or
                 while iterating).
             TimeoutError: ``timeout_s`` seconds passed without the plan arriving.
             KeyError: no such task or partition (already read by all its readers).
@@ -210,7 +210,7 @@ class Worker:
         try:
             yield from task.output.stream(partition, lambda: self.is_cancelled(qid))
         except KeyError:  # freed under the reader: the query was cancelled
-            raise QueryCancelled(f"query {qid} was cancelled") from None
+            raise QueryCancelledError(f"query {qid} was cancelled") from None
         if task.plan.keep_output:
             return
         with self._lock:
@@ -234,7 +234,7 @@ class Worker:
 
         Raises:
             TaskError: the task failed (its own error, with stage, task, worker).
-            QueryCancelled: the query was cancelled on this worker.
+            QueryCancelledError: the query was cancelled on this worker.
             TimeoutError: ``timeout_s`` seconds passed without the task finishing.
         """
         metrics = self.task_metrics(key, timeout_s)
@@ -245,7 +245,7 @@ class Worker:
 
         Raises:
             TaskError: the task failed.
-            QueryCancelled: the query was cancelled on this worker.
+            QueryCancelledError: the query was cancelled on this worker.
             TimeoutError: ``timeout_s`` seconds passed without the task finishing.
         """
         task = self._wait(key, timeout_s, done=True)
@@ -283,11 +283,11 @@ class Worker:
         Called by a transport (in process, or a Flight ``DoPut``), possibly
         before the task's plan arrives. Blocks while the task's inbox is full
         (back-pressure); returns when the stream ended, or early when the task
-        ended. ``units`` raising a FeedError or QueryCancelled ends the stream
+        ended. ``units`` raising a FeedError or QueryCancelledError ends the stream
         with that error: the task raises it.
 
         Raises:
-            QueryCancelled: the query was cancelled while the stream blocked.
+            QueryCancelledError: the query was cancelled while the stream blocked.
         """
         inbox = self._inbox(key, table)
         try:
@@ -308,7 +308,7 @@ class Worker:
 
         Running tasks stop at DataFusion's next batch, or at their next pull
         of a streamed input (inside a hash join's build or an aggregate);
-        readers of their outputs raise QueryCancelled; the outputs and the
+        readers of their outputs raise QueryCancelledError; the outputs and the
         query's spill directory are deleted. Returns without waiting.
         """
         outputs = []
@@ -322,11 +322,11 @@ class Worker:
             for key in [k for k in self._tasks if k.query_id == query_id]:
                 task = self._tasks.pop(key)
                 if not task.done.is_set():
-                    task.error = QueryCancelled(f"query {query_id} was cancelled")
+                    task.error = QueryCancelledError(f"query {query_id} was cancelled")
                 outputs.append(task.output)
             self._lock.notify_all()
         for output in outputs:
-            output.fail(QueryCancelled(f"query {query_id} was cancelled"))
+            output.fail(QueryCancelledError(f"query {query_id} was cancelled"))
             output.close()
         self.spill.remove_query(query_id)
 
@@ -376,7 +376,7 @@ class Worker:
             self._lock.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for output in outputs:
-            output.fail(QueryCancelled(f"worker {self.url} closed"))
+            output.fail(QueryCancelledError(f"worker {self.url} closed"))
             output.close()
         self.spill.close()
 
@@ -387,7 +387,7 @@ class Worker:
         with self._lock:
             while True:
                 if key.query_id in self._cancelled or self._closed:
-                    raise QueryCancelled(f"query {key.query_id} was cancelled")
+                    raise QueryCancelledError(f"query {key.query_id} was cancelled")
                 task = self._tasks.get(key)
                 if task is not None and (task.done.is_set() or not done):
                     return task
@@ -467,7 +467,7 @@ class Worker:
         finished = False
         try:
             if self.is_cancelled(qid):
-                raise QueryCancelled(f"query {qid} was cancelled")
+                raise QueryCancelledError(f"query {qid} was cancelled")
             memory = self._task_memory(plan)
             meter = task_meter(plan, self.url)
             metrics = run_task_into(
@@ -491,7 +491,7 @@ class Worker:
                 if not self.is_cancelled(qid):
                     at = (plan.key.stage_id, plan.key.task_index)
                     self._metrics.setdefault(qid, {})[at] = task_metrics
-        except QueryCancelled as exc:
+        except QueryCancelledError as exc:
             # Without its traceback: the frames it holds keep the task's DataFusion
             # plan alive, and with it the partition tasks DataFusion spawned.
             task.error = exc.with_traceback(None)

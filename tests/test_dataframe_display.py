@@ -1,0 +1,68 @@
+"""How a DistributedDataFrame shows itself: as DataFusion's does (issue 26, item 7)."""
+
+from __future__ import annotations
+
+import pytest
+
+import distfusion
+from distfusion import DistributedConfig, DistributedContext, LocalRuntime, tpch
+
+
+class _CountingRuntime(LocalRuntime):
+    """A local runtime that counts the stage graphs it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(workers=2)
+        self.started = 0
+
+    def execute(self, graph):
+        self.started += 1
+        return super().execute(graph)
+
+    def start_query(self, query_id):
+        self.started += 1
+        return super().start_query(query_id)
+
+
+@pytest.fixture
+def ctx(tpch_dir):
+    runtime = _CountingRuntime()
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
+    tpch.register_tpch(ctx, tpch_dir)
+    yield ctx
+    ctx.close()
+
+
+def test_repr_plans_and_runs_nothing(ctx):
+    df = ctx.sql("SELECT l_orderkey, l_quantity FROM lineitem WHERE l_quantity > 45")
+    text = repr(df)
+    assert "l_orderkey" in text and "l_quantity" in text
+    assert df._graph is None and ctx.runtime.started == 0  # nothing planned, nothing ran
+
+
+def test_repr_html_shows_the_first_rows(ctx):
+    df = ctx.sql("SELECT n_nationkey, n_name FROM nation ORDER BY n_nationkey")
+    html = df._repr_html_()
+    assert html.count("<tr>") == 1 + distfusion.context.HTML_ROWS  # header + rows
+    assert "<td>0</td><td>ALGERIA</td>" in html
+    assert "Stage" not in html  # the plan is behind explain(format="html")
+    assert "Stage" in df.explain(format="html")
+
+
+def test_show_runs_the_query_with_its_limit(ctx, capsys):
+    df = ctx.sql("SELECT l_orderkey FROM lineitem")
+    df.show(5)
+    assert capsys.readouterr().out.count("\n") >= 5
+    assert df._head(5).num_rows == 5
+    assert df.metrics() is None  # the query itself never ran whole: its LIMIT 5 copy did
+
+
+def test_explain_takes_datafusions_argument_order(ctx):
+    df = ctx.sql("SELECT count(*) FROM orders")
+    assert df.explain(True) == df.explain(verbose=True)  # verbose first, as in DataFusion
+    assert ctx.runtime.started == 0  # verbose does not run the query; analyze would
+
+
+def test_query_cancelled_error_keeps_its_old_name():
+    assert distfusion.QueryCancelled is distfusion.QueryCancelledError
+    assert issubclass(distfusion.QueryCancelledError, distfusion.DistfusionError)
