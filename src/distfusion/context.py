@@ -345,26 +345,33 @@ def _in_place(graph: StageGraph, config: DistributedConfig) -> bool:
     )
 
 
-def _run_in_place(df: DataFrame, graph: StageGraph) -> Iterator[pa.RecordBatch]:
-    """``df`` run here as ``graph``'s head task: its files checked, its metrics reported.
+IN_PLACE_BYTES = 16 * 1024 * 1024
+"""A query reading at most this many bytes of sources runs in place, as single-node
+DataFusion on the coordinator (the local runtime's bytes per task: every leaf
+stage would get one task), unless the config forces task counts or budgets."""
+
+
+def _run_in_place(
+    df: DataFrame, query_id: str, scans: list[tuple[str, tuple]], stage_id: int = 1
+) -> Iterator[pa.RecordBatch]:
+    """``df`` run here as one task of stage ``stage_id``: its files checked, its metrics reported.
+
+    Args:
+        df: the query, planned on the coordinator's context.
+        query_id: the run's id (its observer gets the task's metrics).
+        scans: ``(table, work units)`` of every source it reads.
+        stage_id: the stage the task's metrics are reported under.
 
     Raises:
         TaskError: a file is gone, or DataFusion failed (worker ``coordinator``).
     """
-    head = graph.head
-    units = [u for s in head.scans for u in s.task_units[0]]
     meter = TaskMeter(
-        head.stage_id,
-        0,
-        COORDINATOR,
-        0,
-        sum(u.size_bytes for u in units),
-        operators=head.operator_metrics,
+        stage_id, 0, COORDINATOR, 0, sum(u.size_bytes for _, units in scans for u in units)
     )
     rows = nbytes = 0
     try:
-        for scan in head.scans:
-            check_files_exist(scan.source.name, [u.path for u in scan.task_units[0]])
+        for table, units in scans:
+            check_files_exist(table, [u.path for u in units])
         meter.executed(df)
         for batch in _on_coordinator(df):
             rows += batch.num_rows
@@ -373,8 +380,8 @@ def _run_in_place(df: DataFrame, graph: StageGraph) -> Iterator[pa.RecordBatch]:
     except DistfusionError:
         raise
     except Exception as exc:  # DataFusion's bare Exception, a missing file
-        raise task_error(head.stage_id, 0, COORDINATOR, exc) from exc
-    observer_for(graph.query_id).task_finished(meter.finish(None, rows, nbytes))
+        raise task_error(stage_id, 0, COORDINATOR, exc) from exc
+    observer_for(query_id).task_finished(meter.finish(None, rows, nbytes))
 
 
 def _named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -1126,6 +1133,7 @@ class DistributedDataFrame(Transformations):
         self.last_run: AdaptiveReport | None = None
         """What adaptive execution did in the last run (None before a run)."""
         self._ran: list[str] | None = None  # feed tables of the last run
+        self._small: tuple[bool, list[str]] | None = None  # see _small_in_place
 
     def schema(self) -> pa.Schema:
         """The result's Arrow schema."""
@@ -1481,6 +1489,13 @@ class DistributedDataFrame(Transformations):
         # Every execution is a new query on the workers: a fresh id.
         query_id = str(uuid.uuid4())
         observer = QueryObserver(query_id, self.label)
+        small = self._small_in_place()
+        if small is not None:  # no planning: single-node DataFusion here
+            sources = self.context.sources
+            scans = [(n, sources[n].units) for n in small]
+            batches = _run_in_place(self.df, query_id, scans)
+            stream = self._observed(observer, batches, lambda: None)
+            return with_progress(stream, observer) if progress else stream
         reason = self.coordinator_only()
         if reason is not None:
             _check_coordinator_reads(
@@ -1490,6 +1505,39 @@ class DistributedDataFrame(Transformations):
         else:
             stream = self._observed(observer, *self._start(query_id))
         return with_progress(stream, observer) if progress else stream
+
+    def _small_in_place(self) -> list[str] | None:
+        """The tables of a query small enough to run in place, without planning; else None.
+
+        A query over at most :data:`IN_PLACE_BYTES` of files and memory tables
+        (every leaf stage would get one task) runs as single-node DataFusion on
+        the coordinator's context: no Substrait round trip, no planning, no
+        task (the fixed cost of a small query is DataFusion's). Not when the
+        config forces task counts, sizes or budgets (``tasks_per_stage``,
+        ``bytes_per_task``, ``estimator``, ``memory_per_task_bytes``), for a
+        write, nor when it reads a table only tasks can read (a feed, a Spark
+        DataFrame). Decided once per DataFrame.
+
+        Returns:
+            The registered tables the query reads, or None.
+        """
+        if self._small is None:
+            config = self.context.config
+            sources = self.context.sources
+            read = _tables_read(self.df, sources) if sources else []
+            fits = (
+                config.tasks_per_stage is None
+                and config.bytes_per_task is None
+                and config.estimator is None
+                and config.memory_per_task_bytes is None
+                and not writes(self.df)
+                and not any(sources[n].streamed for n in read)
+                and not any(n in self.context._not_on_coordinator for n in read)
+                and sum(sources[n].size_bytes for n in read) <= IN_PLACE_BYTES
+            )
+            self._small = (fits, read)
+        fits, read = self._small
+        return read if fits else None
 
     def _start(self, query_id: str) -> tuple[Iterator[pa.RecordBatch], Callable]:
         """The result batches of a run as ``query_id`` (not started yet), and its final graph.
@@ -1505,7 +1553,9 @@ class DistributedDataFrame(Transformations):
         ]
         if _in_place(self.stage_graph(), ctx.config):
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
-            return _run_in_place(self.df, graph), lambda: graph
+            scans = [(s.source.name, s.task_units[0]) for s in graph.head.scans]
+            batches = _run_in_place(self.df, query_id, scans, graph.head.stage_id)
+            return batches, lambda: graph
         if not ctx.config.adaptive:
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
             return _named(ctx.runtime.execute(graph), self.df.schema()), lambda: graph
