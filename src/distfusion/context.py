@@ -1491,6 +1491,9 @@ class DistributedDataFrame(Transformations):
         observer = QueryObserver(query_id, self.label)
         small = self._small_in_place()
         if small is not None:  # no planning: single-node DataFusion here
+            if self.context.runtime.num_workers() < 1:  # a misconfigured cluster shows at once
+                msg = "no workers: the worker resolver returned an empty list"
+                raise PlanningError(msg)
             sources = self.context.sources
             scans = [(n, sources[n].units) for n in small]
             batches = _run_in_place(self.df, query_id, scans)
