@@ -19,7 +19,7 @@ def _spark_result(df) -> pa.Table:
     return distfusion.spark.to_spark_compatible(df.toArrow())
 
 
-# Documented type differences (README, "distfusion for PySpark users"): DataFusion
+# Documented type differences (docs/spark.md, "Known differences from Spark SQL"): DataFusion
 # parses ``100.00`` as a double, Spark as a decimal, so Q14's ratio is a double.
 TYPE_DIFFERENCES = {14: {"promo_revenue": ("double", "decimal(38,6)")}}
 
