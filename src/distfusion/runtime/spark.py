@@ -321,8 +321,7 @@ class SparkRuntime:
         compression: Arrow IPC buffer compression for stage outputs: None
             (default), ``"lz4"`` or ``"zstd"``. Spark already compresses shuffle
             blocks and broadcasts (LZ4 by default); compressing the IPC buffers
-            as well cost 3-6% on the TPC-H SF1 queries moving the most bytes
-            (Q3, Q5, Q8, Q9, Q10, Q18, Q21 on ``local[2]``, two runs).
+            as well only costs time (docs/benchmarks.md, "Spark stage outputs").
         task_max_failures: attempts per task before the query fails (Spark's
             ``spark.task.maxFailures``, default 4).
         conf: more Spark settings for the embedded session, e.g.
@@ -350,13 +349,9 @@ class SparkRuntime:
 
     A Spark task with a Python worker costs ~0.1 s to schedule, start and
     return, and every task of a broadcast join loads the broadcast and builds
-    its hash table again. Since task counts follow the data size (no longer
-    capped at the slot count), TPC-H SF10 Q3 on ``local[2]`` took 20.9-29.1 s
-    at 64 MiB per task (32 lineitem tasks, each building the 1.5 M-row
-    broadcast side) and 7.4-8.1 s at 256 MiB (10 tasks), two runs each. Earlier,
-    at SF1 with the slot cap: 16 MiB per task ran 2.6x single-node DataFusion,
-    64 MiB 2.3x. Spark SQL reads files in 128 MiB splits
-    (``spark.sql.files.maxPartitionBytes``).
+    its hash table again, so fewer, larger tasks than in process win
+    (docs/benchmarks.md, "Task sizes on Spark"). Spark SQL reads files in
+    128 MiB splits (``spark.sql.files.maxPartitionBytes``).
     """
 
     def __init__(
@@ -440,12 +435,9 @@ class SparkRuntime:
     On the Flight plane no output goes through Spark, so tasks past the slot
     count add no parallelism and only cost: a Spark task each, every broadcast
     read and its hash table built again, one more output piece for every
-    consumer task to fetch. TPC-H SF10, queries 3, 8, 9, 14, 17, 18, 21 on
-    ``local[2]``, one run each on a busy machine, CPU seconds of all processes:
-    256 MiB per task (Q9: 17 lineitem tasks) 79.1, 1 GiB 61.9, 4 GiB 56.2,
-    the local runtime with the same stages on 2 workers 56.4; 2 GiB and 4 GiB
-    were equal on Q8, Q9, Q18, Q21 (51.4 and 51.7). ``DistributedConfig.bytes_per_task``
-    set by the user turns this off.
+    consumer task to fetch. 2 GiB tasks take as little CPU as the local
+    runtime (docs/benchmarks.md, "Task sizes on Spark").
+    ``DistributedConfig.bytes_per_task`` set by the user turns this off.
     """
 
     @property
@@ -459,10 +451,8 @@ class SparkRuntime:
 
     Such a stage runs as a Spark job whatever its task count, so it fills the
     slots (a second task in the same job costs ~30 ms here) rather than waiting
-    for 256 MiB: TPC-H SF10 Q7 coalesced a 229 MiB shuffle into one 5 s task at
-    256 MiB (two tasks at 64 MiB). Queries 3, 5, 7, 9, 13, 17, 18, 21, one run
-    each on a busy machine: 35.2 s at 256 MiB, 35.1 s at 16 MiB, 34.3 s at
-    64 MiB, the local runtime 32.5 s.
+    for 256 MiB, which left a large shuffle to one long task
+    (docs/benchmarks.md, "Task sizes on Spark").
     """
 
     @property
@@ -1695,10 +1685,9 @@ def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
 CHUNK_BYTES = 4 * 2**20
 """Default ``chunk_bytes`` of :func:`_output_records` (Arrow buffer bytes per record).
 
-TPC-H SF1 lineitem through a Spark shuffle on ``local[2]`` (8 tasks x 2
-partitions of ~44 MiB): 4 MiB records took 0.61x the time of whole-partition
-records and 0.79x of 16 MiB ones; encoding costs the same from 4 to 16 MiB and
-4x more at 1 MiB (docs/spark-data-path.md, ``benchmarks/spark_data_path.py``).
+The fastest record size through a Spark shuffle: larger records take longer,
+smaller ones cost more encoding (docs/spark-data-path.md, "Record size";
+``benchmarks/spark_data_path.py``).
 """
 
 
@@ -1825,8 +1814,8 @@ def freeze_heap_once() -> None:
 
     PySpark runs ``gc.collect()`` after every task of a reused Python worker. A
     full collection walks every tracked object, and what distfusion, datafusion,
-    pyarrow and pyspark import is ~100,000 of them: 0.05-0.2 s per task here,
-    ~14% of the Python workers' time in TPC-H SF10 Q9 (py-spy). After one
+    pyarrow and pyspark import is ~100,000 of them: a large share of a Python
+    worker's time (docs/benchmarks.md, "Spark stage outputs"). After one
     collection, ``gc.freeze()`` moves them to the permanent generation; later
     collections walk only what later tasks create.
     """
