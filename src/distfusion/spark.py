@@ -76,11 +76,11 @@ Names and types of tables read through Spark:
 
 Result types: the result keeps DataFusion's types, converted to Spark's by
 ``SparkSession.createDataFrame``. They match Spark SQL's for the TPC-H queries
-except where the engines' rules differ (documented in the README): Arrow's
-view and large string types become ``StringType``; DataFusion's
-``decimal * decimal`` and ``avg(decimal)`` precision can differ from Spark's
-by a few digits of precision (same scale and values); nullability follows
-DataFusion (e.g. ``count(*)`` is non-nullable in both).
+tested (``tests/runtime/test_spark_sql.py``) except where the engines' rules
+differ (docs/spark.md, "Known differences from Spark SQL"): Arrow's view and
+large string types become ``StringType``; a literal such as ``100.00`` is a
+double, not a decimal; a decimal average is truncated where Spark rounds half
+up; nullability follows DataFusion (e.g. ``count(*)`` is non-nullable in both).
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ class DistributedConfig:
             the machine's memory (or the cgroup's limit) shared by the task
             slots of the process (a Flight worker's ``--memory`` sets its
             total); Spark: ``spark.executor.pyspark.memory``, else
-            ``spark.executor.memory`` (local mode: ``spark.driver.memory``)
-            divided by an executor's task slots; the head stage on the
+            ``spark.executor.memory`` (local mode: half of the machine, as for
+            local workers) divided by an executor's task slots; the head stage on the
             coordinator: a quarter of the machine's memory. See
             :mod:`distfusion.worker.memory`.
 

@@ -318,11 +318,10 @@ def stream_batches(
 
     Two ways that do not stop it sooner: polling every partition of the
     physical plan from an event loop (to drop the streams the moment the flag
-    is set) cost 15% of TPC-H SF10 Q18 on the local runtime (7.66 s against
-    6.55 s, medians of 2), and DataFusion's operators still ran on to their
-    next yield point; awaiting this one stream (``__anext__``) ran two tasks'
-    single-partition plans on one core, and cancelling the await did not
-    stop them.
+    is set) slowed every query, and DataFusion's operators still ran on to
+    their next yield point (docs/benchmarks.md, "Cancellation"); awaiting this
+    one stream (``__anext__``) ran two tasks' single-partition plans on one
+    core, and cancelling the await did not stop them.
 
     Raises:
         QueryCancelledError: ``cancelled()`` became true.

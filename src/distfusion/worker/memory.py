@@ -146,8 +146,8 @@ def spark_memory_per_task_bytes(conf: dict[str, str], slots_per_executor: int) -
     ``local...``) half of the machine as :func:`default_memory_per_task_bytes`
     gives local workers: the Python workers are processes of their own, not in
     the JVM heap that ``spark.driver.memory`` sizes (deriving it from the
-    embedded session's 4g made TPC-H SF10 Q18 spill 0.5 GB per executor and
-    run 8% slower). Divided by ``slots_per_executor`` (``spark.executor.cores``,
+    embedded session's 4g made large queries spill: docs/benchmarks.md, "Spark
+    stage outputs"). Divided by ``slots_per_executor`` (``spark.executor.cores``,
     or the local mode's threads); at least :data:`MIN_TASK_MEMORY_BYTES`. Bare
     numbers are MiB, as in Spark.
 

@@ -95,10 +95,9 @@ __all__ = [
 EXTRA_TOKIO_THREADS = 4
 """Tokio threads beyond the cores that distfusion asks datafusion-python's runtime
 for (``TOKIO_WORKER_THREADS``): at most this many DataFusion partitions of a process
-wait on streamed inputs at once (more are read whole). Measured on TPC-H SF1,
-local runtime, 2 cores: 32 extra threads made Q3/Q9/Q18 ~35% slower (more
-runnable threads than cores), 4 about as fast as the cores alone (+6%, within
-the noise of a busy machine)."""
+wait on streamed inputs at once (more are read whole). More runnable threads
+than cores slow every query; four cost little (docs/benchmarks.md, "Streamed
+exchanges")."""
 
 MAX_BUILD_BYTES = 4 * 1024 * 1024
 """A join's probe side is streamed only when its build side, read whole first, is at
@@ -108,10 +107,8 @@ STREAM_EXCHANGES = os.environ.get("DISTFUSION_STREAM_EXCHANGES", "") == "1"
 """Whether importing distfusion gives DataFusion's runtime the threads streamed inputs need.
 
 Off by default: the extra tokio threads slow every DataFusion query of the
-process, single-node ones included. TPC-H SF1, local runtime, 2 cores, all
-22 queries, medians of 3, two rounds each on a quiet machine: distfusion
-5.54 / 5.55 s without, 5.88 / 5.92 s with (+6%); single-node DataFusion in
-the same processes 4.47 / 4.37 s against 4.93 / 5.06 s (+12%). Without them
+process, single-node ones included (docs/benchmarks.md, "Streamed
+exchanges"). Without them
 only inputs whose producers run in other processes are streamed (the Flight
 runtime's head stage; see :class:`PullSlots`) unless ``TOKIO_WORKER_THREADS``
 is set above the cores by the user; producers still hand out their batches
@@ -120,16 +117,16 @@ as they make them and Flight streams them."""
 STREAM_TASK_INPUTS = os.environ.get("DISTFUSION_STREAM_TASK_INPUTS", "") == "1"
 """Whether tasks on workers stream their inputs (the head stage always does).
 
-Off by default: on TPC-H SF1 (local runtime, 2 busy cores) streaming every
-task's inputs measured between -2% and +24% against reading them whole, and
-with one slot per worker a consumer task starts after its producers anyway.
+Off by default: streaming every task's inputs gained nothing over reading
+them whole (docs/benchmarks.md, "Streamed exchanges"), and with one slot per
+worker a consumer task starts after its producers anyway.
 ``DISTFUSION_STREAM_TASK_INPUTS=1`` in a worker's environment turns it on."""
 
 PULL_SECONDS = 0.05
 """How long DataFusion may work on one pulled batch (seconds) before the next pulls
 are sliced smaller (see :func:`_paced`). A pull is where a cancelled task stops, so
-this bounds how late it stops: a join whose probe rows each match thousands of build
-rows made 12 M rows of one 8,192-row batch and stopped up to 1.5 s late."""
+this bounds how late it stops, even for a join whose probe rows each match thousands
+of build rows (docs/benchmarks.md, "Cancellation")."""
 
 FIRST_SLICE_ROWS = 64
 """Rows of the first batch a stream hands DataFusion; each pull it works on within
