@@ -591,7 +591,7 @@ def test_readers_refuse_options_they_do_not_apply(ctx, tpch_dir):
 # ------------------------------------------------------------------- docs
 def test_the_readme_example_runs_and_equals_datafusion(tpch_dir, oracle, capsys):
     readme = (REPO / "README.md").read_text()
-    section = readme.split("### DataFrame API", 1)[1]
+    section = readme.split("## DataFrame API", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     code = code.replace('"data/tpch-sf1/', f'"{tpch_dir}/')
     namespace: dict = {}
