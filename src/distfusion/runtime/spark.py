@@ -308,8 +308,11 @@ class SparkRuntime:
     Args:
         spark: the SparkSession to use; when None, an embedded session is started
             (or the active one reused) with ``master``, the Spark UI off and
-            ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON`` defaulting to this
-            interpreter, so executors import the same distfusion and datafusion.
+            ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON``/``spark.pyspark.python``
+            defaulting to this interpreter, so executors import the same
+            distfusion and datafusion. A local-mode session given here whose
+            Python nobody chose runs its Python workers with this interpreter
+            too (:meth:`_use_driver_python`).
         master: Spark master URL for the embedded session (``local[*]``,
             ``local[2]``, ``spark://host:7077``, ...). In local mode Spark retries
             nothing unless the master says so, so ``local[N]`` becomes
@@ -386,6 +389,7 @@ class SparkRuntime:
                 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
                 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
                 settings = {
+                    "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
                     "spark.ui.enabled": "false",
                     "spark.ui.showConsoleProgress": "true" if progress else "false",
                     "spark.driver.memory": "4g",
@@ -407,6 +411,9 @@ class SparkRuntime:
                 self._owns_session = True
         self.spark = spark
         self.sc = spark.sparkContext
+        self._use_driver_python()
+        self._checked_python: str | None = None  # the executors' Python found to import distfusion
+        self._python_lock = threading.Lock()
         self.resolver = SparkWorkerResolver(self.sc)
         self.target_partitions = target_partitions or default_target_partitions()
         self.compression = compression
@@ -540,10 +547,66 @@ class SparkRuntime:
             run.close()
 
     def start_query(self, query_id: str) -> QueryRun:
-        """Start query ``query_id`` stage by stage (see :class:`~distfusion.runtime.base.QueryRun`)."""
+        """Start query ``query_id`` stage by stage (see :class:`~distfusion.runtime.base.QueryRun`).
+
+        Raises:
+            TransportError: the executors' Python cannot import distfusion,
+                datafusion or pyarrow (:meth:`check_executor_python`).
+        """
+        self.check_executor_python()
         if self.data_plane == "flight":
             return _SparkFlightQuery(self, query_id)
         return _SparkQuery(self, query_id)
+
+    def _use_driver_python(self) -> None:
+        """Run a local-mode session's Python workers with this interpreter when nobody chose one.
+
+        PySpark starts its Python workers with ``PYSPARK_PYTHON``, else
+        ``python3`` from the ``PATH`` (``SparkContext.pythonExec``): a session
+        made with ``SparkSession.builder`` in a venv that is not first on the
+        ``PATH`` runs its tasks in another Python, without distfusion (nor
+        pyarrow). In local mode the executors run on this machine, where this
+        interpreter is, and PySpark requires the workers' Python version to be
+        the driver's anyway, so a session whose Python was not chosen
+        (``PYSPARK_PYTHON`` unset, no ``spark.pyspark.python``, PySpark's
+        default ``python3``) runs them with ``sys.executable``, as the
+        embedded session does. A cluster's executors keep what they are given
+        (README, "Getting distfusion onto a cluster's executors").
+        """
+        sc = self.sc
+        chosen = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python")
+        if not sc.master.startswith("local") or chosen or sc.pythonExec != "python3":
+            return
+        log.info("local mode: Python workers run with %s (PYSPARK_PYTHON unset)", sys.executable)
+        sc.pythonExec = sys.executable
+
+    def check_executor_python(self) -> None:
+        """Check once per executor interpreter that the executors' Python imports distfusion.
+
+        A tiny Spark job (one task, standard library only in its closure, so
+        it unpickles anywhere) imports distfusion, datafusion and pyarrow on an
+        executor and returns the first ``ImportError`` instead of failing: a
+        missing module then becomes one short error before any task of the
+        query runs, rather than a failed job with Spark's logs and Java
+        traces. Skipped in local mode when the executors run this
+        interpreter. Called by :meth:`start_query`; the result is kept per
+        ``SparkContext.pythonExec``.
+
+        Raises:
+            TransportError: the executors' Python cannot import one of them;
+                the message names the interpreter, the module and the README
+                section on installing distfusion on executors.
+        """
+        python = self.sc.pythonExec
+        with self._python_lock:
+            if python == self._checked_python:
+                return
+            local = self.sc.master.startswith("local")
+            if not (local and _same_interpreter(python, sys.executable)):
+                failure = self.sc.parallelize([0], 1).mapPartitions(_import_probe()).collect()
+                if failure:
+                    raise TransportError(_missing_module_message(python, failure[0]))
+            self._checked_python = python
 
     def executor_worker_args(self) -> tuple[str, str | None, str, int, str]:
         """``(bind host, advertised host, token, task memory, driver URL)`` for executor workers.
@@ -1553,7 +1616,10 @@ def _spark_call(action, check_open, master: str):
         result = action()
     except Exception as exc:
         check_open()
-        raise _translate_error(exc, master) from exc
+        err = _translate_error(exc, master)
+        if _MISSING_MODULE.search(str(exc)):  # Spark's Java trace adds nothing to it
+            raise err from None
+        raise err from exc
     check_open()
     return result
 
@@ -1783,6 +1849,7 @@ def _task_function(tasks, entry, *args):
     executor needs only the standard library to fill in the task.
     """
     report = error_to_dict(TaskError(-1, -1, "", ""))
+    missing_section = EXECUTORS_SECTION
     shipped = udfs.specs()  # the driver's Python UDFs, pickled with this closure
     stores = object_store.specs()  # and its object stores (credentials: Spark's channel)
 
@@ -1798,7 +1865,8 @@ def _task_function(tasks, entry, *args):
             cause = (
                 f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
                 "in their Python environment (same venv via PYSPARK_PYTHON, "
-                "spark.archives with a packed venv, or --py-files; see the README)"
+                "spark.archives with a packed venv, or --py-files; see the README, "
+                f'section "{missing_section}")'
             )
             stage_id, task_index = tasks[index]
             worker = f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}"
@@ -2178,6 +2246,49 @@ def _report(err: TaskError) -> str:
     return json.dumps({**error_to_dict(err), "attempts": attempts})
 
 
+def _import_probe():
+    """The function of :meth:`SparkRuntime.check_executor_python`'s job: ``[]`` or the error.
+
+    A closure (cloudpickle ships it by value) using the standard library
+    only, so that an executor without distfusion unpickles and runs it.
+    """
+
+    def probe(_records):
+        try:
+            import datafusion  # noqa: F401
+            import pyarrow  # noqa: F401
+
+            import distfusion.runtime.spark  # noqa: F401
+        except ImportError as exc:
+            return [f"{type(exc).__name__}: {exc}"]
+        return []
+
+    return probe
+
+
+def _same_interpreter(python: str, executable: str) -> bool:
+    """Whether command ``python`` (a path, or a name on the ``PATH``) starts ``executable``."""
+    import shutil
+
+    found = shutil.which(python)  # not resolved further: a venv's python links to its base
+    return found is not None and os.path.abspath(found) == os.path.abspath(executable)
+
+
+EXECUTORS_SECTION = "Getting distfusion onto a cluster's executors"
+"""The README section saying how to install distfusion where Spark runs its tasks."""
+
+
+def _missing_module_message(python: str | None, error: str) -> str:
+    """The one-paragraph error for executors whose Python ``python`` raised ``error`` importing."""
+    which = f" ({python})" if python else ""
+    return (
+        f"the Spark executors' Python{which} cannot import distfusion's modules ({error}): "
+        "they need distfusion, datafusion and pyarrow of the driver's versions (the same "
+        "venv through PYSPARK_PYTHON or spark.pyspark.python, a packed venv in "
+        f'spark.archives, or --py-files); see the README, section "{EXECUTORS_SECTION}"'
+    )
+
+
 # ---------------------------------------------------------------------- driver side errors
 def _translate_error(exc: Exception, master: str) -> Exception:
     """A failed Spark action as a distfusion error.
@@ -2202,11 +2313,7 @@ def _translate_error(exc: Exception, master: str) -> Exception:
         return TaskError(err.stage_id, err.task_index, err.worker, cause, tb)
     missing = _MISSING_MODULE.search(text)
     if missing:
-        msg = (
-            f"a Spark executor cannot import {missing.group(1)}: install distfusion and datafusion "
-            "in the executors' Python environment (see the README, 'Running on a Spark cluster')"
-        )
-        return TransportError(msg)
+        return TransportError(_missing_module_message(None, missing.group(0)))
     last = _last_python_line(text) or text.strip().splitlines()[0] if text.strip() else repr(exc)
     return TransportError(f"Spark job failed on {master}: {last}")
 
