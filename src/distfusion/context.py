@@ -1323,8 +1323,7 @@ class DistributedDataFrame:
             # the adaptive report after the graph: measured sizes and decisions
             tail = rest[len(graph.render().split("\n")) :]
             text += "\n" + "\n".join(tail)
-        feeds = self._feed_text()
-        return text + ("\n" + feeds if feeds else "")
+        return text + self._notes()
 
     def _physical_plans(self, graph: StageGraph) -> dict[int, str]:
         """Stage id -> the physical plan DataFusion makes here of its task 0 (nothing runs).
@@ -1376,8 +1375,14 @@ class DistributedDataFrame:
             text = self.last_run.render()
         else:
             text = self.stage_graph().render()
+        return text + self._notes()
+
+    def _notes(self) -> str:
+        """Lines after the plan: feed metrics, what the runtime says of how it moves data."""
         feeds = self._feed_text()
-        return text + ("\n" + feeds if feeds else "")
+        # Spark: its data plane over TLS when Spark encrypts, or why not Flight.
+        note = getattr(self.context.runtime, "explain_note", "")
+        return ("\n" + feeds if feeds else "") + ("\n" + note if note else "")
 
     def _feed_text(self) -> str:
         """The feed metrics of the last run as explain() lines ("" without feeds)."""

@@ -218,8 +218,8 @@ class SparkDataFrame(DistributedDataFrame):
                 batches = list(_named(run.stream_head(graph), self.schema()))
                 return self._created(batches)
             schema = to_spark_compatible(self.schema().empty_table()).schema
-            token, budget, threads = run.part_args(graph, parts)
-            fn = frame_function(parts, token, budget, threads, schema)
+            access, budget, threads = run.part_args(graph, parts)
+            fn = frame_function(parts, access, budget, threads, schema)
             frame = self.spark.range(0, len(parts), 1, len(parts)).mapInArrow(
                 fn, from_arrow_schema(schema)
             )

@@ -85,6 +85,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -117,6 +118,7 @@ from distfusion.runtime.base import (
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import BROADCAST, SourceScan, Stage, StageGraph, StageInput
 from distfusion.transport.feed_endpoint import FeedEndpoint
+from distfusion.transport.tls import TlsMaterial, self_signed_tls
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory, spark_memory_per_task_bytes
@@ -126,6 +128,9 @@ from distfusion.write import WriteSpec, write_part
 
 __all__ = [
     "SparkRuntime",
+    "DataPlaneAccess",
+    "ENCRYPTION_SETTINGS",
+    "encryption_settings",
     "FAIL_TASK_PROPERTY",
     "hold_dataframe",
     "import_pyspark",
@@ -155,7 +160,68 @@ EXECUTOR_QUERY_TTL_S = 600.0
 KEEP_WARM_S = 20.0
 """Seconds between the keep-warm jobs of a held result (PySpark's idle timeout is 60 s)."""
 
+ENCRYPTION_SETTINGS = (
+    "spark.network.crypto.enabled",
+    "spark.authenticate.enableSaslEncryption",
+    "spark.io.encryption.enabled",
+    "spark.ssl.enabled",
+    "spark.ssl.rpc.enabled",
+)
+"""Spark settings that ask for encryption: with any of them ``true``, the
+Flight data plane serves TLS too (:func:`encryption_settings`). Spark's RPC
+(AES-based, or SASL), its shuffle and spill files, and TLS for all or for RPC
+(Spark's security page). Files: distfusion's own spill files stay
+unencrypted (docs/memory.md)."""
+
 log = logging.getLogger("distfusion.runtime.spark")
+
+
+def encryption_settings(settings: dict[str, str]) -> list[str]:
+    """The :data:`ENCRYPTION_SETTINGS` that are ``true`` in ``settings`` (Spark's conf)."""
+    return [k for k in ENCRYPTION_SETTINGS if str(settings.get(k, "")).strip().lower() == "true"]
+
+
+@dataclass(frozen=True)
+class DataPlaneAccess:
+    """What an executor needs to serve and read a runtime's Flight data plane.
+
+    Travels to the executors in Spark's task closures, as the token always
+    did (when Spark encrypts, its RPC carries them encrypted).
+
+    Attributes:
+        token: the runtime's shared secret; every call carries it.
+        tls: the runtime's certificate and key when the data plane is
+            encrypted (:mod:`distfusion.transport.tls`); None: plain gRPC.
+    """
+
+    token: str
+    tls: TlsMaterial | None = None
+
+    def transport(self):
+        """A Flight transport reaching this data plane's workers (TLS verified when on)."""
+        from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
+
+        if self.tls is None:
+            return FlightWorkerTransport(token=self.token)
+        return FlightWorkerTransport(
+            token=self.token,
+            tls_root_certs=self.tls.cert_pem,
+            tls_override_hostname=self.tls.hostname,
+        )
+
+    def worker_options(self) -> dict:
+        """``FlightWorker`` keyword arguments: the token, and TLS when on."""
+        if self.tls is None:
+            return {"token": self.token}
+        return {
+            "token": self.token,
+            "tls_cert_chain": self.tls.cert_pem,
+            "tls_private_key": self.tls.key_pem,
+            "tls_override_hostname": self.tls.hostname,
+        }
+
+    def __repr__(self) -> str:  # never print the secrets
+        return f"DataPlaneAccess(tls={self.tls is not None})"
 
 _LOCAL_MASTER = re.compile(r"^local\[(\d+|\*)\]$")
 _MISSING_MODULE = re.compile(r"No module named '(distfusion|datafusion|pyarrow)[^']*'")
@@ -374,6 +440,7 @@ class SparkRuntime:
         executor_wait_s: float = 60.0,
         data_plane: str = "flight",
     ) -> None:
+        given_conf = dict(conf or {})
         if data_plane not in DATA_PLANES:
             msg = f"data_plane must be one of {', '.join(DATA_PLANES)}; got {data_plane!r}"
             raise ValueError(msg)
@@ -424,11 +491,28 @@ class SparkRuntime:
             # Each task's Python worker exits after it, and the outputs it holds with it.
             log.warning("spark.python.worker.reuse is false: outputs go through Spark's shuffle")
             data_plane = "shuffle"
+        self.encryption = encryption_settings({**dict(conf.getAll()), **given_conf})
+        """The Spark settings asking for encryption (:data:`ENCRYPTION_SETTINGS`)."""
+        tls = None
+        self.explain_note = ""
+        """What ``explain()`` says about this runtime's data plane ("" when nothing to say)."""
+        if data_plane == "flight" and self.encryption:
+            asked = ", ".join(f"{k}=true" for k in self.encryption)
+            try:
+                tls = self_signed_tls()
+                self.explain_note = f"Spark data plane: Flight over TLS (Spark encrypts: {asked})"
+                log.info("%s: the Flight data plane serves TLS (this runtime's certificate)", asked)
+            except ImportError as exc:
+                data_plane = "shuffle"
+                self.explain_note = (
+                    f"Spark data plane: shuffle, not Flight: Spark encrypts ({asked}) and {exc}"
+                )
+                log.warning("%s", self.explain_note)
         self.data_plane = data_plane
-        from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
-
         self.token = secrets.token_hex(16)  # executors' Flight workers accept only this runtime
-        self.transport = FlightWorkerTransport(token=self.token)
+        self.access = DataPlaneAccess(self.token, tls)
+        self.tls = tls
+        self.transport = self.access.transport()
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
         self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
         self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
@@ -608,8 +692,11 @@ class SparkRuntime:
                     raise TransportError(_missing_module_message(python, failure[0]))
             self._checked_python = python
 
-    def executor_worker_args(self) -> tuple[str, str | None, str, int, str]:
-        """``(bind host, advertised host, token, task memory, driver URL)`` for executor workers.
+    def executor_worker_args(self) -> tuple[str, str | None, DataPlaneAccess, int, str]:
+        """``(bind host, advertised host, access, task memory, driver URL)`` for executor workers.
+
+        ``access``: the token, and the TLS certificate and key when the data
+        plane is encrypted (:class:`DataPlaneAccess`).
 
         Local mode: 127.0.0.1. A cluster: every interface, advertised under the
         executor's own address (``None``: resolved on the executor). Memory:
@@ -620,8 +707,8 @@ class SparkRuntime:
         """
         driver = self.driver_worker().url
         if self.sc.master.startswith("local"):
-            return "127.0.0.1", None, self.token, self.memory_per_task_bytes, driver
-        return "0.0.0.0", None, self.token, self.memory_per_task_bytes, driver
+            return "127.0.0.1", None, self.access, self.memory_per_task_bytes, driver
+        return "0.0.0.0", None, self.access, self.memory_per_task_bytes, driver
 
     def _executor_started(self, url: str, query_id: str) -> bool:
         """An executor's Flight worker at ``url`` started for a task of ``query_id``.
@@ -679,10 +766,12 @@ class SparkRuntime:
         with self._endpoint_lock:
             if self._feed_endpoint is None:
                 if self.sc.master.startswith("local"):
-                    self._feed_endpoint = FeedEndpoint("127.0.0.1")
+                    self._feed_endpoint = FeedEndpoint("127.0.0.1", tls=self.tls)
                 else:
                     host = self.sc.getConf().get("spark.driver.host", socket.gethostname())
-                    self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host)
+                    self._feed_endpoint = FeedEndpoint(
+                        "0.0.0.0", advertise_host=host, tls=self.tls
+                    )
             return self._feed_endpoint
 
     driver_stage_bytes = 16 * 1024 * 1024
@@ -713,7 +802,7 @@ class SparkRuntime:
                     advertise = self.sc.getConf().get("spark.driver.host", socket.gethostname())
                 self._driver_worker = FlightWorker(
                     host=bind,
-                    token=self.token,
+                    **self.access.worker_options(),
                     slots=self.target_partitions,
                     query_ttl_s=EXECUTOR_QUERY_TTL_S,
                     advertise_host=advertise,
@@ -1463,10 +1552,13 @@ class _SparkFlightQuery(WorkerQueryRun):
         return sum(sum(b) for (sid, _), (_, b) in self._task_stats.items() if sid in wanted)
 
     def part_args(self, graph: StageGraph, parts: list[HeadPart]) -> tuple[str, int, int]:
-        """``(token, memory bytes, DataFusion threads)`` a head part needs on an executor."""
+        """``(access, memory bytes, DataFusion threads)`` a head part needs on an executor.
+
+        ``access``: :class:`DataPlaneAccess` (token, and TLS when on).
+        """
         budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
         threads = task_threads(self.target_partitions, len(parts), self.runtime.num_workers())
-        return self.runtime.token, budget, threads
+        return self.runtime.access, budget, threads
 
     def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
         """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` on the executors.
@@ -1497,9 +1589,9 @@ class _SparkFlightQuery(WorkerQueryRun):
         pending = list(parts)
         while pending:
             self._check_open()
-            token, budget, threads = self.part_args(graph, parts)
+            access, budget, threads = self.part_args(graph, parts)
             job = _task_function(
-                [(sid, p.index) for p in pending], "_run_head_part", token, budget, threads, fn
+                [(sid, p.index) for p in pending], "_run_head_part", access, budget, threads, fn
             )
             records = [(attempts[p.index], p) for p in pending]
             rdd = self.sc.parallelize(records, len(records)).mapPartitionsWithIndex(job)
@@ -1994,29 +2086,36 @@ _EXECUTOR_WORKERS: dict[str, object] = {}
 
 
 def _executor_worker(
-    bind_host: str, advertise_host: str | None, token: str, memory_per_task_bytes: int | None
+    bind_host: str,
+    advertise_host: str | None,
+    access: DataPlaneAccess,
+    memory_per_task_bytes: int | None,
 ):
-    """The FlightWorker of this process for the runtime with ``token``; started on first use."""
+    """The FlightWorker of this process for the runtime of ``access``; started on first use.
+
+    It serves ``grpc+tls://`` with the runtime's certificate when the data
+    plane is encrypted.
+    """
     from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
 
-    worker = _EXECUTOR_WORKERS.get(token)
+    worker = _EXECUTOR_WORKERS.get(access.token)
     if worker is None:
         if advertise_host is None and bind_host == "0.0.0.0":
             advertise_host = socket.gethostbyname(socket.gethostname())
         worker = FlightWorker(
             host=bind_host,
-            token=token,
+            **access.worker_options(),
             slots=1,
             query_ttl_s=EXECUTOR_QUERY_TTL_S,
             advertise_host=advertise_host,
             memory_per_task_bytes=memory_per_task_bytes,
         )
-        _EXECUTOR_WORKERS[token] = worker
+        _EXECUTOR_WORKERS[access.token] = worker
     return worker
 
 
 def _run_flight_task(
-    index, records, bind_host, advertise_host, token, memory_per_task_bytes, driver_url
+    index, records, bind_host, advertise_host, access, memory_per_task_bytes, driver_url
 ):
     """Run the task plan of this Spark partition on this process's Flight worker.
 
@@ -2040,7 +2139,7 @@ def _run_flight_task(
         attempt,
         table,
         iter(()),
-        (bind_host, advertise_host, token, memory_per_task_bytes, driver_url),
+        (bind_host, advertise_host, access, memory_per_task_bytes, driver_url),
     )
     return iter([result])
 
@@ -2078,12 +2177,12 @@ def _flight_task(plan, attempt, table, batches, worker_args):
     """
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
-    bind_host, advertise_host, token, memory, driver_url = worker_args
+    bind_host, advertise_host, access, memory, driver_url = worker_args
     try:
-        new = token not in _EXECUTOR_WORKERS
-        worker = _executor_worker(bind_host, advertise_host, token, memory)
+        new = access.token not in _EXECUTOR_WORKERS
+        worker = _executor_worker(bind_host, advertise_host, access, memory)
         url = worker.url
-        if new and _executor_transport(token).worker_started(
+        if new and _executor_transport(access).worker_started(
             driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
         ):
             msg = f"query {key.query_id} was closed before its task started"
@@ -2098,7 +2197,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
         if isinstance(err, TaskPanicked):  # the driver fails the query now, not at the job's end
-            _executor_transport(token).task_failed(
+            _executor_transport(access).task_failed(
                 driver_url, key.query_id, error_to_dict(err), WORKER_STARTED_TIMEOUT_S
             )
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
@@ -2114,17 +2213,19 @@ _EXECUTOR_TRANSPORTS: dict[str, object] = {}
 """This process's Flight transport to the runtime's workers, by token (head parts read with it)."""
 
 
-def _executor_transport(token: str):
-    from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
-
-    transport = _EXECUTOR_TRANSPORTS.get(token)
+def _executor_transport(access: DataPlaneAccess):
+    transport = _EXECUTOR_TRANSPORTS.get(access.token)
     if transport is None:
-        transport = _EXECUTOR_TRANSPORTS[token] = FlightWorkerTransport(token=token)
+        transport = _EXECUTOR_TRANSPORTS[access.token] = access.transport()
     return transport
 
 
 def part_batches(
-    part: HeadPart, token: str, budget: int | None, threads: int, attempt: int | None = None
+    part: HeadPart,
+    access: DataPlaneAccess,
+    budget: int | None,
+    threads: int,
+    attempt: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run head ``part`` in this process (an executor), reading its inputs over Flight.
 
@@ -2137,7 +2238,7 @@ def part_batches(
         TaskError: an input could not be read (its producer failed, or the
             query's outputs were released) or the fragment failed.
     """
-    transport = _executor_transport(token)
+    transport = _executor_transport(access)
     with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
         first = True
         for b in run_part(part, transport, TaskMemory(budget, spill), target_partitions=threads):
@@ -2147,7 +2248,7 @@ def part_batches(
                 _maybe_inject_failure(part.plan.key.stage_id, part.index, attempt)
 
 
-def _run_head_part(index, records, token, budget, threads, fn):
+def _run_head_part(index, records, access, budget, threads, fn):
     """Spark task of :meth:`_SparkFlightQuery.map_head_parts`: ``fn`` over one head part.
 
     The record is ``(attempt, part)``. Returns one record ``(part index,
@@ -2157,7 +2258,7 @@ def _run_head_part(index, records, token, budget, threads, fn):
     attempt, part = list(records)[0]
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     try:
-        value = fn(part.index, attempt, part_batches(part, token, budget, threads, attempt))
+        value = fn(part.index, attempt, part_batches(part, access, budget, threads, attempt))
     except BaseException as exc:  # a native panic too (is_task_failure)
         if not is_task_failure(exc):
             raise
@@ -2169,7 +2270,9 @@ def _run_head_part(index, records, token, budget, threads, fn):
     return iter([(part.index, value, None)])
 
 
-def frame_function(parts: list[HeadPart], token: str, budget: int | None, threads: int, schema):
+def frame_function(
+    parts: list[HeadPart], access: DataPlaneAccess, budget: int | None, threads: int, schema
+):
     """The ``mapInArrow`` function of a result read by Spark (``SparkDataFrame.to_spark``).
 
     Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
@@ -2190,7 +2293,7 @@ def frame_function(parts: list[HeadPart], token: str, budget: int | None, thread
         for batch in batches:
             for i in batch.column(0).to_pylist():
                 try:
-                    for b in spark_runtime.part_batches(parts[i], token, budget, threads):
+                    for b in spark_runtime.part_batches(parts[i], access, budget, threads):
                         yield spark_runtime.as_schema(b, schema)
                 except spark_runtime.QueryCancelled as exc:
                     msg = (
