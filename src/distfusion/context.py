@@ -1669,7 +1669,19 @@ class DistributedDataFrame:
         return pa.Table.from_batches(batches)
 
     def to_pandas(self):
-        """The result as a pandas DataFrame (needs pandas)."""
+        """The result as a pandas DataFrame.
+
+        Raises:
+            ImportError: pandas is not installed (no dependency of distfusion's
+                core; ``distfusion[spark]`` brings it); checked before the
+                query runs.
+            PlanningError, TaskError, TransportError: as :meth:`execute_stream`.
+        """
+        try:  # optional dependency
+            import pandas  # noqa: F401
+        except ImportError as exc:
+            msg = "to_pandas() needs pandas: pip install pandas (or use to_arrow_table())"
+            raise ImportError(msg) from exc
         return self.to_arrow_table().to_pandas()
 
     def to_pylist(self) -> list[dict]:
