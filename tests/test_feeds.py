@@ -407,11 +407,16 @@ def test_spark_shuffle_data_plane(spark_session, file_dir, feed_oracle, shape):
     assert_same_result(got, oracle_result(feed_oracle, sql), is_ordered(sql))
 
 
-def test_spark_encrypted_data_plane_pulls_feeds_over_tls(spark_session, file_dir, feed_oracle):
+@pytest.mark.parametrize("plane", ["flight", "shuffle"])
+def test_spark_encrypted_data_plane_pulls_feeds_over_tls(
+    spark_session, file_dir, feed_oracle, plane
+):
     """Spark asked to encrypt: the driver's feed endpoint serves TLS, and tasks pull through it."""
     from distfusion.runtime.spark import SparkRuntime
 
-    runtime = SparkRuntime(spark=spark_session, conf={"spark.io.encryption.enabled": "true"})
+    runtime = SparkRuntime(
+        spark=spark_session, conf={"spark.io.encryption.enabled": "true"}, data_plane=plane
+    )
     try:
         sql = SHAPES["join_feeds"]
         got = feed_context(runtime, file_dir).sql(sql).to_arrow_table()

@@ -496,18 +496,23 @@ class SparkRuntime:
         tls = None
         self.explain_note = ""
         """What ``explain()`` says about this runtime's data plane ("" when nothing to say)."""
-        if data_plane == "flight" and self.encryption:
+        if self.encryption:  # the Flight plane and the feed endpoint serve TLS
             asked = ", ".join(f"{k}=true" for k in self.encryption)
             try:
                 tls = self_signed_tls()
-                self.explain_note = f"Spark data plane: Flight over TLS (Spark encrypts: {asked})"
-                log.info("%s: the Flight data plane serves TLS (this runtime's certificate)", asked)
             except ImportError as exc:
-                data_plane = "shuffle"
-                self.explain_note = (
-                    f"Spark data plane: shuffle, not Flight: Spark encrypts ({asked}) and {exc}"
-                )
+                if data_plane == "flight":
+                    data_plane = "shuffle"
+                    self.explain_note = (
+                        f"Spark data plane: shuffle, not Flight: Spark encrypts ({asked}) and {exc}"
+                    )
+                else:
+                    self.explain_note = f"Spark feed endpoint without TLS: {exc}"
                 log.warning("%s", self.explain_note)
+            else:
+                plane = "Flight over TLS" if data_plane == "flight" else "shuffle"
+                self.explain_note = f"Spark data plane: {plane} (Spark encrypts: {asked})"
+                log.info("%s: distfusion's Flight servers use TLS (its own certificate)", asked)
         self.data_plane = data_plane
         self.token = secrets.token_hex(16)  # executors' Flight workers accept only this runtime
         self.access = DataPlaneAccess(self.token, tls)
@@ -679,7 +684,8 @@ class SparkRuntime:
         Raises:
             TransportError: the executors' Python cannot import one of them;
                 the message names the interpreter, the module and the README
-                section on installing distfusion on executors.
+                section on installing distfusion on executors. Also when the
+                probe's job fails (Spark's error's last Python line).
         """
         python = self.sc.pythonExec
         with self._python_lock:
@@ -687,7 +693,11 @@ class SparkRuntime:
                 return
             local = self.sc.master.startswith("local")
             if not (local and _same_interpreter(python, sys.executable)):
-                failure = self.sc.parallelize([0], 1).mapPartitions(_import_probe()).collect()
+                probe = self.sc.parallelize([0], 1).mapPartitions(_import_probe())
+                try:
+                    failure = probe.collect()
+                except Exception as exc:  # e.g. a Python PySpark refuses (another version)
+                    raise _translate_error(exc, self.sc.master) from None
                 if failure:
                     raise TransportError(_missing_module_message(python, failure[0]))
             self._checked_python = python
@@ -769,9 +779,7 @@ class SparkRuntime:
                     self._feed_endpoint = FeedEndpoint("127.0.0.1", tls=self.tls)
                 else:
                     host = self.sc.getConf().get("spark.driver.host", socket.gethostname())
-                    self._feed_endpoint = FeedEndpoint(
-                        "0.0.0.0", advertise_host=host, tls=self.tls
-                    )
+                    self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host, tls=self.tls)
             return self._feed_endpoint
 
     driver_stage_bytes = 16 * 1024 * 1024
