@@ -659,15 +659,21 @@ class SparkRuntime:
         the driver's anyway, so a session whose Python was not chosen
         (``PYSPARK_PYTHON`` unset, no ``spark.pyspark.python``, PySpark's
         default ``python3``) runs them with ``sys.executable``, as the
-        embedded session does. A cluster's executors keep what they are given
-        (README, "Getting distfusion onto a cluster's executors").
+        embedded session does. ``spark.pyspark.python`` set on a session
+        whose ``PYSPARK_PYTHON`` is unset (PySpark reads only the variable,
+        ``spark-submit`` sets it from the setting) is the Python its workers
+        run, as Spark documents it. A cluster's executors otherwise keep what
+        they are given (README, "Getting distfusion onto a cluster's executors").
         """
         sc = self.sc
-        chosen = os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python")
-        if not sc.master.startswith("local") or chosen or sc.pythonExec != "python3":
-            return
-        log.info("local mode: Python workers run with %s (PYSPARK_PYTHON unset)", sys.executable)
-        sc.pythonExec = sys.executable
+        if os.environ.get("PYSPARK_PYTHON") or sc.pythonExec != "python3":
+            return  # chosen through the environment
+        python = sc.getConf().get("spark.pyspark.python")
+        if not python and sc.master.startswith("local"):
+            python = sys.executable
+        if python:
+            log.info("Python workers run with %s (PYSPARK_PYTHON unset)", python)
+            sc.pythonExec = python
 
     def check_executor_python(self) -> None:
         """Check once per executor interpreter that the executors' Python imports distfusion.
