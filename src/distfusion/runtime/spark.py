@@ -77,6 +77,7 @@ import os
 import pickle
 import re
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -185,8 +186,10 @@ def encryption_settings(settings: dict[str, str]) -> list[str]:
 class DataPlaneAccess:
     """What an executor needs to serve and read a runtime's Flight data plane.
 
-    Travels to the executors in Spark's task closures, as the token always
-    did (when Spark encrypts, its RPC carries them encrypted).
+    Travels to the executors in Spark's task closures as the plain tuple of
+    :meth:`plain` (standard types: a closure must unpickle on an executor
+    without distfusion, to say it is missing), as the token always did (when
+    Spark encrypts, its RPC carries them encrypted).
 
     Attributes:
         token: the runtime's shared secret; every call carries it.
@@ -196,6 +199,20 @@ class DataPlaneAccess:
 
     token: str
     tls: TlsMaterial | None = None
+
+    def plain(self) -> tuple[str, bytes | None, bytes | None, str | None]:
+        """``(token, certificate PEM, key PEM, TLS name)``; None for the three without TLS."""
+        if self.tls is None:
+            return (self.token, None, None, None)
+        return (self.token, self.tls.cert_pem, self.tls.key_pem, self.tls.hostname)
+
+    @classmethod
+    def of(cls, value: DataPlaneAccess | tuple) -> DataPlaneAccess:
+        """``value`` itself, or the access a :meth:`plain` tuple describes (executor side)."""
+        if isinstance(value, DataPlaneAccess):
+            return value
+        token, cert, key, name = value
+        return cls(token, TlsMaterial(cert, key, name) if cert is not None else None)
 
     def transport(self):
         """A Flight transport reaching this data plane's workers (TLS verified when on)."""
@@ -708,11 +725,11 @@ class SparkRuntime:
                     raise TransportError(_missing_module_message(python, failure[0]))
             self._checked_python = python
 
-    def executor_worker_args(self) -> tuple[str, str | None, DataPlaneAccess, int, str]:
+    def executor_worker_args(self) -> tuple[str, str | None, tuple, int, str]:
         """``(bind host, advertised host, access, task memory, driver URL)`` for executor workers.
 
         ``access``: the token, and the TLS certificate and key when the data
-        plane is encrypted (:class:`DataPlaneAccess`).
+        plane is encrypted (:meth:`DataPlaneAccess.plain`).
 
         Local mode: 127.0.0.1. A cluster: every interface, advertised under the
         executor's own address (``None``: resolved on the executor). Memory:
@@ -723,8 +740,8 @@ class SparkRuntime:
         """
         driver = self.driver_worker().url
         if self.sc.master.startswith("local"):
-            return "127.0.0.1", None, self.access, self.memory_per_task_bytes, driver
-        return "0.0.0.0", None, self.access, self.memory_per_task_bytes, driver
+            return "127.0.0.1", None, self.access.plain(), self.memory_per_task_bytes, driver
+        return "0.0.0.0", None, self.access.plain(), self.memory_per_task_bytes, driver
 
     def _executor_started(self, url: str, query_id: str) -> bool:
         """An executor's Flight worker at ``url`` started for a task of ``query_id``.
@@ -1568,11 +1585,11 @@ class _SparkFlightQuery(WorkerQueryRun):
     def part_args(self, graph: StageGraph, parts: list[HeadPart]) -> tuple[str, int, int]:
         """``(access, memory bytes, DataFusion threads)`` a head part needs on an executor.
 
-        ``access``: :class:`DataPlaneAccess` (token, and TLS when on).
+        ``access``: :meth:`DataPlaneAccess.plain` (token, and TLS when on).
         """
         budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
         threads = task_threads(self.target_partitions, len(parts), self.runtime.num_workers())
-        return self.runtime.access, budget, threads
+        return self.runtime.access.plain(), budget, threads
 
     def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
         """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` on the executors.
@@ -2102,7 +2119,7 @@ _EXECUTOR_WORKERS: dict[str, object] = {}
 def _executor_worker(
     bind_host: str,
     advertise_host: str | None,
-    access: DataPlaneAccess,
+    access: DataPlaneAccess | tuple,
     memory_per_task_bytes: int | None,
 ):
     """The FlightWorker of this process for the runtime of ``access``; started on first use.
@@ -2112,6 +2129,7 @@ def _executor_worker(
     """
     from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
 
+    access = DataPlaneAccess.of(access)
     worker = _EXECUTOR_WORKERS.get(access.token)
     if worker is None:
         if advertise_host is None and bind_host == "0.0.0.0":
@@ -2192,6 +2210,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     bind_host, advertise_host, access, memory, driver_url = worker_args
+    access = DataPlaneAccess.of(access)
     try:
         new = access.token not in _EXECUTOR_WORKERS
         worker = _executor_worker(bind_host, advertise_host, access, memory)
@@ -2227,7 +2246,8 @@ _EXECUTOR_TRANSPORTS: dict[str, object] = {}
 """This process's Flight transport to the runtime's workers, by token (head parts read with it)."""
 
 
-def _executor_transport(access: DataPlaneAccess):
+def _executor_transport(access: DataPlaneAccess | tuple):
+    access = DataPlaneAccess.of(access)
     transport = _EXECUTOR_TRANSPORTS.get(access.token)
     if transport is None:
         transport = _EXECUTOR_TRANSPORTS[access.token] = access.transport()
@@ -2236,7 +2256,7 @@ def _executor_transport(access: DataPlaneAccess):
 
 def part_batches(
     part: HeadPart,
-    access: DataPlaneAccess,
+    access: DataPlaneAccess | tuple,
     budget: int | None,
     threads: int,
     attempt: int | None = None,
@@ -2285,7 +2305,7 @@ def _run_head_part(index, records, access, budget, threads, fn):
 
 
 def frame_function(
-    parts: list[HeadPart], access: DataPlaneAccess, budget: int | None, threads: int, schema
+    parts: list[HeadPart], access: tuple, budget: int | None, threads: int, schema
 ):
     """The ``mapInArrow`` function of a result read by Spark (``SparkDataFrame.to_spark``).
 
@@ -2385,8 +2405,6 @@ def _import_probe():
 
 def _same_interpreter(python: str, executable: str) -> bool:
     """Whether command ``python`` (a path, or a name on the ``PATH``) starts ``executable``."""
-    import shutil
-
     found = shutil.which(python)  # not resolved further: a venv's python links to its base
     return found is not None and os.path.abspath(found) == os.path.abspath(executable)
 
