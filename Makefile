@@ -35,7 +35,8 @@ test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The randomized differential fuzzer: 2,000 queries on the local runtime and a
-# sample on Flight and Spark (tests/fuzz_sql.py; DISTFUSION_FUZZ_QUERIES=N for more).
+# sample on Flight and Spark (tests/fuzz_sql.py; DISTFUSION_FUZZ_QUERIES=N and
+# DISTFUSION_FUZZ_SAMPLE_QUERIES=N for more).
 fuzz: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m slow tests/test_fuzz.py $(PYTEST_ARGS)
 

@@ -7,11 +7,15 @@ skewed keys, an empty table and the Arrow types the planner distinguishes, and
 queries over them: joins of every type (inner, left, right, full, semi, anti,
 ``NOT IN`` over NULLs, non-equi and cross), grouped and global aggregates with
 DISTINCT and HAVING, window functions with and without PARTITION BY and frames,
-set operations, scalar/IN/EXISTS subqueries (correlated and not), CTEs, CASE,
-casts, ORDER BY with LIMIT and OFFSET. Each query runs on single-node DataFusion
-(the oracle) and distributed, on 1-4 workers with tiny tasks and a broadcast
-threshold of 0 or 1 GiB, and the results are compared with
-:func:`tests.compare.assert_same_result`.
+set operations, scalar/IN/EXISTS subqueries (correlated and not), CTEs (also
+used twice: joined with themselves, both sides of a ``UNION ALL``, two scalar
+subqueries), self joins, ``first_value``/``last_value`` with ``IGNORE NULLS``
+(aggregates and windows), ``count(DISTINCT ...)`` over outer joins grouped by
+a ``CASE`` with ``IS NULL``, CASE, casts, ORDER BY with LIMIT and OFFSET. Each
+query runs on single-node DataFusion (the oracle) and distributed, on 1-4
+workers with tiny tasks, a broadcast threshold of 0 or 1 GiB, and forced
+shuffles with several tasks per stage (:data:`CONFIGS`), and the results are
+compared with :func:`tests.compare.assert_same_result`.
 
 Float columns hold multiples of 0.25 (and NaN, -0.0) so that a sum is exact in
 any order: a mismatch is a bug, never rounding. ``LIMIT`` only follows an
@@ -200,8 +204,21 @@ class QueryGen:
                 f"array_length(array_agg({a}.k))",
                 f"string_agg({a}.s, ',' ORDER BY {a}.s)",
                 f"first_value({a}.k ORDER BY {a}.k, {a}.s)",
+                self.ignore_nulls_agg(a),
             ]
         )
+
+    def ignore_nulls_agg(self, a: str) -> str:
+        """``first_value``/``last_value`` ``IGNORE NULLS``, ordered by the value itself.
+
+        Ordered by the value first, ties in the order hold equal values: the
+        answer does not depend on the input order.
+        """
+        r = self.r
+        c = r.choice(ORDERABLE)
+        fn = r.choice(["first_value", "last_value"])
+        direction = r.choice(["", " DESC", " NULLS FIRST", " DESC NULLS LAST"])
+        return f"{fn}({a}.{c} ORDER BY {a}.{c}{direction}) IGNORE NULLS"
 
     def from_clause(self) -> tuple[str, list[str]]:
         """A FROM clause and the aliases whose columns are visible."""
@@ -209,6 +226,10 @@ class QueryGen:
         if r.random() < 0.45:
             return f"{self.table()} a", ["a"]
         ka, kb = r.choice(JOIN_KEYS)
+        if r.random() < 0.2:  # a self join: one table, read twice in one plan
+            t = self.table()
+            jt = r.choice(["JOIN", "LEFT JOIN", "FULL JOIN"])
+            return f"{t} a {jt} {t} b ON a.{ka} = b.{kb}", ["a", "b"]
         jt = r.choice(["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN", "CROSS JOIN", "JOIN"])
         if jt == "CROSS JOIN":
             return f"{self.table()} a CROSS JOIN {self.table()} b", ["a", "b"]
@@ -253,8 +274,16 @@ class QueryGen:
                     f"lag({a}.k)",
                     f"lead({a}.s, 1, 'x')",
                     f"max({a}.d)",
+                    "IGNORE_NULLS",
                 ]
             )
+            if fn == "IGNORE_NULLS":
+                # Ordered by the value itself first: rows tied in the order hold
+                # equal values, so the default RANGE frame's answer is determined.
+                c = r.choice(ORDERABLE)
+                fn = f"{r.choice(['first_value', 'last_value'])}({a}.{c}) IGNORE NULLS"
+                nulls = r.choice(["NULLS FIRST", "NULLS LAST"])
+                order = f"{a}.{c} {r.choice(['ASC', 'DESC'])} {nulls}, {order}"
             frame = ""
             if fn.startswith(("sum", "count", "max")) and r.random() < 0.5:
                 frame = r.choice(
@@ -298,11 +327,60 @@ class QueryGen:
             ]
         )
 
+    def cte_used_twice(self) -> str:
+        """A grouped CTE read twice: self-joined, both sides of a UNION ALL, or two subqueries."""
+        r = self.r
+        key = r.choice(["k", "k32", "s", "dt", "i8"])
+        where = f" WHERE {self.pred('a')}" if r.random() < 0.5 else ""
+        inner = (
+            f"SELECT a.{key} AS g, {self.agg('a')} AS x, count(*) AS n "
+            f"FROM {self.from_clause()[0]}{where} GROUP BY a.{key}"
+        )
+        shape = r.choice(["join", "left", "union", "scalar"])
+        if shape == "join":
+            return f"WITH c AS ({inner}) SELECT c1.g, c1.x, c2.n FROM c c1 JOIN c c2 ON c1.g = c2.g"
+        if shape == "left":
+            return (
+                f"WITH c AS ({inner}) SELECT c1.g, c1.n, c2.x FROM c c1 "
+                "LEFT JOIN c c2 ON c1.n = c2.n + 1"
+            )
+        if shape == "union":
+            return (
+                f"WITH c AS ({inner}) SELECT u.g, sum(u.n) AS n FROM "
+                "(SELECT g, n FROM c UNION ALL SELECT g, n FROM c WHERE n > 1) u GROUP BY u.g"
+            )
+        return (
+            f"WITH c AS ({inner}) SELECT (SELECT count(*) FROM c) AS n1, "
+            "(SELECT sum(n) FROM c) AS n2, (SELECT count(*) FROM c c1 JOIN c c2 ON c1.g = c2.g) AS n3"
+        )
+
+    def distinct_counts_over_outer_join(self) -> str:
+        """Two ``count(DISTINCT ...)`` over an outer join, grouped by a CASE with ``IS NULL``."""
+        r = self.r
+        ka, kb = r.choice(JOIN_KEYS)
+        jt = r.choice(["LEFT JOIN", "RIGHT JOIN", "FULL JOIN"])
+        side = r.choice(["a", "b"])
+        group = (
+            f"CASE WHEN {side}.k IS NULL THEN 'none' WHEN {side}.k > {r.randint(1, 4)} "
+            "THEN 'big' ELSE 'small' END"
+        )
+        d1, d2 = r.sample(GROUPABLE, 2)
+        where = f" WHERE {self.pred(r.choice(['a', 'b']))}" if r.random() < 0.3 else ""
+        return (
+            f"SELECT {group} AS g, count(DISTINCT a.{d1}) AS x0, count(DISTINCT b.{d2}) AS x1, "
+            f"count(*) AS n FROM {self.table()} a {jt} {self.table()} b ON a.{ka} = b.{kb}"
+            f"{where} GROUP BY {group}"
+        )
+
     def query(self) -> str:
         """One random query (a statement returning rows)."""
         r = self.r
         x = r.random()
-        if x < 0.12:  # set operation over one-column (or two-column) selects
+        if x < 0.06:
+            q = self.cte_used_twice()
+        elif x < 0.1:
+            q = self.distinct_counts_over_outer_join()
+        elif x < 0.12:  # set operation over one-column (or two-column) selects
             cols = r.choice(["k", "s", "k, s", "dt", "d"])
             op = r.choice(
                 ["UNION", "UNION ALL", "INTERSECT", "EXCEPT", "INTERSECT ALL", "EXCEPT ALL"]
@@ -366,8 +444,23 @@ CONFIGS = [
     (3, DistributedConfig(tasks_per_stage=3, broadcast_threshold_bytes=0, runtime_filter_bytes=0)),
     (4, DistributedConfig(bytes_per_task=16, broadcast_threshold_bytes=GIB)),
     (4, DistributedConfig(tasks_per_stage=4, broadcast_threshold_bytes=0, adaptive=False)),
+    # Forced shuffles: no broadcast, every shuffle an adaptive decision, several tasks.
+    (
+        2,
+        DistributedConfig(tasks_per_stage=3, broadcast_threshold_bytes=0, adaptive_shuffle_bytes=1),
+    ),
+    (
+        3,
+        DistributedConfig(
+            tasks_per_stage=4,
+            broadcast_threshold_bytes=0,
+            adaptive_shuffle_bytes=1,
+            bytes_per_task=16,
+        ),
+    ),
 ]
-"""(workers, config) pairs: many tasks, both join strategies, static and adaptive."""
+"""(workers, config) pairs: many tasks, both join strategies, static and adaptive,
+forced shuffles. Saved regression cases name a config by its index: append only."""
 
 
 def contexts(tables: dict[str, pa.Table], runtime_for) -> tuple[SessionContext, list]:

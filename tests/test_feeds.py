@@ -405,3 +405,23 @@ def test_spark_shuffle_data_plane(spark_session, file_dir, feed_oracle, shape):
     sql = SHAPES[shape]
     got = feed_context(runtime, file_dir).sql(sql).to_arrow_table()
     assert_same_result(got, oracle_result(feed_oracle, sql), is_ordered(sql))
+
+
+@pytest.mark.parametrize("plane", ["flight", "shuffle"])
+def test_spark_encrypted_data_plane_pulls_feeds_over_tls(
+    spark_session, file_dir, feed_oracle, plane
+):
+    """Spark asked to encrypt: the driver's feed endpoint serves TLS, and tasks pull through it."""
+    from distfusion.runtime.spark import SparkRuntime
+
+    runtime = SparkRuntime(
+        spark=spark_session, conf={"spark.io.encryption.enabled": "true"}, data_plane=plane
+    )
+    try:
+        sql = SHAPES["join_feeds"]
+        got = feed_context(runtime, file_dir).sql(sql).to_arrow_table()
+        assert_same_result(got, oracle_result(feed_oracle, sql), is_ordered(sql))
+        endpoint = runtime._feed_endpoint  # started by the query's tasks' pulls
+        assert endpoint is not None and endpoint.url.startswith("grpc+tls://")
+    finally:
+        runtime.close()

@@ -17,7 +17,7 @@ from tests import fuzz_sql
 
 FAST_QUERIES = 200
 SLOW_QUERIES = int(os.environ.get("DISTFUSION_FUZZ_QUERIES", "2000"))
-SAMPLE_QUERIES = 40
+SAMPLE_QUERIES = int(os.environ.get("DISTFUSION_FUZZ_SAMPLE_QUERIES", "40"))
 
 
 def _assert_agrees(report: fuzz_sql.Report) -> None:

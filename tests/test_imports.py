@@ -33,6 +33,16 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "json"),
     ("distfusion.runtime.spark", "os"),
     ("distfusion.runtime.spark", "socket"),
+    # The executors' import probe: what a task needs, imported there on purpose.
+    ("distfusion.runtime.spark", "datafusion"),
+    ("distfusion.runtime.spark", "pyarrow"),
+    # to_pandas(): pandas is no dependency of the core.
+    ("distfusion.context", "pandas"),
+    # An encrypted Spark data plane's certificate (pip install 'distfusion[spark]').
+    ("distfusion.transport.tls", "cryptography"),
+    ("distfusion.transport.tls", "cryptography.hazmat.primitives"),
+    ("distfusion.transport.tls", "cryptography.hazmat.primitives.asymmetric"),
+    ("distfusion.transport.tls", "cryptography.x509.oid"),
     # The Spark runtime's Flight data plane: pyarrow.flight, loaded only when used.
     ("distfusion.runtime.spark", "distfusion.transport.flight"),
     ("distfusion.runtime.spark", "distfusion.worker.flight_server"),

@@ -1358,8 +1358,7 @@ class DistributedDataFrame(Transformations):
             # the adaptive report after the graph: measured sizes and decisions
             tail = rest[len(graph.render().split("\n")) :]
             text += "\n" + "\n".join(tail)
-        feeds = self._feed_text()
-        return text + ("\n" + feeds if feeds else "")
+        return text + self._notes()
 
     def _physical_plans(self, graph: StageGraph) -> dict[int, str]:
         """Stage id -> the physical plan DataFusion makes here of its task 0 (nothing runs).
@@ -1425,8 +1424,14 @@ class DistributedDataFrame(Transformations):
             text = self.last_run.render()
         else:
             text = self.stage_graph().render()
+        return text + self._notes()
+
+    def _notes(self) -> str:
+        """Lines after the plan: feed metrics, what the runtime says of how it moves data."""
         feeds = self._feed_text()
-        return text + ("\n" + feeds if feeds else "")
+        # Spark: its data plane over TLS when Spark encrypts, or why not Flight.
+        note = getattr(self.context.runtime, "explain_note", "")
+        return ("\n" + feeds if feeds else "") + ("\n" + note if note else "")
 
     def _feed_text(self) -> str:
         """The feed metrics of the last run as explain() lines ("" without feeds)."""
@@ -1758,7 +1763,19 @@ class DistributedDataFrame(Transformations):
         return pa.Table.from_batches(batches)
 
     def to_pandas(self):
-        """The result as a pandas DataFrame (needs pandas)."""
+        """The result as a pandas DataFrame.
+
+        Raises:
+            ImportError: pandas is not installed (no dependency of distfusion's
+                core; ``distfusion[spark]`` brings it); checked before the
+                query runs.
+            PlanningError, TaskError, TransportError: as :meth:`execute_stream`.
+        """
+        try:  # optional dependency
+            import pandas  # noqa: F401
+        except ImportError as exc:
+            msg = "to_pandas() needs pandas: pip install pandas (or use to_arrow_table())"
+            raise ImportError(msg) from exc
         return self.to_arrow_table().to_pandas()
 
     def to_pylist(self) -> list[dict]:

@@ -74,6 +74,9 @@ Names and types of tables read through Spark:
   structs as Arrow's. A type PySpark cannot convert raises
   :class:`~distfusion.errors.PlanningError` naming the table.
 
+Result names: :meth:`SparkDataFrame.to_spark` names the columns as Spark SQL
+names them for the same query (:meth:`SparkDataFrame.spark_column_names`).
+
 Result types: the result keeps DataFusion's types, converted to Spark's by
 ``SparkSession.createDataFrame``. They match Spark SQL's for the TPC-H queries
 tested (``tests/runtime/test_spark_sql.py``) except where the engines' rules
@@ -129,14 +132,48 @@ class SparkDataFrame(DistributedDataFrame):
 
     Everything of :class:`~distfusion.context.DistributedDataFrame`
     (``explain``, ``to_arrow_table``, ``to_pandas``, ``execute_stream``, ...)
-    plus :meth:`to_spark` and :meth:`release`.
+    plus :meth:`to_spark`, :meth:`spark_column_names` and :meth:`release`.
+
+    Args:
+        context: the context that planned ``df``.
+        df: the planned query.
+        spark: the SparkSession :meth:`to_spark` creates its DataFrame in.
+        query: the SQL text ``df`` was planned from, if any: its Spark SQL
+            column names name :meth:`to_spark`'s columns.
     """
 
-    def __init__(self, context: DistributedContext, df, spark) -> None:
+    def __init__(self, context: DistributedContext, df, spark, query: str | None = None) -> None:
         label = df.label if isinstance(df, DistributedDataFrame) else ""
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
+        self.query = query
         self._held: list[_HeldResult] = []
+        self._spark_names: list[str] | None = None
+
+    def spark_column_names(self) -> list[str]:
+        """The result's column names as Spark SQL names them: what :meth:`to_spark` uses.
+
+        Spark and DataFusion name unaliased expressions differently (TPC-H
+        Q18's ``sum(l_quantity)`` is ``sum(lineitem.l_quantity)`` in
+        DataFusion) and fold the case of aliases differently (Spark keeps
+        ``AS N``, DataFusion makes it ``n``). When :attr:`query` is one
+        Spark SQL query over Spark's catalog, Spark analyzes it (``SELECT *
+        FROM (query)``: planned, never run, and a statement that is not a
+        query fails to parse instead of running) and its output names are
+        the result's. Otherwise (DataFusion-only SQL, tables given with
+        ``tables=``, several statements, a different column count) the names
+        are DataFusion's. Asked once, on first use.
+
+        Returns:
+            One name per result column, in order.
+        """
+        if self._spark_names is None:
+            names = self.schema().names
+            spark_names = _spark_sql_names(self.spark, self.query) if self.query else None
+            if spark_names is not None and len(spark_names) == len(names):
+                names = spark_names
+            self._spark_names = names
+        return list(self._spark_names)
 
     def _derive(self, df) -> SparkDataFrame:
         """A transformation's result: a SparkDataFrame of the same context and session."""
@@ -144,6 +181,9 @@ class SparkDataFrame(DistributedDataFrame):
 
     def to_spark(self):
         """The result as a Spark DataFrame on the same SparkSession, computed on the executors.
+
+        Its columns have Spark SQL's names for the query
+        (:meth:`spark_column_names`) and the result's types converted to Spark's.
 
         Every stage but the head runs now, on the executors (their outputs
         stay in the executors' Flight workers). The Spark DataFrame returned
@@ -196,11 +236,12 @@ class SparkDataFrame(DistributedDataFrame):
                 batches = list(_named(run.stream_head(graph), self.schema()))
                 return self._created(batches)
             schema = to_spark_compatible(self.schema().empty_table()).schema
-            token, budget, threads = run.part_args(graph, parts)
-            fn = frame_function(parts, token, budget, threads, schema)
+            access, budget, threads = run.part_args(graph, parts)
+            fn = frame_function(parts, access, budget, threads, schema)
             frame = self.spark.range(0, len(parts), 1, len(parts)).mapInArrow(
                 fn, from_arrow_schema(schema)
             )
+            frame = self._spark_named(frame)
         except BaseException:
             run.close()
             raise
@@ -226,7 +267,28 @@ class SparkDataFrame(DistributedDataFrame):
 
     def _created(self, batches: list[pa.RecordBatch]):
         table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
-        return self.spark.createDataFrame(to_spark_compatible(table))
+        return self._spark_named(self.spark.createDataFrame(to_spark_compatible(table)))
+
+    def _spark_named(self, frame):
+        """``frame`` with :meth:`spark_column_names` (a projection; nothing runs)."""
+        names = self.spark_column_names()
+        return frame if frame.columns == names else frame.toDF(*names)
+
+
+def _spark_sql_names(spark, query: str) -> list[str] | None:
+    """The output column names Spark SQL gives ``query``, or None when Spark rejects it.
+
+    Spark only analyzes ``SELECT * FROM (query)``: a query is planned and not
+    run; DDL, DML or several statements fail to parse there instead of being
+    executed (``spark.sql`` runs commands at once).
+    """
+    text = query.strip().rstrip(";").strip()
+    if not text:
+        return None
+    try:  # on their own lines: a trailing ``--`` comment must not hide the parenthesis
+        return list(spark.sql(f"SELECT * FROM (\n{text}\n)").columns)
+    except Exception:  # Spark's parse or analysis error: DataFusion-only SQL
+        return None
 
 
 class _HeldResult:
@@ -448,7 +510,7 @@ def sql(
             if re.search(rf"\b{re.escape(name)}\b", str(exc), re.IGNORECASE):
                 raise PlanningError(reason) from exc
         raise
-    return SparkDataFrame(ctx, df, spark)
+    return SparkDataFrame(ctx, df, spark, query)
 
 
 def _register_delta(ctx: DistributedContext, name: str, table) -> bool:

@@ -247,13 +247,20 @@ def test_failing_driver_stage_names_stage_and_driver(shuffle_plane, tmp_path):
 _NO_PACKAGES_DRIVER = """
 import os, sys
 os.environ["PYSPARK_PYTHON"] = sys.argv[1]
-from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
+from distfusion import DistributedConfig, DistributedContext, TaskError, TransportError, tpch
 from distfusion.runtime.spark import SparkRuntime
 runtime = SparkRuntime(master="local[2]")
 ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
 tpch.register_tpch(ctx, sys.argv[2])
 df = ctx.sql("SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1")
 leaf = df.stage_graph().stages[0].stage_id
+try:
+    df.to_arrow_table()
+except TransportError as err:  # the probe job, before any task
+    print("PROBE", str(err).replace(chr(10), " "))
+# As on a cluster whose probed executor had distfusion and another has not:
+# the task itself reports it.
+runtime._checked_python = runtime.sc.pythonExec
 try:
     df.to_arrow_table()
 except TaskError as err:
@@ -263,10 +270,12 @@ runtime.close()
 
 
 def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
-    """Executors without distfusion fail their tasks with a clear TaskError.
+    """Executors without distfusion: one short error before any task, else a clear TaskError.
 
     Their Python has no site-packages (``python -S``) and no checkout's ``src``
-    on ``PYTHONPATH`` (Spark's own entries stay); the error says what is
+    on ``PYTHONPATH`` (Spark's own entries stay). The runtime's probe job says
+    what is missing in which interpreter and points to the README; a task
+    that meets it anyway (an executor the probe did not reach) says what is
     missing, names the stage and points to the README.
     """
     python = tmp_path / "python"
@@ -284,6 +293,10 @@ def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
         text=True,
         timeout=300,
     )
+    probe = next((ln for ln in driver.stdout.splitlines() if ln.startswith("PROBE")), "")
+    assert probe, driver.stdout + driver.stderr[-3000:]
+    assert str(python) in probe and "No module named" in probe
+    assert "Getting distfusion onto a cluster's executors" in probe
     line = next((ln for ln in driver.stdout.splitlines() if ln.startswith("LEAF")), "")
     assert line, driver.stdout + driver.stderr[-3000:]
     _, leaf, _, stage, message = line.split(" ", 4)

@@ -50,6 +50,41 @@ def test_same_rows_and_schema_as_spark_sql(spark, q):
     )
 
 
+def test_spark_column_names_are_spark_sqls_for_every_tpch_query(spark):
+    """Spark SQL's names wherever Spark accepts the query (all but Q15's three statements)."""
+    for q in range(1, 23):
+        sql = tpch.query(q)
+        df = distfusion.spark.sql(spark, sql)
+        if q == 15:  # CREATE VIEW; SELECT; DROP VIEW: not one Spark query, DataFusion's names
+            assert df.spark_column_names() == df.schema().names
+            continue
+        assert df.spark_column_names() == spark.sql(sql).columns, f"q{q}"
+
+
+def test_to_spark_has_spark_sqls_column_names(spark):
+    sql = tpch.query(18)  # sum(l_quantity) in Spark, sum(lineitem.l_quantity) in DataFusion
+    expected = spark.sql(sql).columns
+    assert "sum(l_quantity)" in expected
+    assert distfusion.spark.sql(spark, sql).to_spark().columns == expected
+    # A result made on the driver too; an alias keeps its case as in Spark.
+    small = "SELECT count(*) AS N, max(n_name) FROM nation"
+    frame = distfusion.spark.sql(spark, small).to_spark()
+    assert frame.columns == ["N", "max(n_name)"] == spark.sql(small).columns
+    assert frame.collect()[0]["N"] == 25
+    # DataFusion-only SQL keeps DataFusion's names.
+    only = "SELECT arrow_typeof(n_name) FROM nation WHERE n_nationkey < 2"
+    assert distfusion.spark.sql(spark, only).to_spark().columns == ["arrow_typeof(nation.n_name)"]
+
+
+def test_column_names_never_run_a_statement_in_spark(spark):
+    """Asking Spark for names analyzes a query; a command is not executed."""
+    from distfusion.spark import _spark_sql_names
+
+    assert _spark_sql_names(spark, "CREATE TEMP VIEW names_probe AS SELECT 1 AS a") is None
+    assert not spark.catalog.tableExists("names_probe")
+    assert _spark_sql_names(spark, "SELECT 1 AS a -- a comment\n;") == ["a"]
+
+
 def test_round_trip_continues_in_spark(spark):
     df = distfusion.spark.sql(
         spark, "SELECT n_regionkey, count(*) AS nations FROM nation GROUP BY n_regionkey"

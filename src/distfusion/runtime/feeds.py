@@ -143,7 +143,12 @@ class QueryFeeds:
                 endpoint.register(
                     self.query_id, stage.stage_id, scan.source.name, session, self.secret
                 )
-                options = {**scan.source.options, "endpoint": endpoint.url, "secret": self.secret}
+                options = {
+                    **scan.source.options,
+                    **endpoint.client_options,  # TLS root and name when it serves TLS
+                    "endpoint": endpoint.url,
+                    "secret": self.secret,
+                }
                 scan = dataclasses.replace(
                     scan, source=dataclasses.replace(scan.source, options=options)
                 )

@@ -77,6 +77,7 @@ import os
 import pickle
 import re
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -85,6 +86,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -117,6 +119,7 @@ from distfusion.runtime.base import (
 from distfusion.runtime.feeds import QueryFeeds, has_feeds
 from distfusion.stages import BROADCAST, SourceScan, Stage, StageGraph, StageInput
 from distfusion.transport.feed_endpoint import FeedEndpoint
+from distfusion.transport.tls import TlsMaterial, self_signed_tls
 from distfusion.worker.execute_task import run_task, stream_head_stage, without_views
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory, spark_memory_per_task_bytes
@@ -126,6 +129,9 @@ from distfusion.write import WriteSpec, write_part
 
 __all__ = [
     "SparkRuntime",
+    "DataPlaneAccess",
+    "ENCRYPTION_SETTINGS",
+    "encryption_settings",
     "FAIL_TASK_PROPERTY",
     "hold_dataframe",
     "import_pyspark",
@@ -155,7 +161,84 @@ EXECUTOR_QUERY_TTL_S = 600.0
 KEEP_WARM_S = 20.0
 """Seconds between the keep-warm jobs of a held result (PySpark's idle timeout is 60 s)."""
 
+ENCRYPTION_SETTINGS = (
+    "spark.network.crypto.enabled",
+    "spark.authenticate.enableSaslEncryption",
+    "spark.io.encryption.enabled",
+    "spark.ssl.enabled",
+    "spark.ssl.rpc.enabled",
+)
+"""Spark settings that ask for encryption: with any of them ``true``, the
+Flight data plane serves TLS too (:func:`encryption_settings`). Spark's RPC
+(AES-based, or SASL), its shuffle and spill files, and TLS for all or for RPC
+(Spark's security page). Files: distfusion's own spill files stay
+unencrypted (docs/memory.md)."""
+
 log = logging.getLogger("distfusion.runtime.spark")
+
+
+def encryption_settings(settings: dict[str, str]) -> list[str]:
+    """The :data:`ENCRYPTION_SETTINGS` that are ``true`` in ``settings`` (Spark's conf)."""
+    return [k for k in ENCRYPTION_SETTINGS if str(settings.get(k, "")).strip().lower() == "true"]
+
+
+@dataclass(frozen=True)
+class DataPlaneAccess:
+    """What an executor needs to serve and read a runtime's Flight data plane.
+
+    Travels to the executors in Spark's task closures as the plain tuple of
+    :meth:`plain` (standard types: a closure must unpickle on an executor
+    without distfusion, to say it is missing), as the token always did (when
+    Spark encrypts, its RPC carries them encrypted).
+
+    Attributes:
+        token: the runtime's shared secret; every call carries it.
+        tls: the runtime's certificate and key when the data plane is
+            encrypted (:mod:`distfusion.transport.tls`); None: plain gRPC.
+    """
+
+    token: str
+    tls: TlsMaterial | None = None
+
+    def plain(self) -> tuple[str, bytes | None, bytes | None, str | None]:
+        """``(token, certificate PEM, key PEM, TLS name)``; None for the three without TLS."""
+        if self.tls is None:
+            return (self.token, None, None, None)
+        return (self.token, self.tls.cert_pem, self.tls.key_pem, self.tls.hostname)
+
+    @classmethod
+    def of(cls, value: DataPlaneAccess | tuple) -> DataPlaneAccess:
+        """``value`` itself, or the access a :meth:`plain` tuple describes (executor side)."""
+        if isinstance(value, DataPlaneAccess):
+            return value
+        token, cert, key, name = value
+        return cls(token, TlsMaterial(cert, key, name) if cert is not None else None)
+
+    def transport(self):
+        """A Flight transport reaching this data plane's workers (TLS verified when on)."""
+        from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
+
+        if self.tls is None:
+            return FlightWorkerTransport(token=self.token)
+        return FlightWorkerTransport(
+            token=self.token,
+            tls_root_certs=self.tls.cert_pem,
+            tls_override_hostname=self.tls.hostname,
+        )
+
+    def worker_options(self) -> dict:
+        """``FlightWorker`` keyword arguments: the token, and TLS when on."""
+        if self.tls is None:
+            return {"token": self.token}
+        return {
+            "token": self.token,
+            "tls_cert_chain": self.tls.cert_pem,
+            "tls_private_key": self.tls.key_pem,
+            "tls_override_hostname": self.tls.hostname,
+        }
+
+    def __repr__(self) -> str:  # never print the secrets
+        return f"DataPlaneAccess(tls={self.tls is not None})"
 
 _LOCAL_MASTER = re.compile(r"^local\[(\d+|\*)\]$")
 _MISSING_MODULE = re.compile(r"No module named '(distfusion|datafusion|pyarrow)[^']*'")
@@ -308,8 +391,11 @@ class SparkRuntime:
     Args:
         spark: the SparkSession to use; when None, an embedded session is started
             (or the active one reused) with ``master``, the Spark UI off and
-            ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON`` defaulting to this
-            interpreter, so executors import the same distfusion and datafusion.
+            ``PYSPARK_PYTHON``/``PYSPARK_DRIVER_PYTHON``/``spark.pyspark.python``
+            defaulting to this interpreter, so executors import the same
+            distfusion and datafusion. A local-mode session given here whose
+            Python nobody chose runs its Python workers with this interpreter
+            too (:meth:`_use_driver_python`).
         master: Spark master URL for the embedded session (``local[*]``,
             ``local[2]``, ``spark://host:7077``, ...). In local mode Spark retries
             nothing unless the master says so, so ``local[N]`` becomes
@@ -366,6 +452,7 @@ class SparkRuntime:
         executor_wait_s: float = 60.0,
         data_plane: str = "flight",
     ) -> None:
+        given_conf = dict(conf or {})
         if data_plane not in DATA_PLANES:
             msg = f"data_plane must be one of {', '.join(DATA_PLANES)}; got {data_plane!r}"
             raise ValueError(msg)
@@ -381,6 +468,7 @@ class SparkRuntime:
                 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
                 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
                 settings = {
+                    "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
                     "spark.ui.enabled": "false",
                     "spark.ui.showConsoleProgress": "true" if progress else "false",
                     "spark.driver.memory": "4g",
@@ -402,6 +490,9 @@ class SparkRuntime:
                 self._owns_session = True
         self.spark = spark
         self.sc = spark.sparkContext
+        self._use_driver_python()
+        self._checked_python: str | None = None  # the executors' Python found to import distfusion
+        self._python_lock = threading.Lock()
         self.resolver = SparkWorkerResolver(self.sc)
         self.target_partitions = target_partitions or default_target_partitions()
         self.compression = compression
@@ -412,11 +503,33 @@ class SparkRuntime:
             # Each task's Python worker exits after it, and the outputs it holds with it.
             log.warning("spark.python.worker.reuse is false: outputs go through Spark's shuffle")
             data_plane = "shuffle"
+        self.encryption = encryption_settings({**dict(conf.getAll()), **given_conf})
+        """The Spark settings asking for encryption (:data:`ENCRYPTION_SETTINGS`)."""
+        tls = None
+        self.explain_note = ""
+        """What ``explain()`` says about this runtime's data plane ("" when nothing to say)."""
+        if self.encryption:  # the Flight plane and the feed endpoint serve TLS
+            asked = ", ".join(f"{k}=true" for k in self.encryption)
+            try:
+                tls = self_signed_tls()
+            except ImportError as exc:
+                if data_plane == "flight":
+                    data_plane = "shuffle"
+                    self.explain_note = (
+                        f"Spark data plane: shuffle, not Flight: Spark encrypts ({asked}) and {exc}"
+                    )
+                else:
+                    self.explain_note = f"Spark feed endpoint without TLS: {exc}"
+                log.warning("%s", self.explain_note)
+            else:
+                plane = "Flight over TLS" if data_plane == "flight" else "shuffle"
+                self.explain_note = f"Spark data plane: {plane} (Spark encrypts: {asked})"
+                log.info("%s: distfusion's Flight servers use TLS (its own certificate)", asked)
         self.data_plane = data_plane
-        from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
-
         self.token = secrets.token_hex(16)  # executors' Flight workers accept only this runtime
-        self.transport = FlightWorkerTransport(token=self.token)
+        self.access = DataPlaneAccess(self.token, tls)
+        self.tls = tls
+        self.transport = self.access.transport()
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
         self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
         self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
@@ -530,13 +643,83 @@ class SparkRuntime:
             run.close()
 
     def start_query(self, query_id: str) -> QueryRun:
-        """Start query ``query_id`` stage by stage (see :class:`~distfusion.runtime.base.QueryRun`)."""
+        """Start query ``query_id`` stage by stage (see :class:`~distfusion.runtime.base.QueryRun`).
+
+        Raises:
+            TransportError: the executors' Python cannot import distfusion,
+                datafusion or pyarrow (:meth:`check_executor_python`).
+        """
+        self.check_executor_python()
         if self.data_plane == "flight":
             return _SparkFlightQuery(self, query_id)
         return _SparkQuery(self, query_id)
 
-    def executor_worker_args(self) -> tuple[str, str | None, str, int, str]:
-        """``(bind host, advertised host, token, task memory, driver URL)`` for executor workers.
+    def _use_driver_python(self) -> None:
+        """Run a local-mode session's Python workers with this interpreter when nobody chose one.
+
+        PySpark starts its Python workers with ``PYSPARK_PYTHON``, else
+        ``python3`` from the ``PATH`` (``SparkContext.pythonExec``): a session
+        made with ``SparkSession.builder`` in a venv that is not first on the
+        ``PATH`` runs its tasks in another Python, without distfusion (nor
+        pyarrow). In local mode the executors run on this machine, where this
+        interpreter is, and PySpark requires the workers' Python version to be
+        the driver's anyway, so a session whose Python was not chosen
+        (``PYSPARK_PYTHON`` unset, no ``spark.pyspark.python``, PySpark's
+        default ``python3``) runs them with ``sys.executable``, as the
+        embedded session does. ``spark.pyspark.python`` set on a session
+        whose ``PYSPARK_PYTHON`` is unset (PySpark reads only the variable,
+        ``spark-submit`` sets it from the setting) is the Python its workers
+        run, as Spark documents it. A cluster's executors otherwise keep what
+        they are given (README, "Getting distfusion onto a cluster's executors").
+        """
+        sc = self.sc
+        if os.environ.get("PYSPARK_PYTHON") or sc.pythonExec != "python3":
+            return  # chosen through the environment
+        python = sc.getConf().get("spark.pyspark.python")
+        if not python and sc.master.startswith("local"):
+            python = sys.executable
+        if python:
+            log.info("Python workers run with %s (PYSPARK_PYTHON unset)", python)
+            sc.pythonExec = python
+
+    def check_executor_python(self) -> None:
+        """Check once per executor interpreter that the executors' Python imports distfusion.
+
+        A tiny Spark job (one task, standard library only in its closure, so
+        it unpickles anywhere) imports distfusion, datafusion and pyarrow on an
+        executor and returns the first ``ImportError`` instead of failing: a
+        missing module then becomes one short error before any task of the
+        query runs, rather than a failed job with Spark's logs and Java
+        traces. Skipped in local mode when the executors run this
+        interpreter. Called by :meth:`start_query`; the result is kept per
+        ``SparkContext.pythonExec``.
+
+        Raises:
+            TransportError: the executors' Python cannot import one of them;
+                the message names the interpreter, the module and the README
+                section on installing distfusion on executors. Also when the
+                probe's job fails (Spark's error's last Python line).
+        """
+        python = self.sc.pythonExec
+        with self._python_lock:
+            if python == self._checked_python:
+                return
+            local = self.sc.master.startswith("local")
+            if not (local and _same_interpreter(python, sys.executable)):
+                probe = self.sc.parallelize([0], 1).mapPartitions(_import_probe())
+                try:
+                    failure = probe.collect()
+                except Exception as exc:  # e.g. a Python PySpark refuses (another version)
+                    raise _translate_error(exc, self.sc.master) from None
+                if failure:
+                    raise TransportError(_missing_module_message(python, failure[0]))
+            self._checked_python = python
+
+    def executor_worker_args(self) -> tuple[str, str | None, tuple, int, str]:
+        """``(bind host, advertised host, access, task memory, driver URL)`` for executor workers.
+
+        ``access``: the token, and the TLS certificate and key when the data
+        plane is encrypted (:meth:`DataPlaneAccess.plain`).
 
         Local mode: 127.0.0.1. A cluster: every interface, advertised under the
         executor's own address (``None``: resolved on the executor). Memory:
@@ -547,8 +730,8 @@ class SparkRuntime:
         """
         driver = self.driver_worker().url
         if self.sc.master.startswith("local"):
-            return "127.0.0.1", None, self.token, self.memory_per_task_bytes, driver
-        return "0.0.0.0", None, self.token, self.memory_per_task_bytes, driver
+            return "127.0.0.1", None, self.access.plain(), self.memory_per_task_bytes, driver
+        return "0.0.0.0", None, self.access.plain(), self.memory_per_task_bytes, driver
 
     def _executor_started(self, url: str, query_id: str) -> bool:
         """An executor's Flight worker at ``url`` started for a task of ``query_id``.
@@ -606,10 +789,10 @@ class SparkRuntime:
         with self._endpoint_lock:
             if self._feed_endpoint is None:
                 if self.sc.master.startswith("local"):
-                    self._feed_endpoint = FeedEndpoint("127.0.0.1")
+                    self._feed_endpoint = FeedEndpoint("127.0.0.1", tls=self.tls)
                 else:
                     host = self.sc.getConf().get("spark.driver.host", socket.gethostname())
-                    self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host)
+                    self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host, tls=self.tls)
             return self._feed_endpoint
 
     driver_stage_bytes = 16 * 1024 * 1024
@@ -640,7 +823,7 @@ class SparkRuntime:
                     advertise = self.sc.getConf().get("spark.driver.host", socket.gethostname())
                 self._driver_worker = FlightWorker(
                     host=bind,
-                    token=self.token,
+                    **self.access.worker_options(),
                     slots=self.target_partitions,
                     query_ttl_s=EXECUTOR_QUERY_TTL_S,
                     advertise_host=advertise,
@@ -1390,10 +1573,13 @@ class _SparkFlightQuery(WorkerQueryRun):
         return sum(sum(b) for (sid, _), (_, b) in self._task_stats.items() if sid in wanted)
 
     def part_args(self, graph: StageGraph, parts: list[HeadPart]) -> tuple[str, int, int]:
-        """``(token, memory bytes, DataFusion threads)`` a head part needs on an executor."""
+        """``(access, memory bytes, DataFusion threads)`` a head part needs on an executor.
+
+        ``access``: :meth:`DataPlaneAccess.plain` (token, and TLS when on).
+        """
         budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
         threads = task_threads(self.target_partitions, len(parts), self.runtime.num_workers())
-        return self.runtime.token, budget, threads
+        return self.runtime.access.plain(), budget, threads
 
     def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
         """Run the stages of ``graph``, then ``fn(part, attempt, batches)`` on the executors.
@@ -1424,9 +1610,9 @@ class _SparkFlightQuery(WorkerQueryRun):
         pending = list(parts)
         while pending:
             self._check_open()
-            token, budget, threads = self.part_args(graph, parts)
+            access, budget, threads = self.part_args(graph, parts)
             job = _task_function(
-                [(sid, p.index) for p in pending], "_run_head_part", token, budget, threads, fn
+                [(sid, p.index) for p in pending], "_run_head_part", access, budget, threads, fn
             )
             records = [(attempts[p.index], p) for p in pending]
             rdd = self.sc.parallelize(records, len(records)).mapPartitionsWithIndex(job)
@@ -1543,7 +1729,10 @@ def _spark_call(action, check_open, master: str):
         result = action()
     except Exception as exc:
         check_open()
-        raise _translate_error(exc, master) from exc
+        err = _translate_error(exc, master)
+        if _MISSING_MODULE.search(str(exc)):  # Spark's Java trace adds nothing to it
+            raise err from None
+        raise err from exc
     check_open()
     return result
 
@@ -1772,6 +1961,7 @@ def _task_function(tasks, entry, *args):
     executor needs only the standard library to fill in the task.
     """
     report = error_to_dict(TaskError(-1, -1, "", ""))
+    missing_section = EXECUTORS_SECTION
     shipped = udfs.specs()  # the driver's Python UDFs, pickled with this closure
     stores = object_store.specs()  # and its object stores (credentials: Spark's channel)
 
@@ -1787,7 +1977,8 @@ def _task_function(tasks, entry, *args):
             cause = (
                 f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
                 "in their Python environment (same venv via PYSPARK_PYTHON, "
-                "spark.archives with a packed venv, or --py-files; see the README)"
+                "spark.archives with a packed venv, or --py-files; see the README, "
+                f'section "{missing_section}")'
             )
             stage_id, task_index = tasks[index]
             worker = f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}"
@@ -1915,29 +2106,37 @@ _EXECUTOR_WORKERS: dict[str, object] = {}
 
 
 def _executor_worker(
-    bind_host: str, advertise_host: str | None, token: str, memory_per_task_bytes: int | None
+    bind_host: str,
+    advertise_host: str | None,
+    access: DataPlaneAccess | tuple,
+    memory_per_task_bytes: int | None,
 ):
-    """The FlightWorker of this process for the runtime with ``token``; started on first use."""
+    """The FlightWorker of this process for the runtime of ``access``; started on first use.
+
+    It serves ``grpc+tls://`` with the runtime's certificate when the data
+    plane is encrypted.
+    """
     from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
 
-    worker = _EXECUTOR_WORKERS.get(token)
+    access = DataPlaneAccess.of(access)
+    worker = _EXECUTOR_WORKERS.get(access.token)
     if worker is None:
         if advertise_host is None and bind_host == "0.0.0.0":
             advertise_host = socket.gethostbyname(socket.gethostname())
         worker = FlightWorker(
             host=bind_host,
-            token=token,
+            **access.worker_options(),
             slots=1,
             query_ttl_s=EXECUTOR_QUERY_TTL_S,
             advertise_host=advertise_host,
             memory_per_task_bytes=memory_per_task_bytes,
         )
-        _EXECUTOR_WORKERS[token] = worker
+        _EXECUTOR_WORKERS[access.token] = worker
     return worker
 
 
 def _run_flight_task(
-    index, records, bind_host, advertise_host, token, memory_per_task_bytes, driver_url
+    index, records, bind_host, advertise_host, access, memory_per_task_bytes, driver_url
 ):
     """Run the task plan of this Spark partition on this process's Flight worker.
 
@@ -1961,7 +2160,7 @@ def _run_flight_task(
         attempt,
         table,
         iter(()),
-        (bind_host, advertise_host, token, memory_per_task_bytes, driver_url),
+        (bind_host, advertise_host, access, memory_per_task_bytes, driver_url),
     )
     return iter([result])
 
@@ -1999,12 +2198,13 @@ def _flight_task(plan, attempt, table, batches, worker_args):
     """
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
-    bind_host, advertise_host, token, memory, driver_url = worker_args
+    bind_host, advertise_host, access, memory, driver_url = worker_args
+    access = DataPlaneAccess.of(access)
     try:
-        new = token not in _EXECUTOR_WORKERS
-        worker = _executor_worker(bind_host, advertise_host, token, memory)
+        new = access.token not in _EXECUTOR_WORKERS
+        worker = _executor_worker(bind_host, advertise_host, access, memory)
         url = worker.url
-        if new and _executor_transport(token).worker_started(
+        if new and _executor_transport(access).worker_started(
             driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
         ):
             msg = f"query {key.query_id} was closed before its task started"
@@ -2019,7 +2219,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
         if isinstance(err, TaskPanicked):  # the driver fails the query now, not at the job's end
-            _executor_transport(token).task_failed(
+            _executor_transport(access).task_failed(
                 driver_url, key.query_id, error_to_dict(err), WORKER_STARTED_TIMEOUT_S
             )
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
@@ -2035,17 +2235,20 @@ _EXECUTOR_TRANSPORTS: dict[str, object] = {}
 """This process's Flight transport to the runtime's workers, by token (head parts read with it)."""
 
 
-def _executor_transport(token: str):
-    from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
-
-    transport = _EXECUTOR_TRANSPORTS.get(token)
+def _executor_transport(access: DataPlaneAccess | tuple):
+    access = DataPlaneAccess.of(access)
+    transport = _EXECUTOR_TRANSPORTS.get(access.token)
     if transport is None:
-        transport = _EXECUTOR_TRANSPORTS[token] = FlightWorkerTransport(token=token)
+        transport = _EXECUTOR_TRANSPORTS[access.token] = access.transport()
     return transport
 
 
 def part_batches(
-    part: HeadPart, token: str, budget: int | None, threads: int, attempt: int | None = None
+    part: HeadPart,
+    access: DataPlaneAccess | tuple,
+    budget: int | None,
+    threads: int,
+    attempt: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run head ``part`` in this process (an executor), reading its inputs over Flight.
 
@@ -2058,7 +2261,7 @@ def part_batches(
         TaskError: an input could not be read (its producer failed, or the
             query's outputs were released) or the fragment failed.
     """
-    transport = _executor_transport(token)
+    transport = _executor_transport(access)
     with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
         first = True
         for b in run_part(part, transport, TaskMemory(budget, spill), target_partitions=threads):
@@ -2068,7 +2271,7 @@ def part_batches(
                 _maybe_inject_failure(part.plan.key.stage_id, part.index, attempt)
 
 
-def _run_head_part(index, records, token, budget, threads, fn):
+def _run_head_part(index, records, access, budget, threads, fn):
     """Spark task of :meth:`_SparkFlightQuery.map_head_parts`: ``fn`` over one head part.
 
     The record is ``(attempt, part)``. Returns one record ``(part index,
@@ -2078,7 +2281,7 @@ def _run_head_part(index, records, token, budget, threads, fn):
     attempt, part = list(records)[0]
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     try:
-        value = fn(part.index, attempt, part_batches(part, token, budget, threads, attempt))
+        value = fn(part.index, attempt, part_batches(part, access, budget, threads, attempt))
     except BaseException as exc:  # a native panic too (is_task_failure)
         if not is_task_failure(exc):
             raise
@@ -2090,7 +2293,9 @@ def _run_head_part(index, records, token, budget, threads, fn):
     return iter([(part.index, value, None)])
 
 
-def frame_function(parts: list[HeadPart], token: str, budget: int | None, threads: int, schema):
+def frame_function(
+    parts: list[HeadPart], access: tuple, budget: int | None, threads: int, schema
+):
     """The ``mapInArrow`` function of a result read by Spark (``SparkDataFrame.to_spark``).
 
     Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
@@ -2111,7 +2316,7 @@ def frame_function(parts: list[HeadPart], token: str, budget: int | None, thread
         for batch in batches:
             for i in batch.column(0).to_pylist():
                 try:
-                    for b in spark_runtime.part_batches(parts[i], token, budget, threads):
+                    for b in spark_runtime.part_batches(parts[i], access, budget, threads):
                         yield spark_runtime.as_schema(b, schema)
                 except spark_runtime.QueryCancelledError as exc:
                     msg = (
@@ -2167,6 +2372,47 @@ def _report(err: TaskError) -> str:
     return json.dumps({**error_to_dict(err), "attempts": attempts})
 
 
+def _import_probe():
+    """The function of :meth:`SparkRuntime.check_executor_python`'s job: ``[]`` or the error.
+
+    A closure (cloudpickle ships it by value) using the standard library
+    only, so that an executor without distfusion unpickles and runs it.
+    """
+
+    def probe(_records):
+        try:
+            import datafusion  # noqa: F401
+            import pyarrow  # noqa: F401
+
+            import distfusion.runtime.spark  # noqa: F401
+        except ImportError as exc:
+            return [f"{type(exc).__name__}: {exc}"]
+        return []
+
+    return probe
+
+
+def _same_interpreter(python: str, executable: str) -> bool:
+    """Whether command ``python`` (a path, or a name on the ``PATH``) starts ``executable``."""
+    found = shutil.which(python)  # not resolved further: a venv's python links to its base
+    return found is not None and os.path.abspath(found) == os.path.abspath(executable)
+
+
+EXECUTORS_SECTION = "Getting distfusion onto a cluster's executors"
+"""The README section saying how to install distfusion where Spark runs its tasks."""
+
+
+def _missing_module_message(python: str | None, error: str) -> str:
+    """The one-paragraph error for executors whose Python ``python`` raised ``error`` importing."""
+    which = f" ({python})" if python else ""
+    return (
+        f"the Spark executors' Python{which} cannot import distfusion's modules ({error}): "
+        "they need distfusion, datafusion and pyarrow of the driver's versions (the same "
+        "venv through PYSPARK_PYTHON or spark.pyspark.python, a packed venv in "
+        f'spark.archives, or --py-files); see the README, section "{EXECUTORS_SECTION}"'
+    )
+
+
 # ---------------------------------------------------------------------- driver side errors
 def _translate_error(exc: Exception, master: str) -> Exception:
     """A failed Spark action as a distfusion error.
@@ -2191,11 +2437,7 @@ def _translate_error(exc: Exception, master: str) -> Exception:
         return TaskError(err.stage_id, err.task_index, err.worker, cause, tb)
     missing = _MISSING_MODULE.search(text)
     if missing:
-        msg = (
-            f"a Spark executor cannot import {missing.group(1)}: install distfusion and datafusion "
-            "in the executors' Python environment (see the README, 'Running on a Spark cluster')"
-        )
-        return TransportError(msg)
+        return TransportError(_missing_module_message(None, missing.group(0)))
     last = _last_python_line(text) or text.strip().splitlines()[0] if text.strip() else repr(exc)
     return TransportError(f"Spark job failed on {master}: {last}")
 

@@ -12,7 +12,10 @@ pulls its partition::
                                                      ─> the task's FeedInbox
 
 Each query registers its sessions with a fresh secret (``secrets.token_hex``);
-a ticket with another secret, or for a query that ended, is refused. A
+a ticket with another secret, or for a query that ended, is refused. With
+``tls`` (a Spark runtime asked to encrypt) the endpoint serves
+``grpc+tls://`` with the runtime's certificate, which the tasks verify
+(:mod:`distfusion.transport.tls`). A
 replayable session restarts a retried attempt at the first unit. The stream
 ends with an error row when the provider failed, so the task raises the same
 FeedError. pyarrow.flight is loaded only when an endpoint starts or a task
@@ -35,6 +38,7 @@ from distfusion.protocol.feed_messages import (
 )
 from distfusion.protocol.task_plan import TaskKey
 from distfusion.transport.flight import import_flight
+from distfusion.transport.tls import TlsMaterial
 
 __all__ = ["FeedEndpoint", "pull_feed"]
 
@@ -46,13 +50,20 @@ class FeedEndpoint:
         host: interface to bind (``127.0.0.1`` for local Spark; the driver's
             host, or ``0.0.0.0``, on a cluster).
         advertise_host: the host tasks connect to (default ``host``).
+        tls: serve ``grpc+tls://`` with this certificate; tasks verify it
+            (:attr:`client_options` go into their scans' options).
 
     Raises:
         ImportError: pyarrow has no Flight support.
         OSError / pyarrow.ArrowException: no port can be bound.
     """
 
-    def __init__(self, host: str = "127.0.0.1", advertise_host: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        tls: TlsMaterial | None = None,
+    ) -> None:
         flight = import_flight()
         owner = self
 
@@ -63,8 +74,18 @@ class FeedEndpoint:
         self._lock = threading.Lock()
         # (query id, stage id, table) -> (session, secret)
         self._sessions: dict[tuple[str, int, str], tuple[object, str]] = {}
-        self._server = _Server(f"grpc://{host}:0")
-        self.url = f"grpc://{advertise_host or host}:{self._server.port}"
+        scheme, kwargs = "grpc", {}
+        self.client_options: dict[str, str] = {}
+        """Scan options a pulling task needs besides the URL: the TLS root and name."""
+        if tls is not None:
+            scheme = "grpc+tls"
+            kwargs["tls_certificates"] = [flight.CertKeyPair(tls.cert_pem, tls.key_pem)]
+            self.client_options = {
+                "endpoint_tls_root": tls.cert_pem.decode(),
+                "endpoint_tls_name": tls.hostname,
+            }
+        self._server = _Server(f"{scheme}://{host}:0", **kwargs)
+        self.url = f"{scheme}://{advertise_host or host}:{self._server.port}"
 
     def register(self, query_id: str, stage_id: int, table: str, session, secret: str) -> None:
         """Serve ``session`` (a FeedSession) to tasks presenting ``secret``."""
@@ -107,7 +128,15 @@ class FeedEndpoint:
         return f"FeedEndpoint({self.url})"
 
 
-def pull_feed(endpoint: str, secret: str, key: TaskKey, table: str, feed) -> None:
+def pull_feed(
+    endpoint: str,
+    secret: str,
+    key: TaskKey,
+    table: str,
+    feed,
+    tls_root: str | None = None,
+    tls_name: str | None = None,
+) -> None:
     """Pull partition ``key.task_index`` of ``table``'s feed into ``feed.inbox`` (a task's thread).
 
     Ends the inbox when the stream ends; with a FeedError naming the feed and
@@ -120,11 +149,18 @@ def pull_feed(endpoint: str, secret: str, key: TaskKey, table: str, feed) -> Non
         key: the task (its index is the partition).
         table: the table the feed backs.
         feed: the task's :class:`~distfusion.worker.feed_inbox.RemoteWorkUnitFeed`.
+        tls_root: for a ``grpc+tls://`` endpoint, the PEM certificate to trust
+            (:attr:`FeedEndpoint.client_options`).
+        tls_name: the name to verify it against instead of the URL's host.
     """
     inbox = feed.inbox
     try:
         flight = import_flight()
-        client = flight.FlightClient(endpoint)
+        client = flight.FlightClient(
+            endpoint,
+            tls_root_certs=tls_root.encode() if tls_root else None,
+            override_hostname=tls_name,
+        )
     except Exception as exc:
         inbox.finish(feed.unreachable(endpoint, f"{type(exc).__name__}: {exc}"))
         return

@@ -41,7 +41,9 @@ Security: when a shared secret ``token`` is set, every call carries the header
 ``authorization: Bearer <token>`` and workers started with the same token
 reject calls without it (:class:`~distfusion.errors.AuthenticationError`).
 TLS: use ``grpc+tls://host:port`` URLs and pass the PEM of the certificate (or
-of its CA) as ``tls_root_certs``.
+of its CA) as ``tls_root_certs`` (and ``tls_override_hostname`` when the
+certificate names no address of the workers: a Spark runtime's own
+certificate, :mod:`distfusion.transport.tls`).
 
 ``pyarrow.flight`` is imported lazily, when a transport or a worker server is
 created.
@@ -223,6 +225,9 @@ class FlightWorkerTransport:
             the ``DISTFUSION_TOKEN`` environment variable; None or ``""`` sends none.
         tls_root_certs: PEM bytes of the certificate (or CA) ``grpc+tls://``
             workers present; None uses the system's roots.
+        tls_override_hostname: the name to verify the workers' certificates
+            against instead of the host of their URL (gRPC's
+            ``ssl_target_name_override``); None checks the URL's host.
         action_timeout_s: deadline of ``set_plan``, ``stats`` and ``keepalive``
             calls, seconds.
         cancel_timeout_s: deadline of a ``cancel_query`` call, seconds.
@@ -240,11 +245,13 @@ class FlightWorkerTransport:
         action_timeout_s: float = 10.0,
         cancel_timeout_s: float = 2.0,
         poll_s: float = 0.5,
+        tls_override_hostname: str | None = None,
     ) -> None:
         self._flight = import_flight()
         token = os.environ.get(TOKEN_ENV) if token is None else token
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self.tls_root_certs = tls_root_certs
+        self.tls_override_hostname = tls_override_hostname
         self.action_timeout_s = action_timeout_s
         self.cancel_timeout_s = cancel_timeout_s
         self.poll_s = poll_s
@@ -264,7 +271,11 @@ class FlightWorkerTransport:
                 msg = f"not an Arrow Flight URL (expected one of {', '.join(_SCHEMES)}host:port)"
                 raise WorkerUnavailableError(url, msg)
             try:
-                client = self._flight.FlightClient(url, tls_root_certs=self.tls_root_certs)
+                client = self._flight.FlightClient(
+                    url,
+                    tls_root_certs=self.tls_root_certs,
+                    override_hostname=self.tls_override_hostname,
+                )
             except Exception as exc:  # malformed location, unreadable certificate
                 raise WorkerUnavailableError(url, f"cannot open a Flight client: {exc}") from exc
             self._clients[url] = client

@@ -179,6 +179,9 @@ class FlightWorker:
         tls_private_key: PEM private key of ``tls_cert_chain``.
         tls_root_certs: PEM roots to verify other TLS workers this worker reads
             from (default ``tls_cert_chain``, right for one self-signed cert).
+        tls_override_hostname: the name other workers' certificates are
+            verified against instead of their URL's host (a certificate that
+            names no address: :mod:`distfusion.transport.tls`).
         slots: tasks run at the same time.
         query_ttl_s: seconds without any call about a query (plan, read,
             keepalive) after which its state is dropped.
@@ -217,6 +220,7 @@ class FlightWorker:
         memory_per_task_bytes: int | None = None,
         spill_dir: str | None = None,
         insecure: bool = False,
+        tls_override_hostname: str | None = None,
     ) -> None:
         if (tls_cert_chain is None) != (tls_private_key is None):
             msg = "TLS needs both tls_cert_chain and tls_private_key"
@@ -249,7 +253,9 @@ class FlightWorker:
         self.host = host
         self.query_ttl_s = query_ttl_s
         self.transport = FlightWorkerTransport(
-            token=token or "", tls_root_certs=tls_root_certs or tls_cert_chain
+            token=token or "",
+            tls_root_certs=tls_root_certs or tls_cert_chain,
+            tls_override_hostname=tls_override_hostname,
         )
         self.worker = Worker(
             advertise_url or f"{scheme}://{host}:{port}",

@@ -563,6 +563,7 @@ def pulled_feed_chunks(
     threading.Thread(
         target=pull_feed,
         args=(o["endpoint"], o.get("secret", ""), key, share.source.name, feed),
+        kwargs={"tls_root": o.get("endpoint_tls_root"), "tls_name": o.get("endpoint_tls_name")},
         name=f"distfusion-feed-pull-{key}",
         daemon=True,
     ).start()
