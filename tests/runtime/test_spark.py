@@ -17,7 +17,7 @@ import pytest
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
 from distfusion.resolver import SparkWorkerResolver
-from distfusion.runtime.spark import job_group, with_local_retries
+from distfusion.runtime.spark import EXECUTORS_SECTION, job_group, with_local_retries
 from tests.compare import assert_same_result, is_ordered, oracle_result
 from tests.conftest import REPO
 
@@ -296,7 +296,7 @@ def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
     probe = next((ln for ln in driver.stdout.splitlines() if ln.startswith("PROBE")), "")
     assert probe, driver.stdout + driver.stderr[-3000:]
     assert str(python) in probe and "No module named" in probe
-    assert "Getting distfusion onto a cluster's executors" in probe
+    assert EXECUTORS_SECTION in probe
     line = next((ln for ln in driver.stdout.splitlines() if ln.startswith("LEAF")), "")
     assert line, driver.stdout + driver.stderr[-3000:]
     _, leaf, _, stage, message = line.split(" ", 4)

@@ -85,7 +85,7 @@ def test_executors_without_distfusion_fail_with_one_short_error(spark, bare_pyth
     message = str(info.value)
     assert bare_python in message and "No module named" in message
     assert f'section "{EXECUTORS_SECTION}"' in message
-    assert f"### {EXECUTORS_SECTION}\n" in (REPO / "README.md").read_text()
+    assert f"## {EXECUTORS_SECTION}\n" in (REPO / "docs" / "spark.md").read_text()
     printed = "".join(traceback.format_exception(info.value))
     assert len(printed.splitlines()) < 30, printed
     assert "Py4JJavaError" not in printed and "at org.apache" not in printed

@@ -670,7 +670,7 @@ class SparkRuntime:
         whose ``PYSPARK_PYTHON`` is unset (PySpark reads only the variable,
         ``spark-submit`` sets it from the setting) is the Python its workers
         run, as Spark documents it. A cluster's executors otherwise keep what
-        they are given (README, "Getting distfusion onto a cluster's executors").
+        they are given (docs/spark.md, "Running on a Spark cluster: distfusion on the executors").
         """
         sc = self.sc
         if os.environ.get("PYSPARK_PYTHON") or sc.pythonExec != "python3":
@@ -696,8 +696,8 @@ class SparkRuntime:
 
         Raises:
             TransportError: the executors' Python cannot import one of them;
-                the message names the interpreter, the module and the README
-                section on installing distfusion on executors. Also when the
+                the message names the interpreter, the module and the section of
+                docs/spark.md on installing distfusion on executors. Also when the
                 probe's job fails (Spark's error's last Python line).
         """
         python = self.sc.pythonExec
@@ -1977,7 +1977,7 @@ def _task_function(tasks, entry, *args):
             cause = (
                 f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
                 "in their Python environment (same venv via PYSPARK_PYTHON, "
-                "spark.archives with a packed venv, or --py-files; see the README, "
+                "spark.archives with a packed venv, or --py-files; see docs/spark.md, "
                 f'section "{missing_section}")'
             )
             stage_id, task_index = tasks[index]
@@ -2398,8 +2398,8 @@ def _same_interpreter(python: str, executable: str) -> bool:
     return found is not None and os.path.abspath(found) == os.path.abspath(executable)
 
 
-EXECUTORS_SECTION = "Getting distfusion onto a cluster's executors"
-"""The README section saying how to install distfusion where Spark runs its tasks."""
+EXECUTORS_SECTION = "Running on a Spark cluster: distfusion on the executors"
+"""The section of ``docs/spark.md`` saying how to install distfusion where Spark runs its tasks."""
 
 
 def _missing_module_message(python: str | None, error: str) -> str:
@@ -2409,7 +2409,7 @@ def _missing_module_message(python: str | None, error: str) -> str:
         f"the Spark executors' Python{which} cannot import distfusion's modules ({error}): "
         "they need distfusion, datafusion and pyarrow of the driver's versions (the same "
         "venv through PYSPARK_PYTHON or spark.pyspark.python, a packed venv in "
-        f'spark.archives, or --py-files); see the README, section "{EXECUTORS_SECTION}"'
+        f'spark.archives, or --py-files); see docs/spark.md, section "{EXECUTORS_SECTION}"'
     )
 
 
