@@ -302,7 +302,7 @@ def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
     _, leaf, _, stage, message = line.split(" ", 4)
     assert stage == leaf
     assert "No module named 'distfusion'" in message
-    assert "need distfusion and datafusion" in message and "README" in message
+    assert "need distfusion and datafusion" in message and EXECUTORS_SECTION in message
 
 
 def test_executor_workers_say_when_they_start_so_closing_a_query_reaches_them(
