@@ -106,8 +106,8 @@ class RuntimeFilters:
         in the join above, whose type the caller checked
         (:data:`REDUCE_RIGHT`, :data:`REDUCE_LEFT`).
         """
-        if source is None:
-            return frag
+        if source is None or any(i.stage_id == source.input.stage_id for i in frag.inputs):
+            return frag  # already filtered by (or joined with) the source's stage
         schema = source.input.schema
         types = [schema.field(c).type for c in source.columns]
         if not self._reduction_pays(frag, keys, types, source.est):

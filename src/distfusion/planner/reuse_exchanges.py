@@ -25,7 +25,7 @@ from dataclasses import replace
 from substrait.proto import Expression, Rel
 
 from distfusion.planner.estimate import Estimate
-from distfusion.planner.fragment import Fragment, MaterializedStage, canonical_reads
+from distfusion.planner.fragment import Fragment, KeySource, MaterializedStage, canonical_reads
 from distfusion.planner.substrait import named_struct, stage_read
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, Stage, StageInput
 
@@ -107,7 +107,11 @@ class ExchangeReuse:
         """A fragment that only reads stage ``m`` that ran, sized as measured.
 
         A shuffle output is read partition by partition (one task each, hash
-        partitioned by its keys); any other output by one task reading it all.
+        partitioned by its keys), and holds every value its keys take: a
+        runtime filter may read it again as a broadcast, as it could the
+        stage before it ran (without this, planning again over a measured
+        stage dropped TPC-H Q4's semi-join reduction of ``lineitem``); any
+        other output by one task reading it all.
         """
         out = m.stage.output
         est = Estimate(m.rows, m.bytes, kept)
@@ -117,15 +121,17 @@ class ExchangeReuse:
             keys = out.key_columns
             part = keys if keys and all(k < num_columns for k in keys) else None
             tasks = out.num_partitions
+            source = None if part is None else KeySource(inp, tuple(part), est)
         else:
             read, inp = self._read_ran(m, BROADCAST, 1, ())
-            part, tasks = None, 1
+            part, tasks, source = None, 1, None
         return Fragment(
             read,
             tasks,
             est,
             [inp],
             partitioning=part,
+            key_source=source,
             passthrough=(m, read.SerializeToString(deterministic=True)),
         )
 
