@@ -548,13 +548,33 @@ def check_files_exist(table: str, paths: list[str]) -> None:
     DataFusion reads a file path that names nothing as an empty table (it
     lists it as a prefix), so a file deleted after its table was registered
     would lose its rows without a word; single-node DataFusion and Spark fail
-    such a read. Local files are checked with ``stat``; objects with one
-    HEAD request each (:func:`distfusion.object_store.missing_objects`).
+    such a read.
 
     Raises:
         FileNotFoundError: a file is gone (names the table and up to 3 files,
             and how to register the table again).
         OSError: an object store refused or could not be reached (names the cause).
+    """
+    gone = missing_files(f"table {table!r}", paths)
+    if gone:
+        msg = (
+            f"table {table!r}: source file {listed(gone)} no longer exists: it "
+            "was removed after the table was registered; if the table's files changed on "
+            "purpose, register it again (ctx.register_parquet / register_csv / register_delta) "
+            "to list them anew"
+        )
+        raise FileNotFoundError(msg)
+
+
+def missing_files(what: str, paths: list[str]) -> list[str]:
+    """The files of ``paths`` that do not exist now, in order (local first).
+
+    Local files are checked with ``stat``; objects with one HEAD request each
+    (:func:`distfusion.object_store.missing_objects`).
+
+    Raises:
+        OSError: an object store refused or could not be reached (the message
+            starts with ``what``, e.g. ``table 'orders'``, and names the cause).
     """
     remote = [p for p in paths if object_store.is_url(p)]
     gone = [p for p in paths if p and p not in remote and not os.path.exists(p)]
@@ -562,17 +582,15 @@ def check_files_exist(table: str, paths: list[str]) -> None:
         try:
             gone += object_store.missing_objects(remote)
         except Exception as exc:  # obstore's errors: unreachable, refused
-            msg = f"table {table!r}: cannot reach {remote[0]}: {object_store.describe(exc)}"
+            msg = f"{what}: cannot reach {remote[0]}: {object_store.describe(exc)}"
             raise OSError(msg) from None
-    if gone:
-        more = f" (and {len(gone) - 3} more)" if len(gone) > 3 else ""
-        msg = (
-            f"table {table!r}: source file {', '.join(gone[:3])}{more} no longer exists: it "
-            "was removed after the table was registered; if the table's files changed on "
-            "purpose, register it again (ctx.register_parquet / register_csv / register_delta) "
-            "to list them anew"
-        )
-        raise FileNotFoundError(msg)
+    return gone
+
+
+def listed(paths: list[str]) -> str:
+    """Up to 3 of ``paths`` for an error message, and how many more there are."""
+    more = f" (and {len(paths) - 3} more)" if len(paths) > 3 else ""
+    return ", ".join(paths[:3]) + more
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import decimal
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +61,7 @@ import pyarrow.parquet as pq
 from datafusion import DataFrame, SessionContext, col, lit
 
 from distfusion import object_store
+from distfusion.sources import listed, missing_files
 from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = [
@@ -369,9 +369,8 @@ def check_present(layout: Layout, units: list[WorkUnit]) -> None:
     DataFusion reads a file URL that names nothing as an empty table (it
     lists the path as a prefix), so a file removed after the scan was
     planned (an expired snapshot's files deleted, an orphan-file clean-up)
-    would lose its rows without a word. Local files: ``stat``; objects:
-    :func:`distfusion.object_store.missing_objects`, as
-    :func:`distfusion.sources.check_files_exist` does for file tables.
+    would lose its rows without a word (:func:`distfusion.sources.missing_files`,
+    as :func:`distfusion.sources.check_files_exist` does for file tables).
 
     Raises:
         FileNotFoundError: a file is gone (names the table and up to 3 files).
@@ -380,21 +379,10 @@ def check_present(layout: Layout, units: list[WorkUnit]) -> None:
     paths = [u.path for u in units]
     for u in units:
         paths.extend(d["path"] for d in json.loads(u.data).get("deletes", ()))
-    remote = [p for p in paths if object_store.is_url(p)]
-    gone = [p for p in paths if not object_store.is_url(p) and not os.path.exists(p)]
-    if remote:
-        try:
-            gone += object_store.missing_objects(remote)
-        except Exception as exc:  # obstore's errors: unreachable, refused
-            msg = (
-                f"Iceberg table {layout.table!r}: cannot reach {remote[0]}: "
-                f"{object_store.describe(exc)}"
-            )
-            raise OSError(msg) from None
+    gone = missing_files(f"Iceberg table {layout.table!r}", paths)
     if gone:
-        more = f" (and {len(gone) - 3} more)" if len(gone) > 3 else ""
         msg = (
-            f"Iceberg table {layout.table!r}: file {', '.join(gone[:3])}{more} no longer "
+            f"Iceberg table {layout.table!r}: file {listed(gone)} no longer "
             "exists: it was removed after the scan was planned from the table's snapshot "
             "(snapshots expired and their files deleted, an orphan-file clean-up, or the "
             "table was dropped); run the query again (register the table again to read "
