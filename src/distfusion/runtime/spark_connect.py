@@ -863,7 +863,8 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         try:
             yield
         except BaseException as exc:
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, Exception) and not self.closed:
+                self._used |= self.runtime.executor_urls  # its tasks said nothing yet
                 self._cancel_jobs()
             raise
         finally:
