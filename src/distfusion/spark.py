@@ -102,6 +102,7 @@ from distfusion import delta, object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
 from distfusion.object_store import store_url
+from distfusion.runtime.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.runtime.spark import (
     SparkRuntime,
     frame_function,
@@ -110,7 +111,6 @@ from distfusion.runtime.spark import (
     is_connect_session,
     spark_arrow_schema,
 )
-from distfusion.runtime.spark_connect import file_scan, is_connect_dataframe, statistics
 from distfusion.sources import spark_source
 
 __all__ = [
@@ -649,7 +649,7 @@ def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
     before running, an upper bound (Spark may coalesce them). Sizes: the
     optimized plan's statistics; Spark's default for unknown
     (``Long.MaxValue``) is None. A Spark Connect DataFrame: its explanation's
-    (:func:`~distfusion.runtime.spark_connect.statistics`).
+    (:func:`~distfusion.runtime.connect_frames.statistics`).
     """
     if is_connect_dataframe(df):
         return statistics(df)

@@ -31,8 +31,12 @@ worker is started, small one-task stages run as Spark jobs too, and
 everything the classic plane asks the executors' workers from the driver
 (where outputs were lost, keepalives, the cleanup of a failed or cancelled
 query, :meth:`SparkConnectRuntime.stats`) runs as a one-task Spark job whose
-task asks them (:func:`control`). A query that ends normally needs no such
-job: its head task cleans up.
+task asks them (:func:`~distfusion.runtime.spark_connect_tasks.control`). A
+query that ends normally needs no such job: its head task cleans up. The
+functions the jobs run on the executors are in
+:mod:`~distfusion.runtime.spark_connect_tasks`; the reading of Connect
+DataFrames (what Spark's explanations say of them) in
+:mod:`~distfusion.runtime.connect_frames`.
 
 Jobs are tagged (``SparkSession.addTag``): ``distfusion-<query id>`` on every
 job of a query (closing the query runs ``interruptTag`` with it) and a tag
@@ -51,16 +55,12 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import pickle
 import re
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
@@ -68,80 +68,56 @@ from distfusion.errors import (
     DistfusionError,
     PlanningError,
     TaskError,
-    TransportError,
-    WorkerUnavailableError,
 )
 from distfusion.metrics.task import TaskMetrics
-from distfusion.protocol.errors import error_from_dict, error_to_dict, is_task_failure, task_error
-from distfusion.protocol.task_plan import TaskPlan
+from distfusion.protocol.errors import error_from_dict
 from distfusion.runtime.base import QueryRun, default_target_partitions, task_threads
+from distfusion.runtime.connect_frames import (
+    collect_arrow,
+    explain_text,
+    is_connect_dataframe,
+    stream_arrow,
+)
 from distfusion.runtime.feeds import has_feeds
 from distfusion.runtime.spark import (
-    CHUNK_BYTES,
     ENCRYPTION_SETTINGS,
     EXECUTOR_QUERY_TTL_S,
     KEEP_WARM_S,
     DataPlaneAccess,
     SparkRuntime,
-    _chunks,
-    _drain,
-    _executor_transport,
     _first_line,
-    _flight_task,
-    _ipc_stream,
-    _run_head_part,
     _spark_call,
     _SparkFlightQuery,
-    _task_function,
     encryption_settings,
     held_dataframe,
     is_connect_session,
-    part_batches,
     spark_arrow_schema,
     spark_scan,
+)
+from distfusion.runtime.spark_connect_tasks import (
+    BATCHES,
+    CLEANED,
+    CONTROL_SCHEMA,
+    FAILED,
+    HEAD_SCHEMA,
+    METRICS,
+    PARTS_ARROW,
+    PARTS_SCHEMA,
+    ROUND_ARROW,
+    ROUND_SCHEMA,
+    SCHEMA,
+    entry,
+    mapper,
+    nothing,
 )
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.transport.tls import TlsMaterial, self_signed_tls
 from distfusion.worker.head_parts import HeadPart, head_parts
 from distfusion.worker.memory import spark_memory_per_task_bytes
 
-__all__ = [
-    "FileScan",
-    "SparkConnectRuntime",
-    "connect_session",
-    "explain_text",
-    "file_scan",
-    "is_connect_dataframe",
-    "statistics",
-]
+__all__ = ["SparkConnectRuntime", "connect_session"]
 
 log = logging.getLogger("distfusion.runtime.spark_connect")
-
-ROUND_SCHEMA = "stage int, task int, url string, metrics string, error string"
-"""Spark schema of a round's records: one per task (:func:`_flight_task`'s tuple)."""
-_ROUND_ARROW = pa.schema(
-    [
-        ("stage", pa.int32()),
-        ("task", pa.int32()),
-        ("url", pa.string()),
-        ("metrics", pa.string()),
-        ("error", pa.string()),
-    ]
-)
-HEAD_SCHEMA = "kind int, data binary"
-"""Spark schema of the head job's rows: ``kind`` :data:`SCHEMA` (``data``: the
-result's Arrow schema, serialized), :data:`BATCHES` (an Arrow IPC stream of
-result batches, view types as plain ones), :data:`METRICS` (the head's metrics
-as JSON), :data:`FAILED` (the error report) or :data:`CLEANED` (the query was
-cancelled on its workers)."""
-_HEAD_ARROW = pa.schema([("kind", pa.int32()), ("data", pa.binary())])
-BATCHES, METRICS, FAILED, CLEANED, SCHEMA = 0, 1, 2, 3, 4
-PARTS_SCHEMA = "part int, value binary, error string"
-"""Spark schema of a head-parts job's rows: the part, ``fn``'s pickled result, the error report."""
-_PARTS_ARROW = pa.schema([("part", pa.int32()), ("value", pa.binary()), ("error", pa.string())])
-CONTROL_SCHEMA = "url string, ok boolean, stats string"
-"""Spark schema of a control job's rows: one per worker URL asked."""
-_CONTROL_ARROW = pa.schema([("url", pa.string()), ("ok", pa.bool_()), ("stats", pa.string())])
 
 SLOTS_TTL_S = 10.0
 """Seconds :meth:`SparkConnectRuntime.num_workers` keeps the slot count it asked Spark for."""
@@ -151,169 +127,6 @@ CLEANUP_WAIT_S = 30.0
 
 _SPLITS = re.compile(r"splits=(\d+)")
 _TAG_UNSAFE = re.compile(r"[,\s]+")
-
-
-def is_connect_dataframe(df) -> bool:
-    """Whether ``df`` is a Spark Connect DataFrame (checked without importing its client)."""
-    return type(df).__module__.startswith("pyspark.sql.connect")
-
-
-def explain_text(df, mode: str = "extended") -> str:
-    """Spark's explanation of Connect DataFrame ``df`` in ``mode``, as ``df.explain`` prints it.
-
-    One ``AnalyzePlan`` call to the server; nothing runs. ``mode``: ``simple``,
-    ``extended``, ``cost``, ``formatted`` (Spark's).
-
-    Raises:
-        Exception: Spark cannot analyze ``df`` (its error).
-    """
-    return df._explain_string(mode=mode)
-
-
-@dataclass(frozen=True)
-class FileScan:
-    """A Connect DataFrame that is a plain scan of Parquet files (:func:`file_scan`).
-
-    Attributes:
-        root: the table's root directory (a URI, as Spark lists it) when it is
-            partitioned by directory, else None.
-        partition_columns: the partition columns, in the table's order (they
-            come last in its schema, as Spark's file tables put them).
-    """
-
-    root: str | None
-    partition_columns: tuple[str, ...]
-
-
-_RELATION = re.compile(r"^Relation\b.*\]\s+(\w+)(?:,\s+Statistics\(.*\))?$")
-_READ_SCHEMA = re.compile(r"^ReadSchema: struct<(.*)>$", re.MULTILINE)
-_LOCATION = re.compile(r"^Location: \w+ \[(.*)\]$", re.MULTILINE)
-_STATISTICS = re.compile(r"Statistics\(sizeInBytes=([\d.]+)\s*([KMGTPE]i)?B(?:, rowCount=(\d+))?")
-_UNITS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def _section(text: str, title: str) -> str:
-    """The part of an explanation under ``== title ==``, up to the next heading."""
-    found = re.search(rf"== {re.escape(title)} ==\n(.*?)(?=\n== |\Z)", text, re.DOTALL)
-    return found.group(1) if found else ""
-
-
-def _top_level_names(struct: str) -> list[str]:
-    """The field names of a ``struct<a:bigint,`b c`:string,...>`` body (Spark's catalog string)."""
-    names, depth, start = [], 0, 0
-    for i, ch in enumerate(struct + ","):
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            field = struct[start:i]
-            if field.startswith("`"):
-                names.append(field[1:].split("`:", 1)[0].replace("``", "`"))
-            else:
-                names.append(field.split(":", 1)[0])
-            start = i + 1
-    return names
-
-
-def file_scan(df) -> FileScan | None:
-    """How Connect DataFrame ``df`` reads files, when its optimized plan is a plain Parquet scan.
-
-    A Connect DataFrame has no JVM handle: Spark's explanations say what the
-    classic path reads from the plan's objects. The optimized logical plan
-    must be one ``Relation [...] parquet`` line (a temp view or a catalog
-    table over Parquet files, nothing on top); the columns missing from the
-    scan's ``ReadSchema`` (the ``formatted`` explanation prints it whole) are
-    its partition columns, and its one root directory (``Location``) is where
-    every file's ``column=value`` directories start. Two ``AnalyzePlan``
-    calls, and one ``inputFiles`` call for a partitioned table; nothing runs.
-
-    Returns:
-        None when ``df`` is anything else (CSV too: its options are not in the
-        explanation), or the layout is not one root of ``column=value`` directories.
-    """
-    try:
-        text = explain_text(df, "extended")
-    except Exception:  # Spark cannot analyze it: read through Spark, which says why
-        return None
-    lines = [ln.strip() for ln in _section(text, "Optimized Logical Plan").splitlines()]
-    lines = [ln for ln in lines if ln]
-    found = _RELATION.match(lines[0]) if len(lines) == 1 else None
-    if found is None or found.group(1).lower() != "parquet":
-        return None
-    try:
-        scan = explain_text(df, "formatted")
-    except Exception:
-        return None
-    read = _READ_SCHEMA.search(scan)
-    location = _LOCATION.search(scan)
-    if read is None or location is None:
-        return None
-    names = df.columns
-    data = set(_top_level_names(read.group(1)))
-    parts = tuple(n for n in names if n not in data)
-    if not parts:
-        return FileScan(None, ())
-    if tuple(names[-len(parts) :]) != parts:
-        return None
-    files = df.inputFiles()
-    if not files:
-        return None
-    segments = files[0].split("/")
-    keys = [seg.split("=", 1)[0].lower() for seg in segments[-1 - len(parts) : -1]]
-    if keys != [p.lower() for p in parts]:
-        return None
-    root = "/".join(segments[: -1 - len(parts)])
-    if not all(f.startswith(root + "/") for f in files):
-        return None
-    if [_uri_path(u) for u in location.group(1).split(", ")] != [_uri_path(root)]:
-        return None  # several roots, or not where the files' directories start
-    return FileScan(root, parts)
-
-
-def _uri_path(uri: str) -> tuple[str, str]:
-    """``(scheme, path)`` of ``uri``: ``file:/a`` and ``file:///a`` are the same."""
-    parsed = urlparse(uri)
-    return parsed.scheme.lower(), unquote(parsed.netloc + parsed.path).rstrip("/")
-
-
-def statistics(df) -> tuple[int | None, int | None, int | None]:
-    """``(partitions, sizeInBytes, rowCount)`` Spark estimates for Connect DataFrame ``df``.
-
-    From the optimized plan's ``Statistics(...)`` in Spark's cost explanation
-    (the classic path reads the same plan's statistics object). Partitions
-    are not known before the DataFrame runs: None. Sizes print rounded
-    (``3.3 KiB``); Spark's unknown (``Long.MaxValue``, 8.0 EiB) is None.
-    """
-    try:
-        text = _section(explain_text(df, "cost"), "Optimized Logical Plan")
-    except Exception:  # Spark's: no estimate
-        return None, None, None
-    found = _STATISTICS.search(text)
-    if found is None:
-        return None, None, None
-    size = int(float(found.group(1)) * _UNITS[found.group(2)])
-    rows = int(found.group(3)) if found.group(3) else None
-    return None, (None if size >= 2**62 else size), rows
-
-
-def _arrow(df) -> pa.Table:
-    """Run Connect DataFrame ``df``; its rows as one Arrow table.
-
-    The client's own call (no second round trip for the schema, which
-    ``toArrow()`` makes first).
-    """
-    client = df._session.client
-    table, _, _ = client.to_table(df._plan.to_proto(client), df._plan.observations)
-    return table
-
-
-def _arrow_stream(df) -> Iterator[pa.Table]:
-    """Run Connect DataFrame ``df``; its rows as Arrow tables, as the server sends them."""
-    client = df._session.client
-    for item in client.to_table_as_iterator(df._plan.to_proto(client), df._plan.observations):
-        if isinstance(item, pa.Table):
-            yield item
 
 
 def _tag(text: str) -> str:
@@ -537,7 +350,8 @@ class SparkConnectRuntime(SparkRuntime):
         ``live_tasks`` of the server's entry (:attr:`master`): tasks running in
         jobs of this runtime now (the progress the server reports); ``bytes_held``:
         0 (nothing is kept on the client). The executors' workers are asked by
-        one Spark job (:func:`control`), which needs a free task slot.
+        one Spark job (:func:`~distfusion.runtime.spark_connect_tasks.control`),
+        which needs a free task slot.
 
         Raises:
             TransportError: the job failed.
@@ -554,7 +368,9 @@ class SparkConnectRuntime(SparkRuntime):
         return stats
 
     def control(self, action: str, urls: list[str], query_id: str = "") -> list[tuple]:
-        """Ask the executor workers at ``urls`` through a one-task Spark job (:func:`control`).
+        """Ask the executor workers at ``urls`` through a one-task Spark job.
+
+        The job's task is :func:`~distfusion.runtime.spark_connect_tasks.control`.
 
         Args:
             action: ``"stats"``, ``"cancel"`` (``cancel_query``) or ``"keepalive"``.
@@ -567,9 +383,9 @@ class SparkConnectRuntime(SparkRuntime):
         Raises:
             TransportError: the job failed.
         """
-        fn = _mapper(
+        fn = mapper(
             [(-1, -1)],
-            f"{__name__}:control",
+            entry("control"),
             False,
             self.access.plain(),
             action,
@@ -580,7 +396,7 @@ class SparkConnectRuntime(SparkRuntime):
         self.spark.addTag(what)
         try:
             frame = self.spark.range(0, 1, 1, 1).mapInArrow(fn, CONTROL_SCHEMA)
-            table = _spark_call(lambda: _arrow(frame), lambda: None, self.master)
+            table = _spark_call(lambda: collect_arrow(frame), lambda: None, self.master)
         finally:
             self.spark.removeTag(what)
         return list(
@@ -824,7 +640,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
                     n = max(1, self.runtime.num_workers())
                     self.spark.addTag(what)
                     try:
-                        _arrow(self.spark.range(0, n, 1, n).mapInArrow(_nothing, "x int"))
+                        collect_arrow(self.spark.range(0, n, 1, n).mapInArrow(nothing, "x int"))
                     finally:
                         self.spark.removeTag(what)
                 except Exception:  # the session stopped: nothing to keep
@@ -890,7 +706,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
     def _collect(self, frame, stage_ids: list[int]) -> pa.Table:
         """Run job ``frame`` for ``stage_ids``; its rows."""
         with self._running_job(), self._tagged(stage_ids):
-            return _spark_call(lambda: _arrow(frame), self._check_open, self.runtime.master)
+            return _spark_call(lambda: collect_arrow(frame), self._check_open, self.runtime.master)
 
     def _next(self, stream: Iterator):
         """The next item of a job's result stream, or :data:`_END` (Spark's errors translated)."""
@@ -924,9 +740,9 @@ class _ConnectFlightQuery(_SparkFlightQuery):
                 plain.append((sid, t, attempts[(sid, t)]))
         frames = []
         if plain:
-            fn = _mapper(
+            fn = mapper(
                 [(sid, t) for sid, t, _ in plain],
-                f"{__name__}:run_task",
+                entry("run_task"),
                 False,
                 self.query_id,
                 plain,
@@ -938,9 +754,9 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             )
         for sid, wanted in on_frames.items():
             frame, read_schema = self._frame(self._stages[sid])
-            fn = _mapper(
+            fn = mapper(
                 [(sid, t) for t in range(self._stages[sid].num_tasks)],
-                f"{__name__}:run_table_task",
+                entry("run_table_task"),
                 True,
                 self.query_id,
                 sid,
@@ -954,7 +770,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         results = [
             (sid, t, url, None if metrics is None else json.loads(metrics), error)
             for sid, t, url, metrics, error in zip(
-                *(table.column(n).to_pylist() for n in _ROUND_ARROW.names), strict=True
+                *(table.column(n).to_pylist() for n in ROUND_ARROW.names), strict=True
             )
         ]
         failed = self._task_results(results)
@@ -988,9 +804,9 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         sid = graph.head.stage_id
         access, budget, threads = self.part_args(graph, parts)
         records = [(attempt, part.to_json()) for attempt, part in pending]
-        job = _mapper(
+        job = mapper(
             [(sid, p.index) for _, p in pending],
-            f"{__name__}:run_parts",
+            entry("run_parts"),
             False,
             records,
             access,
@@ -1003,7 +819,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         return [
             (index, None if value is None else pickle.loads(value), error)
             for index, value, error in zip(
-                *(table.column(n).to_pylist() for n in _PARTS_ARROW.names), strict=True
+                *(table.column(n).to_pylist() for n in PARTS_ARROW.names), strict=True
             )
         ]
 
@@ -1019,9 +835,9 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         attempt = 0
         while True:
             urls = sorted(set(self.placement.values()) | self._used | self._to_cancel)
-            job = _mapper(
+            job = mapper(
                 [(sid, 0)],
-                f"{__name__}:run_head",
+                entry("run_head"),
                 False,
                 self.query_id,
                 attempt,
@@ -1035,7 +851,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             error = schema = None
             yielded = False
             with self._running_job():
-                stream = _arrow_stream(frame)
+                stream = stream_arrow(frame)
                 try:
                     with self._tagged([sid]):  # the request goes out with the first item
                         table = self._next(stream)
@@ -1109,215 +925,3 @@ def _spark_frame(spark, stage: Stage, scan: SourceScan) -> tuple:
 
 _PARTITION = "__distfusion_partition"
 """The column :func:`_spark_frame` adds: the row's partition of the coalesced DataFrame."""
-
-
-def _mapper(tasks, entry: str, by_partition: bool, *args):
-    """The ``mapInArrow`` function of a Connect job: runs ``entry`` in the executor's Python worker.
-
-    Args:
-        tasks: ``(stage, task)`` by index, for the report of a task that
-            cannot import distfusion.
-        entry: ``"module:function"``, called as ``entry(index, records, *args)``;
-            it returns (or yields) Arrow record batches of the job's schema.
-        by_partition: the input is a partition of a Spark table's DataFrame
-            (:func:`_spark_frame`): ``index`` is its partition number (its
-            last column), ``records`` its Arrow batches without that column;
-            an empty partition runs nothing (its task runs over an empty one
-            in a job of its own). Else each input row is an id of
-            ``spark.range``, the index, and ``records`` is empty.
-        *args: ``entry``'s other arguments (pickled with the function).
-
-    Built on :func:`~distfusion.runtime.spark._task_function`: the same
-    shipping of UDFs and object stores, the same report when an executor
-    cannot import distfusion, the same heap freeze after the first task.
-    """
-    run = _task_function(tasks, entry, *args)
-
-    def map_in_arrow(batches):
-        if by_partition:
-            batches = iter(batches)
-            first = next(batches, None)
-            while first is not None and first.num_rows == 0:
-                first = next(batches, None)
-            if first is None:  # an empty partition: its number is unknown here
-                return
-            index = first.column(first.num_columns - 1)[0].as_py()
-
-            def data():
-                yield first.select(range(first.num_columns - 1))
-                for b in batches:
-                    yield b.select(range(b.num_columns - 1))
-
-            yield from run(index, data())
-            return
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                yield from run(index, iter(()))
-
-    return map_in_arrow
-
-
-def _nothing(batches):
-    """A ``mapInArrow`` function reading its input and yielding nothing (keep-warm jobs)."""
-    for _ in batches:
-        pass
-    return iter(())
-
-
-# ---------------------------------------------------------------------- executor side
-_STAGES: dict[bytes, Stage] = {}
-"""Stages unpickled in this Python worker, by their pickle (a round's tasks share them)."""
-
-
-def _stage(data: bytes) -> Stage:
-    stage = _STAGES.get(data)
-    if stage is None:
-        _STAGES.clear()  # one round's stages at a time
-        stage = _STAGES[data] = pickle.loads(data)
-    return stage
-
-
-def _round_batch(records: list[tuple]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [dict(zip(_ROUND_ARROW.names, r, strict=True)) for r in records], schema=_ROUND_ARROW
-    )
-
-
-def _one_task(query_id: str, stage_args: tuple, t: int, attempt: int, batches, worker_args):
-    """Task ``t`` of the pickled stage on this process's Flight worker: its round record."""
-    stage_bytes, input_workers, threads, memory, table = stage_args
-    plan = TaskPlan.for_task(
-        query_id,
-        _stage(stage_bytes),
-        t,
-        input_workers,
-        threads,
-        keep_output=True,
-        memory_per_task_bytes=memory,
-    )
-    sid, task, url, metrics, report = _flight_task(plan, attempt, table, batches, worker_args)
-    return (sid, task, url, None if metrics is None else json.dumps(metrics), report)
-
-
-def run_task(index, records, query_id, plain, stages, worker_args):
-    """Spark task ``index`` of a round: distfusion task ``plain[index]`` (executor side).
-
-    ``plain[index]`` is ``(stage, task, attempt)``; ``stages`` maps a stage to
-    ``(pickle, input workers, threads, memory, Spark table or None)``. A task
-    of a stage reading a Spark table runs here only past the DataFrame's
-    partitions: over an empty one. Returns one batch of :data:`ROUND_SCHEMA`.
-    """
-    _drain(records)
-    sid, t, attempt = plain[index]
-    return [_round_batch([_one_task(query_id, stages[sid], t, attempt, iter(()), worker_args)])]
-
-
-def run_table_task(index, batches, query_id, sid, attempts, stage_args, worker_args):
-    """Spark task over partition ``index`` of a Spark table's DataFrame: task ``index`` of ``sid``.
-
-    ``batches``: the partition's Arrow batches, offered to the task as the
-    table's rows; what it left is drained. A partition whose task is not in
-    ``attempts`` (``{task: attempt}``: the tasks to run) yields nothing.
-    """
-    if index not in attempts:
-        _drain(batches)
-        return []
-    try:
-        record = _one_task(query_id, stage_args, index, attempts[index], batches, worker_args)
-    finally:
-        _drain(batches)
-    return [_round_batch([record])]
-
-
-def run_head(index, records, query_id, attempt, part_json, access, budget, threads, urls):
-    """The head task: run the whole head here, yield its batches as rows of :data:`HEAD_SCHEMA`.
-
-    The result's schema goes first (the client casts the plain strings the
-    IPC streams carry back to its view types); the batches go out as Arrow
-    IPC streams of at most :data:`~distfusion.runtime.spark.CHUNK_BYTES` each; then the head's
-    metrics; then the query is cancelled on the workers at ``urls`` (its
-    outputs freed) and a :data:`CLEANED` row says so. A failure ends the rows
-    with a :data:`FAILED` row (the error codec's JSON), never an exception:
-    PySpark would end this process and the outputs it holds.
-    """
-    _drain(records)
-    part = HeadPart.from_json(part_json)
-    measured: list[TaskMetrics] = []
-    url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
-    schema = None
-    try:
-        for batch in part_batches(part, access, budget, threads, attempt, measured.append):
-            if schema is None:
-                schema = batch.schema
-                yield _head_row(SCHEMA, schema.serialize().to_pybytes())
-            if batch.num_rows:
-                for chunk in _chunks([batch], CHUNK_BYTES):
-                    yield _head_row(BATCHES, _ipc_stream(chunk, None).to_pybytes())
-    except BaseException as exc:  # a native panic too (is_task_failure)
-        if not is_task_failure(exc):
-            raise
-        err = exc if isinstance(exc, TaskError) else task_error(part.plan.key.stage_id, 0, url, exc)
-        yield _head_row(FAILED, json.dumps(error_to_dict(err)).encode())
-        return
-    if measured:
-        yield _head_row(METRICS, json.dumps(measured[0].to_dict()).encode())
-    transport = _executor_transport(access)
-    for worker in urls:
-        transport.cancel_query(worker, query_id)
-    yield _head_row(CLEANED, b"")
-
-
-def _head_row(kind: int, data: bytes) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array([kind], pa.int32()), pa.array([data], pa.binary())], schema=_HEAD_ARROW
-    )
-
-
-def run_parts(index, records, parts, access, budget, threads, fn_bytes):
-    """Spark task ``index`` of a head-parts job: ``fn`` over part ``parts[index]`` (executor side).
-
-    ``parts[index]`` is ``(attempt, part JSON)``; the part runs as the classic
-    plane's (:func:`~distfusion.runtime.spark._run_head_part`); ``fn``'s result
-    travels pickled. Returns one batch of :data:`PARTS_SCHEMA`.
-    """
-    _drain(records)
-    attempt, part_json = parts[index]
-    fn = pickle.loads(fn_bytes)
-    part = HeadPart.from_json(part_json)
-    ((i, value, report),) = _run_head_part(
-        index, iter([(attempt, part)]), access, budget, threads, fn
-    )
-    value = None if report is not None else pickle.dumps(value)
-    return [
-        pa.RecordBatch.from_arrays(
-            [pa.array([i], pa.int32()), pa.array([value], pa.binary()), pa.array([report])],
-            schema=_PARTS_ARROW,
-        )
-    ]
-
-
-def control(index, records, access, action, query_id, urls):
-    """The task of a control job: ``action`` on every worker at ``urls`` (executor side).
-
-    ``stats``: each worker's stats (``answered`` False when it cannot be
-    reached); ``cancel``: ``cancel_query`` (best effort); ``keepalive``.
-    Returns one batch of :data:`CONTROL_SCHEMA`.
-    """
-    _drain(records)
-    transport = _executor_transport(access)
-    rows = []
-    for url in urls:
-        answer = None
-        try:
-            if action == "stats":
-                answer = json.dumps(transport.stats(url, timeout_s=5.0))
-                ok = True
-            elif action == "cancel":
-                transport.cancel_query(url, query_id)
-                ok = True
-            else:
-                ok = transport.keepalive(url, [query_id])
-        except (WorkerUnavailableError, TransportError):
-            ok = False
-        rows.append({"url": url, "ok": ok, "stats": answer})
-    return [pa.RecordBatch.from_pylist(rows, schema=_CONTROL_ARROW)]
