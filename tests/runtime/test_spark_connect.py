@@ -166,7 +166,10 @@ def test_closing_a_running_query_interrupts_its_spark_jobs(
         assert thread.is_alive(), errors
         assert time.monotonic() - start < 180, "the join did not start"
         time.sleep(0.1)
-    pids = [runtime.stats()[u]["pid"] for u in sorted(runtime.executor_urls)]
+    # Asked directly from here, not with runtime.stats(): its control job would wait
+    # for a free task slot, and the join's tasks hold both.
+    transport = runtime.access.transport()
+    pids = [transport.stats(u, timeout_s=10.0)["pid"] for u in sorted(runtime.executor_urls)]
     assert sum(cpu_in(pid, 1.0) for pid in pids) > IDLE_CPU_S, "the join was not running"
     run.close()
     thread.join(STOP_TIMEOUT_S)
