@@ -119,14 +119,82 @@ def spark_session():
     runtime.close()
 
 
+@pytest.fixture(scope="session")
+def connect_session(spark_session):
+    """A Spark Connect session on the test session's Spark application (``local[2]``).
+
+    Spark Connect's service runs in the classic session's JVM
+    (:func:`~distfusion.testing.connect_server.start_connect_server`): one
+    application, its two task slots shared; the Connect session talks to it
+    over gRPC on 127.0.0.1 and runs its Python tasks in Python workers of its
+    own. Stopped before the classic session.
+    """
+    pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
+    from distfusion.runtime.spark_connect import connect_session as connect
+    from distfusion.testing.connect_server import start_connect_server
+
+    session = connect(start_connect_server(spark_session))
+    yield session
+    session.stop()
+
+
+def with_tpch_views(session, tpch_dir):
+    """Register the TPC-H tables as temp views over Parquet (native) in ``session``; a finalizer."""
+    for table in tpch.TABLES:
+        session.read.parquet(tpch.table_path(tpch_dir, table)).createOrReplaceTempView(table)
+
+    def drop() -> None:
+        for table in tpch.TABLES:
+            session.catalog.dropTempView(table)
+
+    return drop
+
+
 @pytest.fixture(scope="module")
 def spark(spark_session, tpch_dir):
     """The session's SparkSession with the TPC-H tables as temp views over Parquet (native)."""
-    for table in tpch.TABLES:
-        spark_session.read.parquet(tpch.table_path(tpch_dir, table)).createOrReplaceTempView(table)
+    drop = with_tpch_views(spark_session, tpch_dir)
     yield spark_session
-    for table in tpch.TABLES:
-        spark_session.catalog.dropTempView(table)
+    drop()
+
+
+SPARK_SESSIONS = ("classic", "connect")
+"""The kinds of SparkSession ``any_spark`` gives: a classic one and a Spark Connect one."""
+
+
+@pytest.fixture(scope="module", params=SPARK_SESSIONS)
+def any_spark(request, tpch_dir):
+    """:func:`spark`, once with the classic session and once with the Spark Connect one.
+
+    For what PySpark users do, which must hold on both. A test that cannot
+    hold on Spark Connect says so with ``@pytest.mark.connect_gap(raises=...,
+    reason=...)``: a strict xfail of its Connect run (:func:`pytest_collection_modifyitems`).
+    """
+    name = "connect_session" if request.param == "connect" else "spark_session"
+    session = request.getfixturevalue(name)
+    drop = with_tpch_views(session, tpch_dir)
+    yield session
+    drop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "connect_gap(raises, reason): the test cannot hold on Spark Connect (a strict xfail there)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each ``connect_gap`` test's run on the Spark Connect session is a strict xfail."""
+    for item in items:
+        mark = item.get_closest_marker("connect_gap")
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if mark is not None and params.get("any_spark") == "connect":
+            item.add_marker(
+                pytest.mark.xfail(
+                    raises=mark.kwargs["raises"], reason=mark.kwargs["reason"], strict=True
+                )
+            )
 
 
 @pytest.fixture
@@ -137,6 +205,25 @@ def fail_task(spark_session):
     sc = spark_session.sparkContext
     yield lambda spec: sc.setLocalProperty(FAIL_TASK_PROPERTY, spec)
     sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
+
+
+@pytest.fixture
+def fail_connect_task(connect_session):
+    """``fail_connect_task("STAGE:TASK:ATTEMPTS")``: the same on the Connect session (a job tag).
+
+    Tags are the calling thread's; removed after the test.
+    """
+    from distfusion.runtime.spark import FAIL_TASK_PROPERTY
+
+    tags: list[str] = []
+
+    def fail(spec: str) -> None:
+        tags.append(f"{FAIL_TASK_PROPERTY}={spec}")
+        connect_session.addTag(tags[-1])
+
+    yield fail
+    for tag in tags:
+        connect_session.removeTag(tag)
 
 
 # Runtime name -> options(request, workers) for runtime_from_name: what a runtime

@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import REPO
 
 CHECKS = Path(__file__).parent / "extras"
-EXTRAS = ["core", "spark", "datagen", "delta", "iceberg"]
+EXTRAS = ["core", "spark", "connect", "datagen", "delta", "iceberg"]
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DISTFUSION_CHECK_EXTRAS") != "1",

@@ -46,6 +46,9 @@ LAZY_IMPORTS = {
     # The Spark runtime's Flight data plane: pyarrow.flight, loaded only when used.
     ("distfusion.runtime.spark", "distfusion.transport.flight"),
     ("distfusion.runtime.spark", "distfusion.worker.flight_server"),
+    # Spark Connect: pyspark's Connect client (the connect extra) and the Flight plane.
+    ("distfusion.runtime.spark_connect", "pyspark.sql.connect.session"),
+    ("distfusion.runtime.spark_connect", "distfusion.transport.flight"),
     ("distfusion.spark", "pyspark.sql.pandas.types"),
     ("distfusion.spark", "pyspark.sql.types"),
     ("distfusion.spark", "pyspark.sql"),

@@ -228,11 +228,17 @@ def test_register_udaf_and_udwf_take_their_kind():
     )
 
 
-def test_pyspark_users_pass_udfs_to_distfusion_spark_sql(runtime_for, tpch_dir):
+@pytest.mark.parametrize("session", ["classic", "connect"])
+def test_pyspark_users_pass_udfs_to_distfusion_spark_sql(session, runtime_for, tpch_dir, request):
+    """On the classic SparkSession and on a Spark Connect one: the UDFs travel to the executors."""
     import distfusion.spark
 
-    runtime = runtime_for("spark", 2)
-    spark = runtime.spark
+    if session == "classic":
+        runtime = runtime_for("spark", 2)
+        spark = runtime.spark
+    else:
+        spark = request.getfixturevalue("connect_session")
+        runtime = distfusion.spark._runtime_for(spark)
     spark.read.parquet(tpch.table_path(tpch_dir, "orders")).createOrReplaceTempView("orders")
     sql = QUERIES["udaf-mergeable-group-by"]
     df = distfusion.spark.sql(spark, sql, runtime=runtime, udfs=[*UDFS, *UDAFS, *UDWFS])

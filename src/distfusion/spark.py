@@ -102,11 +102,13 @@ from distfusion import delta, object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
 from distfusion.errors import PlanningError
 from distfusion.object_store import store_url
+from distfusion.runtime.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.runtime.spark import (
     SparkRuntime,
     frame_function,
     hold_dataframe,
     import_pyspark,
+    is_connect_session,
     spark_arrow_schema,
 )
 from distfusion.sources import spark_source
@@ -224,7 +226,7 @@ class SparkDataFrame(DistributedDataFrame):
             self.coordinator_only() is not None
             or not isinstance(runtime, SparkRuntime)
             or runtime.data_plane != "flight"
-            or runtime.sc is not self.spark.sparkContext
+            or not runtime.serves(self.spark)
         ):
             return self._on_driver()
         query_id = str(uuid.uuid4())
@@ -327,8 +329,8 @@ def to_spark_compatible(table: pa.Table) -> pa.Table:
 
 def _runtime_for(spark) -> SparkRuntime:
     runtime = _runtimes.get(id(spark))
-    if runtime is None or runtime.sc is not spark.sparkContext or runtime.sc._jsc is None:
-        runtime = SparkRuntime(spark=spark)
+    if runtime is None or not runtime.serves(spark):
+        runtime = SparkRuntime(spark=spark)  # a SparkConnectRuntime for a Connect session
         _runtimes[id(spark)] = runtime
     return runtime
 
@@ -379,7 +381,7 @@ def from_spark(
     ``frame.context.deregister_table(name)``.
 
     Args:
-        df: a classic ``pyspark.sql.DataFrame`` (not Spark Connect's).
+        df: a ``pyspark.sql.DataFrame``, classic or Spark Connect's.
         name: the table's name in the context (default: a generated
             ``spark_df_<hex>``); case-insensitive, as in :func:`sql`.
         context: the context to register into (default: the session's);
@@ -392,17 +394,18 @@ def from_spark(
 
     Raises:
         ImportError: pyspark is not installed.
-        TypeError: ``df`` is not a classic Spark DataFrame (a Spark Connect
-            DataFrame has no JVM handle to read through).
+        TypeError: ``df`` is not a Spark DataFrame.
         PlanningError: a table ``name`` exists already in the context; as
             :func:`register_spark_dataframe` (a type Arrow cannot express,
             columns differing only in case).
     """
     import_pyspark()
-    if not hasattr(df, "_jdf") or not hasattr(df, "sparkSession"):
+    from pyspark.sql import DataFrame  # optional dependency
+
+    if not isinstance(df, DataFrame):
         msg = (
-            f"from_spark takes a classic pyspark.sql.DataFrame, got {type(df).__module__}."
-            f"{type(df).__name__}; Spark Connect DataFrames are not supported yet"
+            f"from_spark takes a pyspark.sql.DataFrame (classic or Spark Connect), got "
+            f"{type(df).__module__}.{type(df).__name__}"
         )
         raise TypeError(msg)
     spark = df.sparkSession
@@ -493,7 +496,7 @@ def sql(
                 ctx.register_parquet(name.lower(), path)
         elif _is_iceberg_table(df):
             ctx.register_iceberg(name.lower(), df)
-        elif not hasattr(df, "_jdf") or not _register_native(ctx, df, name, name.lower()):
+        elif not _is_spark_dataframe(df) or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
     names = _referenced_names(query)
     unreadable: dict[str, str] = {}
@@ -511,6 +514,13 @@ def sql(
                 raise PlanningError(reason) from exc
         raise
     return SparkDataFrame(ctx, df, spark, query)
+
+
+def _is_spark_dataframe(df) -> bool:
+    """Whether ``df`` is a Spark DataFrame, classic or Spark Connect's."""
+    from pyspark.sql import DataFrame  # optional dependency
+
+    return isinstance(df, DataFrame)
 
 
 def _register_delta(ctx: DistributedContext, name: str, table) -> bool:
@@ -598,17 +608,15 @@ def register_spark_dataframe(ctx: DistributedContext, name: str, df) -> None:
             :class:`~distfusion.runtime.spark.SparkRuntime` on ``df``'s
             session when a query runs.
         name: the table name.
-        df: a ``pyspark.sql.DataFrame`` (classic, not Spark Connect).
+        df: a ``pyspark.sql.DataFrame``, classic or Spark Connect's.
 
     Raises:
         TypeError: ``df`` is not a Spark DataFrame.
         PlanningError: its schema has a type Arrow cannot express, or two
             columns whose names differ only in case.
     """
-    from pyspark.sql import DataFrame  # optional dependency
-
-    if not isinstance(df, DataFrame) or not hasattr(df, "_jdf"):
-        msg = f"table {name!r}: expected a (classic) pyspark.sql.DataFrame, got {type(df)!r}"
+    if not _is_spark_dataframe(df):
+        msg = f"table {name!r}: expected a pyspark.sql.DataFrame, got {type(df)!r}"
         raise TypeError(msg)
     time_zone = df.sparkSession.conf.get("spark.sql.session.timeZone")
     try:
@@ -640,8 +648,11 @@ def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
     partitions are known once its shuffles ran) the partitioning it plans
     before running, an upper bound (Spark may coalesce them). Sizes: the
     optimized plan's statistics; Spark's default for unknown
-    (``Long.MaxValue``) is None.
+    (``Long.MaxValue``) is None. A Spark Connect DataFrame: its explanation's
+    (:func:`~distfusion.runtime.connect_frames.statistics`).
     """
+    if is_connect_dataframe(df):
+        return statistics(df)
     qe = df._jdf.queryExecution()
     partitions = size = rows = None
     try:
@@ -674,24 +685,42 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
         local file system, no file, or a type the native path does not map.
     """
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
+    from pyspark.sql.types import StructType, _parse_datatype_json_string  # optional dependency
 
-    try:
-        plan = df._jdf.queryExecution().optimizedPlan()
-    except Exception as exc:
-        msg = f"table {name!r}: Spark cannot plan it: {exc}"
-        raise PlanningError(msg) from exc
-    kind = plan.getClass().getSimpleName()
-    if (
-        kind != "LogicalRelation"
-        or plan.relation().getClass().getSimpleName() != "HadoopFsRelation"
-    ):
-        return False
-    relation = plan.relation()
-    fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower())
-    if fmt is None:
-        return False
-    if relation.partitionSchema().nonEmpty():
-        return _register_partitioned(ctx, df.sparkSession, relation, fmt, as_name)
+    if is_connect_dataframe(df):  # no JVM handle: what Spark's explanation says
+        scan = file_scan(df)
+        if scan is None:
+            return False
+        relation, fmt = None, "parquet"
+        if scan.partition_columns:
+            fields = df.schema.fields
+            data = StructType([f for f in fields if f.name not in scan.partition_columns])
+            parts = StructType([f for f in fields if f.name in scan.partition_columns])
+            return _register_partitioned(ctx, df.sparkSession, scan.root, data, parts, as_name)
+    else:
+        try:
+            plan = df._jdf.queryExecution().optimizedPlan()
+        except Exception as exc:
+            msg = f"table {name!r}: Spark cannot plan it: {exc}"
+            raise PlanningError(msg) from exc
+        kind = plan.getClass().getSimpleName()
+        if (
+            kind != "LogicalRelation"
+            or plan.relation().getClass().getSimpleName() != "HadoopFsRelation"
+        ):
+            return False
+        relation = plan.relation()
+        fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower())
+        if fmt is None:
+            return False
+        if relation.partitionSchema().nonEmpty():
+            roots = relation.location().rootPaths()
+            if fmt != "parquet" or roots.size() != 1:
+                return False
+            root = str(roots.apply(0).toUri().toString())
+            data = _parse_datatype_json_string(relation.dataSchema().json())
+            parts = _parse_datatype_json_string(relation.partitionSchema().json())
+            return _register_partitioned(ctx, df.sparkSession, root, data, parts, as_name)
     files = []
     for uri in df.inputFiles():
         path = _native_path(df.sparkSession, uri)
@@ -730,12 +759,16 @@ def _native_path(spark, uri: str) -> str | None:
     ``AmazonS3`` store made, unless one is registered for the bucket, from
     Spark's Hadoop configuration (:func:`s3_store_from_hadoop`); ``gs://`` and
     ``abfs[s]://`` through stores from the environment. None: another scheme
-    (HDFS, ...), read through Spark.
+    (HDFS, ...), read through Spark; on Spark Connect also a local path this
+    client does not see (the server's file system is not the client's).
     """
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
     if scheme in ("", "file"):
-        return unquote(parsed.path)
+        path = unquote(parsed.path)
+        if is_connect_session(spark) and not os.path.exists(path):
+            return None
+        return path
     if scheme in _S3_SCHEMES:
         url = "s3://" + uri.split("://", 1)[1]
         if store_url(url) not in object_store.registered():
@@ -764,12 +797,24 @@ def s3_store_from_hadoop(spark, bucket: str) -> object_store.AmazonS3:
     the global ones, as in Hadoop's S3A. Keys set there travel to the
     executors in Spark's task closures; without them each executor takes
     credentials from its environment. ``fs.s3a.connection.ssl.enabled=false``
-    or an ``http://`` endpoint allows plain HTTP.
+    or an ``http://`` endpoint allows plain HTTP. A Spark Connect session has
+    no Hadoop configuration to read: its ``spark.hadoop.fs.s3a.*`` settings
+    are read instead, where the server exposes them (it hides keys and
+    secrets from a client: the executors' environment provides those).
     """
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    if is_connect_session(spark):
+
+        def setting(key: str):
+            try:
+                return spark.conf.get(f"spark.hadoop.{key}", None)
+            except Exception:  # the server does not expose it
+                return None
+
+    else:
+        setting = spark.sparkContext._jsc.hadoopConfiguration().get
 
     def get(key: str) -> str | None:
-        value = conf.get(f"fs.s3a.bucket.{bucket}.{key}") or conf.get(f"fs.s3a.{key}")
+        value = setting(f"fs.s3a.bucket.{bucket}.{key}") or setting(f"fs.s3a.{key}")
         return str(value) if value else None
 
     args = {arg: get(key) for key, arg in _HADOOP_S3 if get(key)}
@@ -781,33 +826,29 @@ def s3_store_from_hadoop(spark, bucket: str) -> object_store.AmazonS3:
     return object_store.AmazonS3(bucket_name=bucket, allow_http=allow_http, **args)
 
 
-def _register_partitioned(ctx: DistributedContext, spark, relation, fmt: str, as_name: str) -> bool:
+def _register_partitioned(
+    ctx: DistributedContext, spark, root_uri: str, data, parts, as_name: str
+) -> bool:
     """Register a Parquet table Spark partitions by directory (``partitionBy``).
 
-    The table's root directory is registered with Spark's partition columns
-    and types (``table_partition_cols``): distfusion lists the files, reads
-    each file's partition values from its path and prunes directories by the
-    query's filters, as Spark does.
+    The table's root directory ``root_uri`` is registered with Spark's
+    partition columns and types (``parts``, a Spark ``StructType``; ``data``:
+    the files' columns): distfusion lists the files, reads each file's
+    partition values from its path and prunes directories by the query's
+    filters, as Spark does.
 
     Returns:
-        False (read it through Spark) when the table is not Parquet, has
-        several root paths, its root is not on a local file system, or a
-        type does not map natively.
+        False (read it through Spark) when the root is not on a file system
+        or object store DataFusion reads, or a type does not map natively.
     """
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
-    from pyspark.sql.types import _parse_datatype_json_string  # optional dependency
 
-    if fmt != "parquet":
-        return False
-    roots = relation.location().rootPaths()
-    if roots.size() != 1:
-        return False
-    root = _native_path(spark, str(roots.apply(0).toUri().toString()))
+    root = _native_path(spark, root_uri)
     if root is None:
         return False
     try:
-        data = to_arrow_schema(_parse_datatype_json_string(relation.dataSchema().json()))
-        parts = to_arrow_schema(_parse_datatype_json_string(relation.partitionSchema().json()))
+        data = to_arrow_schema(data)
+        parts = to_arrow_schema(parts)
     except Exception:  # e.g. a time stamp: read through Spark, in the session's zone
         return False
     ctx.register_parquet(

@@ -2,7 +2,8 @@
 
 Built with DataFusion's DataFrame API, run on the Spark runtime of the
 session, back in Spark with ``to_spark()``; each result equals single-node
-DataFusion running the same DataFrame code over the same TPC-H files.
+DataFusion running the same DataFrame code over the same TPC-H files. Every
+test runs on the classic session and on a Spark Connect one (``any_spark``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from distfusion.errors import PlanningError
 from distfusion.spark import SparkDataFrame, from_spark, to_spark_compatible
 from tests.compare import assert_same_result
 from tests.dataframe_queries import q5
+
+
+@pytest.fixture(scope="module")
+def spark(any_spark):
+    """The TPC-H views on a classic session, then on a Spark Connect one."""
+    return any_spark
 
 
 def _big_quantities(df):
@@ -96,5 +103,5 @@ def test_frames_of_one_session_share_a_context(spark):
 
 
 def test_from_spark_refuses_what_is_no_spark_dataframe(spark):
-    with pytest.raises(TypeError, match="classic pyspark.sql.DataFrame"):
+    with pytest.raises(TypeError, match="takes a pyspark.sql.DataFrame"):
         from_spark(pa.table({"a": [1]}))

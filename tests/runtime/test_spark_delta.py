@@ -1,4 +1,7 @@
-"""distfusion.spark.sql with Delta tables in ``tables=``: read natively from their log."""
+"""distfusion.spark.sql with Delta tables in ``tables=``: read natively from their log.
+
+On the classic SparkSession and on a Spark Connect one (``any_spark``).
+"""
 
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ def _expected(path: str) -> pa.Table:
     return oracle.sql(SQL).to_arrow_table()
 
 
-def test_delta_table_and_path_are_read_natively(spark_session, delta_path):
+def test_delta_table_and_path_are_read_natively(any_spark, delta_path):
+    spark_session = any_spark
     files = len(DeltaTable(delta_path).file_uris())
     df = distfusion.spark.sql(spark_session, SQL, tables={"t": DeltaTable(delta_path)})
     plan = df.explain()

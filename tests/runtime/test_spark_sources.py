@@ -6,6 +6,10 @@ computed by Spark: the leaf stage reading it runs one task per partition of
 the DataFrame, inside the Spark task computing that partition. Every result
 equals ``spark.sql(q)`` on the same data (as sorted Arrow tables, types as
 Spark gives them).
+
+Every test runs on the classic SparkSession and on a Spark Connect session of
+the same application (``any_spark``); the shuffle data plane needs RDDs, so its
+cases run on the classic one only.
 """
 
 from __future__ import annotations
@@ -16,11 +20,49 @@ from pyspark.sql import functions as F
 
 import distfusion.spark
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime, PlanningError, tpch
-from distfusion.runtime.spark import SparkRuntime
+from distfusion.runtime.spark import SparkRuntime, is_connect_session
 from tests.compare import assert_same_result, is_ordered
 
 # Small tasks: a DataFrame of a few MiB still gets a task per partition.
 SMALL_TASKS = DistributedConfig(bytes_per_task=1024 * 1024)
+
+
+@pytest.fixture(scope="module")
+def spark(any_spark):
+    """The TPC-H views on a classic session, then on a Spark Connect one."""
+    return any_spark
+
+
+def _functions(spark):
+    """``pyspark.sql.functions`` for ``spark``'s kind of session.
+
+    This process holds a classic session too, so the classic functions build
+    classic columns; a Connect DataFrame needs Connect's (what
+    ``SparkSession.builder.remote`` switches a process to).
+    """
+    if is_connect_session(spark):
+        from pyspark.sql.connect import functions
+
+        return functions
+    return F
+
+
+def _planned_partitions(spark, partitions: int) -> int:
+    """Leaf tasks over a DataFrame Spark plans in ``partitions`` partitions.
+
+    Spark Connect does not say a DataFrame's partitions before it runs, so
+    there the stage gets one task per slot (2), coalescing the DataFrame.
+    """
+    return 2 if is_connect_session(spark) else partitions
+
+
+def _runtime_on(spark, data_plane: str):
+    """The session's runtime on ``data_plane`` (the default one for ``"flight"``)."""
+    if data_plane == "flight":  # the default runtime of the session
+        return distfusion.spark._runtime_for(spark)
+    if is_connect_session(spark):
+        pytest.skip("the shuffle data plane needs RDDs: not on Spark Connect (test_spark_connect)")
+    return SparkRuntime(spark=spark, data_plane=data_plane)
 
 
 @pytest.fixture
@@ -80,10 +122,11 @@ def test_filtered_and_joined_temp_view(spark, view):
 
 
 def test_dataframe_api_through_tables_runs_over_its_partitions(spark, tpch_dir):
+    fn = _functions(spark)
     lineitem = (
         spark.read.parquet(tpch.table_path(tpch_dir, "lineitem"))
-        .where(F.col("l_shipdate") >= F.lit("1995-01-01").cast("date"))
-        .withColumn("revenue", F.col("l_extendedprice") * (1 - F.col("l_discount")))
+        .where(fn.col("l_shipdate") >= fn.lit("1995-01-01").cast("date"))
+        .withColumn("revenue", fn.col("l_extendedprice") * (1 - fn.col("l_discount")))
         .select("l_orderkey", "l_returnflag", "revenue", "l_quantity")
         .repartition(3)
     )
@@ -101,9 +144,9 @@ def test_dataframe_api_through_tables_runs_over_its_partitions(spark, tpch_dir):
     # The leaf stage ran as Spark tasks over the DataFrame's 3 partitions, each
     # reading its own Arrow batches on an executor: none ran on the driver.
     ((stage, metrics),) = _spark_stages(df)
-    assert stage.num_tasks == 3
+    assert stage.num_tasks == _planned_partitions(spark, 3)
     tasks = metrics.tasks
-    assert len(tasks) == 3
+    assert len(tasks) == stage.num_tasks
     driver = runtime._driver_worker.url if runtime._driver_worker is not None else None
     assert all(t.worker not in (driver, "coordinator") for t in tasks)
     assert all(t.source_bytes > 0 for t in tasks)
@@ -139,10 +182,7 @@ def test_orc_table_joined_with_a_native_parquet_table(spark, view, tmp_path, dat
         "FROM customer_orc JOIN nation ON c_nationkey = n_nationkey "
         "WHERE c_acctbal > 0 GROUP BY n_name, c_mktsegment ORDER BY n_name, c_mktsegment"
     )
-    if data_plane == "flight":  # the default runtime of the session
-        runtime = distfusion.spark._runtime_for(spark)
-    else:  # no Flight workers on the executors: nothing outlives close()
-        runtime = SparkRuntime(spark=spark, data_plane=data_plane)
+    runtime = _runtime_on(spark, data_plane)  # shuffle: nothing outlives close()
     try:
         df = distfusion.spark.sql(spark, sql, runtime=runtime)
         plan = df.explain()
@@ -203,7 +243,8 @@ def test_an_empty_dataframe(spark):
 
 def test_more_tasks_than_spark_makes_partitions(spark):
     """An adaptive DataFrame's partitions are known only when it runs: extra tasks read none."""
-    grouped = spark.table("orders").groupBy("o_custkey").agg(F.count("*").alias("orders"))
+    fn = _functions(spark)
+    grouped = spark.table("orders").groupBy("o_custkey").agg(fn.count("*").alias("orders"))
     sql = "SELECT orders, count(*) AS customers FROM g GROUP BY orders"
     df = distfusion.spark.sql(spark, sql, tables={"g": grouped})
     grouped.createOrReplaceTempView("g")
@@ -219,26 +260,34 @@ def test_more_tasks_than_spark_makes_partitions(spark):
 
 
 @pytest.mark.parametrize("data_plane", ["flight", "shuffle"])
-def test_a_failed_task_over_a_partition_runs_again(spark, data_plane, monkeypatch):
-    """Task 1 of the leaf stage fails on its first attempt; only its partition runs again."""
+def test_a_failed_task_over_a_partition_runs_again(spark, data_plane, monkeypatch, request):
+    """Task 1 of the leaf stage fails on its first attempt; only its partition runs again.
+
+    On Spark Connect the failure is injected through a job tag
+    (``fail_connect_task``); the query succeeds only if the attempt ran again.
+    """
     from distfusion.runtime.spark import FAIL_TASK_PROPERTY
 
+    runtime = _runtime_on(spark, data_plane)
+    connect = is_connect_session(spark)
     jobs = []  # partitions of each job run on part of an RDD
-    run_job = type(spark.sparkContext).runJob
+    if connect:
+        fail = request.getfixturevalue("fail_connect_task")
+    else:
+        run_job = type(spark.sparkContext).runJob
 
-    def counted(self, rdd, fn, partitions=None, allowLocal=False):
-        jobs.append(partitions)
-        return run_job(self, rdd, fn, partitions, allowLocal)
+        def counted(self, rdd, fn, partitions=None, allowLocal=False):
+            jobs.append(partitions)
+            return run_job(self, rdd, fn, partitions, allowLocal)
 
-    monkeypatch.setattr(type(spark.sparkContext), "runJob", counted)
+        monkeypatch.setattr(type(spark.sparkContext), "runJob", counted)
+        sc = spark.sparkContext
+
+        def fail(spec: str) -> None:
+            sc.setLocalProperty(FAIL_TASK_PROPERTY, spec)
 
     parts = spark.table("orders").select("o_orderkey", "o_totalprice").repartition(3)
     sql = "SELECT count(*) AS n, sum(o_totalprice) AS total FROM parts"
-    if data_plane == "flight":
-        runtime = distfusion.spark._runtime_for(spark)
-    else:
-        runtime = SparkRuntime(spark=spark, data_plane=data_plane)
-    sc = spark.sparkContext
     try:
         df = distfusion.spark.sql(
             spark,
@@ -248,13 +297,14 @@ def test_a_failed_task_over_a_partition_runs_again(spark, data_plane, monkeypatc
             tables={"parts": parts},
         )
         (leaf,) = [s for s in df.stage_graph().stages if s.scans]
-        assert leaf.num_tasks == 3
-        sc.setLocalProperty(FAIL_TASK_PROPERTY, f"{leaf.stage_id}:1:1")
+        assert leaf.num_tasks == _planned_partitions(spark, 3)
+        fail(f"{leaf.stage_id}:1:1")
         got = df.to_arrow_table()
-        if data_plane == "flight":  # Spark retries the shuffle plane's task itself
+        if data_plane == "flight" and not connect:  # Spark retries the shuffle plane's itself
             assert [1] in jobs
     finally:
-        sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
+        if not connect:
+            sc.setLocalProperty(FAIL_TASK_PROPERTY, None)
         if data_plane != "flight":
             runtime.close()
     parts.createOrReplaceTempView("parts")

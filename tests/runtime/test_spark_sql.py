@@ -1,4 +1,9 @@
-"""distfusion.spark.sql: Spark's temp views as distfusion tables, results back in Spark."""
+"""distfusion.spark.sql: Spark's temp views as distfusion tables, results back in Spark.
+
+Every test runs twice: on the classic SparkSession and on a Spark Connect
+session of the same application (``any_spark``); what Connect cannot do is
+declared with ``connect_gap``.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,17 @@ import pytest
 
 import distfusion.spark
 from distfusion import tpch
+from distfusion.errors import PlanningError
 from tests.compare import assert_same_result, is_ordered
 
 # TPC-H queries whose SQL Spark and DataFusion both accept as written.
 QUERIES = (1, 3, 5, 6, 10, 12, 14, 19)
+
+
+@pytest.fixture(scope="module")
+def spark(any_spark):
+    """The TPC-H views on a classic session, then on a Spark Connect one."""
+    return any_spark
 
 
 def _spark_result(df) -> pa.Table:
@@ -183,6 +195,11 @@ def test_tables_from_object_store_urls(spark, s3_tpch, s3_store, tpch_dir):
         spark.catalog.dropTempView("o")
 
 
+@pytest.mark.connect_gap(
+    raises=AttributeError,
+    reason="a Connect session has no Hadoop configuration (sparkContext): "
+    "test_s3a_settings_of_a_connect_session",
+)
 def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
     from distfusion import object_store as stores
     from distfusion.spark import _native_path, s3_store_from_hadoop
@@ -216,6 +233,11 @@ def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
         stores.deregister("s3://", "lake")
 
 
+@pytest.mark.connect_gap(
+    raises=PlanningError,
+    reason="an Iceberg table's work unit feed streams from the client, which the "
+    "executors cannot reach on Spark Connect",
+)
 def test_an_iceberg_table_on_s3_through_tables(spark, s3_server, s3_store, tmp_path):
     """``tables={"t": <pyiceberg Table>}``: planned on the driver, the executors pull its files."""
     from datafusion import SessionContext
@@ -238,3 +260,27 @@ def test_an_iceberg_table_on_s3_through_tables(spark, s3_server, s3_store, tmp_p
     assert "Iceberg snapshot" in df.explain_run()
     back = df.to_spark().orderBy("region").collect()
     assert [r.region for r in back] == sorted(expected.column("region").to_pylist())
+
+
+def test_s3a_settings_of_a_connect_session(connect_session):
+    """On Spark Connect the ``spark.hadoop.fs.s3a.*`` settings the server exposes make the store.
+
+    Keys are not exposed to a Connect client (Spark hides them): the tasks
+    take credentials from the executors' environment.
+    """
+    from distfusion.spark import s3_store_from_hadoop
+
+    conf = connect_session.conf
+    conf.set("spark.hadoop.fs.s3a.endpoint", "minio.local:9000")
+    conf.set("spark.hadoop.fs.s3a.connection.ssl.enabled", "false")
+    conf.set("spark.hadoop.fs.s3a.bucket.lake.access.key", "lake-key-id")
+    try:
+        store = s3_store_from_hadoop(connect_session, "lake")
+        assert store.arguments == {
+            "bucket_name": "lake",
+            "allow_http": True,
+            "endpoint": "http://minio.local:9000",
+        }
+    finally:
+        for key in ("endpoint", "connection.ssl.enabled", "bucket.lake.access.key"):
+            conf.unset(f"spark.hadoop.fs.s3a.{key}")

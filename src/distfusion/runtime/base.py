@@ -626,8 +626,7 @@ class WorkerQueryRun:
                 reason = self._failure or QueryCancelledError(f"query {self.query_id} was closed")
                 abort(self.query_id, reason)
             self._collect_metrics()
-            for url in sorted(set(self.placement.values())):
-                self.transport.cancel_query(url, self.query_id)
+            self._cancel_on_workers(sorted(set(self.placement.values())))
         finally:
             if self._head_spill_dir is not None:
                 shutil.rmtree(self._head_spill_dir, ignore_errors=True)
@@ -638,6 +637,11 @@ class WorkerQueryRun:
     def closed(self) -> bool:
         """True once :meth:`close` ran."""
         return self._closed
+
+    def _cancel_on_workers(self, urls: list[str]) -> None:
+        """Tell the workers at ``urls`` to cancel the query and free its state."""
+        for url in urls:
+            self.transport.cancel_query(url, self.query_id)
 
     # ------------------------------------------------------------- internals
     def _collect_metrics(self) -> None:

@@ -6,6 +6,7 @@ runtime_from_name("flight", workers=3)                 3 new local Flight worker
 runtime_from_name("flight", urls=["grpc://h:50051"])   those workers
 runtime_from_name("spark", workers=2)                  embedded Spark, master local[2]
 runtime_from_name("spark", master="spark://h:7077")    a Spark cluster
+runtime_from_name("spark", connect="sc://h:15002")     a Spark Connect server
 ```
 
 Adding a runtime: one module implementing
@@ -22,6 +23,7 @@ from distfusion.runtime.base import Runtime
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
 from distfusion.runtime.spark import SparkRuntime
+from distfusion.runtime.spark_connect import SparkConnectRuntime, connect_session
 
 __all__ = ["RUNTIMES", "runtime_from_name", "runtime_options"]
 
@@ -36,8 +38,12 @@ def _flight(workers: int | None, urls: list[str] | None = None, **options: Any) 
     return FlightRuntime.with_local_workers(workers or 3, **options)
 
 
-def _spark(workers: int | None, master: str | None = None, **options: Any) -> Runtime:
+def _spark(
+    workers: int | None, master: str | None = None, connect: str | None = None, **options: Any
+) -> Runtime:
     # With a session given, Spark's own slots decide; ``workers`` only names the master.
+    if connect is not None:
+        return SparkConnectRuntime(spark=connect_session(connect), **options)
     if master is None:
         master = f"local[{workers}]" if workers else "local[*]"
     return SparkRuntime(master=master, **options)
@@ -61,7 +67,9 @@ def runtime_from_name(name: str, workers: int | None = None, **options: Any) -> 
             (default 3); ``spark``: the embedded master ``local[workers]``
             when no ``master`` is given (default ``local[*]``).
         **options: passed to the runtime's constructor, plus ``urls`` (Flight:
-            the URLs of running workers) and ``master`` (Spark).
+            the URLs of running workers), ``master`` (Spark) and ``connect``
+            (Spark: the URL of a Spark Connect server, ``sc://host:port``, whose
+            session runs the tasks: :mod:`distfusion.runtime.spark_connect`).
 
     Raises:
         ValueError: unknown runtime name, or bad ``workers``.
@@ -84,7 +92,8 @@ def runtime_options(args) -> dict[str, Any]:
         args: parsed flags: ``runtime``, and optionally ``master`` (Spark),
             ``workers_url``, ``token``, ``tls_root_certs`` (a PEM file; Flight),
             ``udf`` (``module:name`` references the Flight workers it starts
-            load), ``command``. Spark's console progress bar stays off.
+            load), ``connect`` (Spark: a Spark Connect URL), ``command``.
+            Spark's console progress bar stays off.
 
     Raises:
         ValueError: ``--workers-url`` lists no URL.
@@ -97,6 +106,8 @@ def runtime_options(args) -> dict[str, Any]:
         options: dict[str, Any] = {"progress": False}
         if getattr(args, "master", None):
             options["master"] = args.master
+        if getattr(args, "connect", None):
+            options["connect"] = args.connect
         return options
     if name != "flight":
         return {}

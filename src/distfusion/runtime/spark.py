@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 import json
 import logging
 import os
@@ -135,6 +136,7 @@ __all__ = [
     "FAIL_TASK_PROPERTY",
     "hold_dataframe",
     "import_pyspark",
+    "is_connect_session",
     "job_group",
     "spark_scan",
     "with_local_retries",
@@ -150,6 +152,8 @@ Value ``"STAGE:TASK:ATTEMPTS"``: task TASK of stage STAGE raises on its first
 ATTEMPTS attempts (``always`` for every attempt). Set it on the driver with
 ``spark.sparkContext.setLocalProperty(FAIL_TASK_PROPERTY, "1:0:1")``; Spark
 sends local properties with every task of the jobs started from that thread.
+A Spark Connect session has no local properties: tag the thread's jobs with
+``spark.addTag(FAIL_TASK_PROPERTY + "=1:0:1")`` instead (job tags reach the tasks).
 """
 
 DATA_PLANES = ("flight", "shuffle")
@@ -260,6 +264,14 @@ def import_pyspark():
         )
         raise ImportError(msg) from exc
     return pyspark
+
+
+def is_connect_session(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (``SparkSession.builder.remote(...)``).
+
+    Checked without importing pyspark's Connect client (its extras may be missing).
+    """
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def with_local_retries(master: str, task_max_failures: int) -> str:
@@ -440,6 +452,17 @@ class SparkRuntime:
     128 MiB splits (``spark.sql.files.maxPartitionBytes``).
     """
 
+    connect_runtime: type | None = None
+    """The class that runs on a Spark Connect session (``SparkRuntime(spark=<Connect
+    session>)`` makes one): :class:`~distfusion.runtime.spark_connect.SparkConnectRuntime`,
+    set when that module is imported (the runtime registry imports it)."""
+
+    def __new__(cls, spark=None, *args, **kwargs):
+        """A :attr:`connect_runtime` for a Spark Connect session, else a SparkRuntime."""
+        if cls is SparkRuntime and is_connect_session(spark) and cls.connect_runtime is not None:
+            cls = cls.connect_runtime
+        return super().__new__(cls)
+
     def __init__(
         self,
         spark=None,
@@ -539,6 +562,19 @@ class SparkRuntime:
         self.held_results: dict[str, QueryRun] = {}  # query id -> run of a result Spark reads
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
+
+    @property
+    def master(self) -> str:
+        """Where the tasks run: the Spark master URL."""
+        return self.sc.master
+
+    def serves(self, spark) -> bool:
+        """Whether this runtime runs its tasks on ``spark``'s application, which is still up."""
+        return (
+            not is_connect_session(spark)
+            and self.sc is spark.sparkContext
+            and self.sc._jsc is not None
+        )
 
     flight_wave_bytes_per_task = 2 * 1024 * 1024 * 1024
     """Input bytes per task of a stage that needs more tasks than slots at
@@ -1297,7 +1333,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         super().__init__(
             query_id,
             runtime.transport,
-            [runtime.sc.master],
+            [runtime.master],
             target_partitions=runtime.target_partitions,
             keep_outputs=True,
             on_close=self._forget,
@@ -1319,7 +1355,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._panic: TaskPanicked | None = None  # a task that panicked (see panicked)
         self._memory: int | None = None  # the graph's memory_per_task_bytes
         self._keepalive = threading.Event()
-        self.observer.add_refresher(lambda: _spark_progress(self.sc, self.group))
+        self.observer.add_refresher(self._progress)
         threading.Thread(
             target=self._keep_alive, name=f"distfusion-keepalive-{query_id[:8]}", daemon=True
         ).start()
@@ -1332,8 +1368,16 @@ class _SparkFlightQuery(WorkerQueryRun):
         """
         if self._running and not self.closed:
             self._used |= self.runtime.executor_urls
-            self.sc.cancelJobGroup(self.group)
+            self._cancel_jobs()
         super().close()
+
+    def _cancel_jobs(self) -> None:
+        """Cancel the query's running Spark jobs (its job group)."""
+        self.sc.cancelJobGroup(self.group)
+
+    def _progress(self) -> tuple[int, int]:
+        """``(tasks done, tasks)`` of the query's Spark jobs (the observer's refresher)."""
+        return _spark_progress(self.sc, self.group)
 
     def panicked(self, err: TaskPanicked) -> None:
         """Task ``err`` names panicked on an executor: fail the query now.
@@ -1359,8 +1403,8 @@ class _SparkFlightQuery(WorkerQueryRun):
         self.runtime.held_results.pop(self.query_id, None)
         if self.runtime._feed_endpoint is not None:
             self.runtime._feed_endpoint.forget(self.query_id)
-        for url in self._used - set(self.placement.values()):  # failed attempts, cancelled jobs
-            self.transport.cancel_query(url, self.query_id)
+        # failed attempts, cancelled jobs
+        self._cancel_on_workers(sorted(self._used - set(self.placement.values())))
         self.transport.forget_query(self.query_id)
 
     def _keep_alive(self) -> None:
@@ -1554,6 +1598,14 @@ class _SparkFlightQuery(WorkerQueryRun):
                     )
             finally:
                 self._running = False
+        return self._task_results(results)
+
+    def _task_results(self, results: list) -> list[tuple[tuple[int, int], TaskError]]:
+        """Record where each task of a round ran and what it made; return the failed ones.
+
+        ``results``: the tasks' records ``(stage, task, worker URL, metrics, error)``
+        (:func:`_flight_task`).
+        """
         failed = []
         for sid, t, url, metrics, report in results:
             self._used.add(url)
@@ -1604,25 +1656,12 @@ class _SparkFlightQuery(WorkerQueryRun):
         parts = self.head_parts(graph, split)
         if has_feeds(graph.head):  # its feed streams from the driver: the head runs here
             return [fn(0, 0, self.stream_head(graph))]
-        sid = graph.head.stage_id
         attempts = {p.index: 0 for p in parts}
         results: dict[int, object] = {}
         pending = list(parts)
         while pending:
             self._check_open()
-            access, budget, threads = self.part_args(graph, parts)
-            job = _task_function(
-                [(sid, p.index) for p in pending], "_run_head_part", access, budget, threads, fn
-            )
-            records = [(attempts[p.index], p) for p in pending]
-            rdd = self.sc.parallelize(records, len(records)).mapPartitionsWithIndex(job)
-            rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")
-            self._running = True
-            try:
-                with _CallSite(self.sc, self.group, self.observer.description([sid])):
-                    out = _spark_call(rdd.collect, self._check_open, self.sc.master)
-            finally:
-                self._running = False
+            out = self._part_job(graph, parts, [(attempts[p.index], p) for p in pending], fn)
             failed = set()
             for index, value, report in out:
                 if report is None:
@@ -1640,6 +1679,25 @@ class _SparkFlightQuery(WorkerQueryRun):
                 parts = self.head_parts(graph, split)
             pending = [p for p in parts if p.index in failed]
         return [results[p.index] for p in parts]
+
+    def _part_job(self, graph: StageGraph, parts: list[HeadPart], pending: list, fn) -> list:
+        """One Spark job running ``fn`` over the ``pending`` parts ``(attempt, part)`` of ``parts``.
+
+        Returns each part's record ``(part index, fn's result, error)`` (:func:`_run_head_part`).
+        """
+        sid = graph.head.stage_id
+        access, budget, threads = self.part_args(graph, parts)
+        job = _task_function(
+            [(sid, p.index) for _, p in pending], "_run_head_part", access, budget, threads, fn
+        )
+        rdd = self.sc.parallelize(pending, len(pending)).mapPartitionsWithIndex(job)
+        rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")
+        self._running = True
+        try:
+            with _CallSite(self.sc, self.group, self.observer.description([sid])):
+                return _spark_call(rdd.collect, self._check_open, self.sc.master)
+        finally:
+            self._running = False
 
     def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list:
         """Every head part writes its rows as a task of ``spec``'s job, on the executors.
@@ -1945,7 +2003,8 @@ def _task_function(tasks, entry, *args):
         tasks: ``(stage id, task index)`` of each RDD partition, by partition
             index, for the report of a task that cannot import distfusion.
         entry: the function of this module the task runs,
-            ``entry(partition index, records, *args)``.
+            ``entry(partition index, records, *args)``, or ``"module:function"``
+            for one of another module of distfusion (imported on the executor).
         *args: the rest of ``entry``'s arguments (pickled with the closure).
 
     The driver's Python UDFs made by :func:`distfusion.udf` and its object
@@ -1990,7 +2049,9 @@ def _task_function(tasks, entry, *args):
             spark_runtime.udfs.install(shipped)
         if stores:
             spark_runtime.object_store.install(stores)
-        out = getattr(spark_runtime, entry)(index, records, *args)
+        module, _, name = entry.rpartition(":")
+        where = importlib.import_module(module) if module else spark_runtime
+        out = getattr(where, name)(index, records, *args)
         spark_runtime.freeze_heap_once()
         return out
 
@@ -2193,8 +2254,9 @@ def _flight_task(plan, attempt, table, batches, worker_args):
 
     ``table``: the Spark table whose partition (``batches``) the task reads, or
     None; ``worker_args``: :meth:`SparkRuntime.executor_worker_args`. A worker
-    started here says so to the driver's worker first; when the driver answers
-    that the query was closed meanwhile, the task fails as cancelled.
+    started here says so to the driver's worker first (when there is one: not
+    on Spark Connect); when the driver answers that the query was closed
+    meanwhile, the task fails as cancelled.
     """
     key = plan.key
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
@@ -2204,8 +2266,12 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         new = access.token not in _EXECUTOR_WORKERS
         worker = _executor_worker(bind_host, advertise_host, access, memory)
         url = worker.url
-        if new and _executor_transport(access).worker_started(
-            driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
+        if (
+            new
+            and driver_url is not None
+            and _executor_transport(access).worker_started(
+                driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
+            )
         ):
             msg = f"query {key.query_id} was closed before its task started"
             raise QueryCancelledError(msg)
@@ -2218,7 +2284,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         err = exc
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
-        if isinstance(err, TaskPanicked):  # the driver fails the query now, not at the job's end
+        if isinstance(err, TaskPanicked) and driver_url is not None:  # fail the query now
             _executor_transport(access).task_failed(
                 driver_url, key.query_id, error_to_dict(err), WORKER_STARTED_TIMEOUT_S
             )
@@ -2249,10 +2315,12 @@ def part_batches(
     budget: int | None,
     threads: int,
     attempt: int | None = None,
+    on_metrics=None,
 ) -> Iterator[pa.RecordBatch]:
     """Run head ``part`` in this process (an executor), reading its inputs over Flight.
 
-    Columns are the stage output's (``c0..``). After the first batch was
+    Columns are the stage output's (``c0..``); ``on_metrics`` is called with
+    the part's :class:`TaskMetrics` after its last batch. After the first batch was
     taken, :data:`FAIL_TASK_PROPERTY` naming the head stage and the part
     fails it (tests: a task killed mid-write). Spills go to a temporary
     directory deleted when the part ends.
@@ -2264,7 +2332,11 @@ def part_batches(
     transport = _executor_transport(access)
     with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
         first = True
-        for b in run_part(part, transport, TaskMemory(budget, spill), target_partitions=threads):
+        memory = TaskMemory(budget, spill)
+        batches = run_part(
+            part, transport, memory, target_partitions=threads, on_metrics=on_metrics
+        )
+        for b in batches:
             yield b
             if first:
                 first = False
@@ -2348,6 +2420,10 @@ def _maybe_inject_failure(stage_id: int, task_index: int, attempt: int | None = 
 
     ctx = TaskContext.get()
     spec = ctx.getLocalProperty(FAIL_TASK_PROPERTY) if ctx is not None else None
+    if not spec and ctx is not None:  # Spark Connect: a job tag "FAIL_TASK_PROPERTY=spec"
+        marker = f"{FAIL_TASK_PROPERTY}="
+        tags = (ctx.getLocalProperty("spark.job.tags") or "").split(",")
+        spec = next((t.split(marker, 1)[1] for t in tags if marker in t), None)
     if not spec:
         return
     s, t, attempts = spec.split(":")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from substrait.proto import Expression, Plan, SetRel
 
+from distfusion.metrics.task import TaskMetrics
 from distfusion.planner.walk import is_subquery, own_contains, rel_kind, relations
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.stages import COALESCE, Stage
@@ -163,6 +164,7 @@ def run_part(
     memory: TaskMemory | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     target_partitions: int | None = None,
+    on_metrics: Callable[[TaskMetrics], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Run ``part``: read its inputs through ``transport``, run the head fragment, yield batches.
 
@@ -174,6 +176,7 @@ def run_part(
         memory: the part's DataFusion memory pool and spill directory.
         cancelled: polled between batches.
         target_partitions: DataFusion threads (default: the plan's).
+        on_metrics: called with the part's metrics after its last batch.
 
     Raises:
         TaskError: reading an input failed (its producer failed, or the query
@@ -184,5 +187,5 @@ def run_part(
     if target_partitions is not None:
         plan = dataclasses.replace(plan, target_partitions=max(1, target_partitions))
     yield from stream_head_stage(
-        plan, part.read_input(transport), memory=memory, cancelled=cancelled
+        plan, part.read_input(transport), memory=memory, cancelled=cancelled, on_metrics=on_metrics
     )

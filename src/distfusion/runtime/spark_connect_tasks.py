@@ -1,0 +1,305 @@
+"""The executor side of the Spark runtime on Spark Connect: the functions its jobs run.
+
+Every job of :class:`~distfusion.runtime.spark_connect.SparkConnectRuntime` is
+a DataFrame's ``mapInArrow`` with a function made by :func:`mapper`: in the
+executor's Python worker it calls one of this module's entries (:func:`entry`):
+:func:`run_task` and :func:`run_table_task` (a round's tasks, on this
+process's Flight worker, as the classic Flight plane's
+:func:`~distfusion.runtime.spark._flight_task`), :func:`run_head` (the head,
+its batches as rows streamed back through Connect), :func:`run_parts` (head
+parts: ``to_spark``, ``write_parquet``) and :func:`control` (the executors'
+workers asked for stats, keepalives, cancellation). Each yields Arrow record
+batches of its job's schema (``*_SCHEMA``) and never raises for a task's
+failure: PySpark would end the Python worker, and the outputs it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+
+import pyarrow as pa
+
+from distfusion.errors import TaskError, TransportError, WorkerUnavailableError
+from distfusion.metrics.task import TaskMetrics
+from distfusion.protocol.errors import error_to_dict, is_task_failure, task_error
+from distfusion.protocol.task_plan import TaskPlan
+from distfusion.runtime.spark import (
+    CHUNK_BYTES,
+    _chunks,
+    _drain,
+    _executor_transport,
+    _flight_task,
+    _ipc_stream,
+    _run_head_part,
+    _task_function,
+    part_batches,
+)
+from distfusion.stages import Stage
+from distfusion.worker.head_parts import HeadPart
+
+__all__ = [
+    "BATCHES",
+    "CLEANED",
+    "CONTROL_SCHEMA",
+    "FAILED",
+    "HEAD_SCHEMA",
+    "METRICS",
+    "PARTS_SCHEMA",
+    "ROUND_SCHEMA",
+    "SCHEMA",
+    "control",
+    "entry",
+    "mapper",
+    "nothing",
+    "run_head",
+    "run_parts",
+    "run_table_task",
+    "run_task",
+]
+
+
+def entry(name: str) -> str:
+    """``"module:function"`` of this module's function ``name``, as :func:`mapper` takes it."""
+    return f"{__name__}:{name}"
+
+
+ROUND_SCHEMA = "stage int, task int, url string, metrics string, error string"
+"""Spark schema of a round's records: one per task (the tuple of
+:func:`~distfusion.runtime.spark._flight_task`)."""
+ROUND_ARROW = pa.schema(
+    [
+        ("stage", pa.int32()),
+        ("task", pa.int32()),
+        ("url", pa.string()),
+        ("metrics", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+HEAD_SCHEMA = "kind int, data binary"
+"""Spark schema of the head job's rows: ``kind`` :data:`SCHEMA` (``data``: the
+result's Arrow schema, serialized), :data:`BATCHES` (an Arrow IPC stream of
+result batches, view types as plain ones), :data:`METRICS` (the head's metrics
+as JSON), :data:`FAILED` (the error report) or :data:`CLEANED` (the query was
+cancelled on its workers)."""
+HEAD_ARROW = pa.schema([("kind", pa.int32()), ("data", pa.binary())])
+BATCHES, METRICS, FAILED, CLEANED, SCHEMA = 0, 1, 2, 3, 4
+PARTS_SCHEMA = "part int, value binary, error string"
+"""Spark schema of a head-parts job's rows: the part, ``fn``'s pickled result, the error report."""
+PARTS_ARROW = pa.schema([("part", pa.int32()), ("value", pa.binary()), ("error", pa.string())])
+CONTROL_SCHEMA = "url string, ok boolean, stats string"
+"""Spark schema of a control job's rows: one per worker URL asked."""
+CONTROL_ARROW = pa.schema([("url", pa.string()), ("ok", pa.bool_()), ("stats", pa.string())])
+
+
+def mapper(tasks, entry: str, by_partition: bool, *args):
+    """The ``mapInArrow`` function of a Connect job: runs ``entry`` in the executor's Python worker.
+
+    Args:
+        tasks: ``(stage, task)`` by index, for the report of a task that
+            cannot import distfusion.
+        entry: ``"module:function"``, called as ``entry(index, records, *args)``;
+            it returns (or yields) Arrow record batches of the job's schema.
+        by_partition: the input is a partition of a Spark table's DataFrame
+            (:func:`_spark_frame`): ``index`` is its partition number (its
+            last column), ``records`` its Arrow batches without that column;
+            an empty partition runs nothing (its task runs over an empty one
+            in a job of its own). Else each input row is an id of
+            ``spark.range``, the index, and ``records`` is empty.
+        *args: ``entry``'s other arguments (pickled with the function).
+
+    Built on :func:`~distfusion.runtime.spark._task_function`: the same
+    shipping of UDFs and object stores, the same report when an executor
+    cannot import distfusion, the same heap freeze after the first task.
+    """
+    run = _task_function(tasks, entry, *args)
+
+    def map_in_arrow(batches):
+        if by_partition:
+            batches = iter(batches)
+            first = next(batches, None)
+            while first is not None and first.num_rows == 0:
+                first = next(batches, None)
+            if first is None:  # an empty partition: its number is unknown here
+                return
+            index = first.column(first.num_columns - 1)[0].as_py()
+
+            def data():
+                yield first.select(range(first.num_columns - 1))
+                for b in batches:
+                    yield b.select(range(b.num_columns - 1))
+
+            yield from run(index, data())
+            return
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from run(index, iter(()))
+
+    return map_in_arrow
+
+
+def nothing(batches):
+    """A ``mapInArrow`` function reading its input and yielding nothing (keep-warm jobs)."""
+    for _ in batches:
+        pass
+    return iter(())
+
+
+_STAGES: dict[bytes, Stage] = {}
+"""Stages unpickled in this Python worker, by their pickle (a round's tasks share them)."""
+
+
+def _stage(data: bytes) -> Stage:
+    stage = _STAGES.get(data)
+    if stage is None:
+        _STAGES.clear()  # one round's stages at a time
+        stage = _STAGES[data] = pickle.loads(data)
+    return stage
+
+
+def _round_batch(records: list[tuple]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [dict(zip(ROUND_ARROW.names, r, strict=True)) for r in records], schema=ROUND_ARROW
+    )
+
+
+def _one_task(query_id: str, stage_args: tuple, t: int, attempt: int, batches, worker_args):
+    """Task ``t`` of the pickled stage on this process's Flight worker: its round record."""
+    stage_bytes, input_workers, threads, memory, table = stage_args
+    plan = TaskPlan.for_task(
+        query_id,
+        _stage(stage_bytes),
+        t,
+        input_workers,
+        threads,
+        keep_output=True,
+        memory_per_task_bytes=memory,
+    )
+    sid, task, url, metrics, report = _flight_task(plan, attempt, table, batches, worker_args)
+    return (sid, task, url, None if metrics is None else json.dumps(metrics), report)
+
+
+def run_task(index, records, query_id, plain, stages, worker_args):
+    """Spark task ``index`` of a round: distfusion task ``plain[index]`` (executor side).
+
+    ``plain[index]`` is ``(stage, task, attempt)``; ``stages`` maps a stage to
+    ``(pickle, input workers, threads, memory, Spark table or None)``. A task
+    of a stage reading a Spark table runs here only past the DataFrame's
+    partitions: over an empty one. Returns one batch of :data:`ROUND_SCHEMA`.
+    """
+    _drain(records)
+    sid, t, attempt = plain[index]
+    return [_round_batch([_one_task(query_id, stages[sid], t, attempt, iter(()), worker_args)])]
+
+
+def run_table_task(index, batches, query_id, sid, attempts, stage_args, worker_args):
+    """Spark task over partition ``index`` of a Spark table's DataFrame: task ``index`` of ``sid``.
+
+    ``batches``: the partition's Arrow batches, offered to the task as the
+    table's rows; what it left is drained. A partition whose task is not in
+    ``attempts`` (``{task: attempt}``: the tasks to run) yields nothing.
+    """
+    if index not in attempts:
+        _drain(batches)
+        return []
+    try:
+        record = _one_task(query_id, stage_args, index, attempts[index], batches, worker_args)
+    finally:
+        _drain(batches)
+    return [_round_batch([record])]
+
+
+def run_head(index, records, query_id, attempt, part_json, access, budget, threads, urls):
+    """The head task: run the whole head here, yield its batches as rows of :data:`HEAD_SCHEMA`.
+
+    The result's schema goes first (the client casts the plain strings the
+    IPC streams carry back to its view types); the batches go out as Arrow
+    IPC streams of at most :data:`~distfusion.runtime.spark.CHUNK_BYTES` each; then the head's
+    metrics; then the query is cancelled on the workers at ``urls`` (its
+    outputs freed) and a :data:`CLEANED` row says so. A failure ends the rows
+    with a :data:`FAILED` row (the error codec's JSON), never an exception:
+    PySpark would end this process and the outputs it holds.
+    """
+    _drain(records)
+    part = HeadPart.from_json(part_json)
+    measured: list[TaskMetrics] = []
+    url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    schema = None
+    try:
+        for batch in part_batches(part, access, budget, threads, attempt, measured.append):
+            if schema is None:
+                schema = batch.schema
+                yield _head_row(SCHEMA, schema.serialize().to_pybytes())
+            if batch.num_rows:
+                for chunk in _chunks([batch], CHUNK_BYTES):
+                    yield _head_row(BATCHES, _ipc_stream(chunk, None).to_pybytes())
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
+        err = exc if isinstance(exc, TaskError) else task_error(part.plan.key.stage_id, 0, url, exc)
+        yield _head_row(FAILED, json.dumps(error_to_dict(err)).encode())
+        return
+    if measured:
+        yield _head_row(METRICS, json.dumps(measured[0].to_dict()).encode())
+    transport = _executor_transport(access)
+    for worker in urls:
+        transport.cancel_query(worker, query_id)
+    yield _head_row(CLEANED, b"")
+
+
+def _head_row(kind: int, data: bytes) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([kind], pa.int32()), pa.array([data], pa.binary())], schema=HEAD_ARROW
+    )
+
+
+def run_parts(index, records, parts, access, budget, threads, fn_bytes):
+    """Spark task ``index`` of a head-parts job: ``fn`` over part ``parts[index]`` (executor side).
+
+    ``parts[index]`` is ``(attempt, part JSON)``; the part runs as the classic
+    plane's (:func:`~distfusion.runtime.spark._run_head_part`); ``fn``'s result
+    travels pickled. Returns one batch of :data:`PARTS_SCHEMA`.
+    """
+    _drain(records)
+    attempt, part_json = parts[index]
+    fn = pickle.loads(fn_bytes)
+    part = HeadPart.from_json(part_json)
+    ((i, value, report),) = _run_head_part(
+        index, iter([(attempt, part)]), access, budget, threads, fn
+    )
+    value = None if report is not None else pickle.dumps(value)
+    return [
+        pa.RecordBatch.from_arrays(
+            [pa.array([i], pa.int32()), pa.array([value], pa.binary()), pa.array([report])],
+            schema=PARTS_ARROW,
+        )
+    ]
+
+
+def control(index, records, access, action, query_id, urls):
+    """The task of a control job: ``action`` on every worker at ``urls`` (executor side).
+
+    ``stats``: each worker's stats (``answered`` False when it cannot be
+    reached); ``cancel``: ``cancel_query`` (best effort); ``keepalive``.
+    Returns one batch of :data:`CONTROL_SCHEMA`.
+    """
+    _drain(records)
+    transport = _executor_transport(access)
+    rows = []
+    for url in urls:
+        answer = None
+        try:
+            if action == "stats":
+                answer = json.dumps(transport.stats(url, timeout_s=5.0))
+                ok = True
+            elif action == "cancel":
+                transport.cancel_query(url, query_id)
+                ok = True
+            else:
+                ok = transport.keepalive(url, [query_id])
+        except (WorkerUnavailableError, TransportError):
+            ok = False
+        rows.append({"url": url, "ok": ok, "stats": answer})
+    return [pa.RecordBatch.from_pylist(rows, schema=CONTROL_ARROW)]
