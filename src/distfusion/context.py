@@ -43,7 +43,12 @@ from distfusion import delta, object_store, udfs
 from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
-from distfusion.errors import DistfusionError, NotDistributableError, PlanningError, QueryCancelled
+from distfusion.errors import (
+    DistfusionError,
+    NotDistributableError,
+    PlanningError,
+    QueryCancelledError,
+)
 from distfusion.iceberg import IcebergTable
 from distfusion.metrics.observer import QueryObserver, observer_for, observing
 from distfusion.metrics.query import QueryMetrics, build_query_metrics
@@ -368,7 +373,7 @@ class ResultStream(Iterator[pa.RecordBatch]):
 
         Raises:
             StopIteration: the result ended, or the stream was closed.
-            QueryCancelled: :meth:`close` was called from another thread
+            QueryCancelledError: :meth:`close` was called from another thread
                 while this call waited.
             DistfusionError: as :meth:`DistributedDataFrame.execute_stream`.
         """
@@ -394,7 +399,7 @@ class ResultStream(Iterator[pa.RecordBatch]):
         closes the generator, as closing a generator does. From another
         thread while a read waits: the query's runs are closed, the reading
         thread's wait is interrupted (its :meth:`__next__` raises
-        :class:`~distfusion.errors.QueryCancelled`), and this waits up to
+        :class:`~distfusion.errors.QueryCancelledError`), and this waits up to
         :attr:`close_wait_s` for it to stop.
         """
         with self._lock:
@@ -408,7 +413,7 @@ class ResultStream(Iterator[pa.RecordBatch]):
                 close()
             return
         self._cancel()
-        reading.interrupt(QueryCancelled("the result stream was closed"))
+        reading.interrupt(QueryCancelledError("the result stream was closed"))
         deadline = time.monotonic() + self.close_wait_s
         with self._lock:
             while self._reading is reading and time.monotonic() < deadline:

@@ -7,7 +7,7 @@
   for the worker threads, each blocked in DataFusion until then (155 s on a
   TPC-H SF1 join); now no thread waits in native code (worker/interrupt.py).
 - Another thread closes the result stream while the reading thread waits
-  for the next batch: the reader raises QueryCancelled and the work stops
+  for the next batch: the reader raises QueryCancelledError and the work stops
   (before: ``ValueError: generator already executing``, and the query ran on).
 
 Events, not wall time: the signal goes once the process burns CPU in the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from distfusion import DistributedConfig, DistributedContext, QueryCancelled, tpch
+from distfusion import DistributedConfig, DistributedContext, QueryCancelledError, tpch
 from distfusion.runtime.local import LocalRuntime
 from tests.cpu import cpu_s, wait_until_idle
 
@@ -141,7 +141,7 @@ def test_closing_the_result_stream_from_another_thread_stops_the_query(tpch_dir)
 
         closer = threading.Thread(target=close_when_the_join_runs)
         closer.start()
-        with pytest.raises(QueryCancelled):
+        with pytest.raises(QueryCancelledError):
             next(stream)  # waits for the aggregate of the join
         closer.join(EXIT_WITHIN_S)
         assert closed == [None]
