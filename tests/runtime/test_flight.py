@@ -147,9 +147,7 @@ def test_interrupting_the_coordinator_stops_the_workers_datafusion_work(
         assert _busy(probe, urls), "the query ended before it could be interrupted"
         coordinator.send_signal(signal.SIGINT)  # what Ctrl-C does
         _wait_until(lambda: _idle(probe, urls), timeout_s=30.0)
-        _wait_until(
-            lambda: not any(probe.stats(u)["running_tasks"] for u in urls), timeout_s=30.0
-        )
+        _wait_until(lambda: not any(probe.stats(u)["running_tasks"] for u in urls), timeout_s=30.0)
         wait_until_idle([w.proc.pid for w in workers], timeout_s=30.0)
         assert coordinator.wait(timeout=10) != 0
         assert "KeyboardInterrupt" in coordinator.stderr.read()

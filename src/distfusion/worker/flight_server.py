@@ -441,8 +441,9 @@ class FlightWorker:
         """A partition as a stream: each batch sent as the task produces it.
 
         Waits for the task's plan (at most the ticket's ``timeout_s``, and at
-        most :data:`MAX_CALL_WAIT_S`: the client polls again), then for the first batch; the stream then
-        follows the task (streamed exchange) and ends with its error, if any.
+        most :data:`MAX_CALL_WAIT_S`: the client polls again), then for the
+        first batch; the stream then follows the task (streamed exchange) and
+        ends with its error, if any.
         """
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
