@@ -414,3 +414,19 @@ def test_stray_doget_calls_leave_the_worker_thread_count_flat(own_workers):
         t.join(30)
     # Events, not a fixed wait: the count goes back well before the 120 s TTL.
     _wait_until(lambda: _threads(pid) <= before + 4, timeout_s=20, interval_s=0.2)
+
+
+def test_a_sigtermed_worker_cleans_up_its_spill_directory(own_workers, tpch_dir, tmp_path):
+    # Issue 25, item 8: SIGTERM (how runtimes stop their workers) ended the worker
+    # without its cleanup, leaving its spill directory behind.
+    spill = tmp_path / "spill"
+    (worker,) = own_workers(1, "--spill-dir", str(spill))
+    runtime = FlightRuntime([worker.url])
+    try:
+        _context(runtime, tpch_dir).sql(tpch.query(1)).to_arrow_table()
+    finally:
+        runtime.close()
+    assert list(spill.iterdir()), "the worker made no spill directory to clean up"
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(30) == 0, worker.log()[-2000:]
+    assert list(spill.iterdir()) == []

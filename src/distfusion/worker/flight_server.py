@@ -305,6 +305,11 @@ class FlightWorker:
         """Block until :meth:`close` is called or the process gets SIGINT/SIGTERM."""
         self._server.serve()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Stop serving, cancel every task, stop the threads. Idempotent."""
         if self._closed:
