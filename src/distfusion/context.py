@@ -1616,7 +1616,8 @@ class DistributedDataFrame(Transformations):
             scans = [(n, sources[n].units) for n in small]
             batches = _run_in_place(self.df, query_id, scans)
             stream = self._observed(observer, batches, lambda: None)
-            return with_progress(stream, observer) if progress else stream
+            stream = with_progress(stream, observer) if progress else stream
+            return ResultStream(stream, observer.cancel)
         reason = self.coordinator_only()
         if reason is not None:
             _check_coordinator_reads(
