@@ -25,6 +25,7 @@ import functools
 import html
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -42,7 +43,12 @@ from distfusion import delta, object_store, udfs
 from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
-from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
+from distfusion.errors import (
+    DistfusionError,
+    NotDistributableError,
+    PlanningError,
+    QueryCancelledError,
+)
 from distfusion.iceberg import IcebergTable
 from distfusion.metrics.observer import QueryObserver, observer_for, observing
 from distfusion.metrics.query import QueryMetrics, build_query_metrics
@@ -74,12 +80,19 @@ from distfusion.sources import (
 from distfusion.stages import StageGraph
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
-from distfusion.worker.execute_task import COORDINATOR, build_dataframe
+from distfusion.worker.execute_task import COORDINATOR, build_dataframe, stream_batches
+from distfusion.worker.interrupt import Interruptible
 from distfusion.write import FileCommitter, WriteSpec, WrittenFile, write_task
 
 # DistributedConfig is defined with the planner settings derived from it
 # (planner/config.py); it is public API here and in ``distfusion``.
-__all__ = ["DistributedConfig", "DistributedContext", "DistributedDataFrame", "plan_statements"]
+__all__ = [
+    "DistributedConfig",
+    "DistributedContext",
+    "DistributedDataFrame",
+    "ResultStream",
+    "plan_statements",
+]
 
 _POSTGRES = Postgres()  # its tokenizer splits statements (see split_statements)
 
@@ -319,11 +332,110 @@ def _check_coordinator_reads(
 
 
 def _on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
-    """``df`` run by single-node DataFusion in this process, as Arrow batches."""
-    for rb in df.execute_stream():
-        batch = rb.to_pyarrow()
-        if batch.num_rows:
-            yield batch
+    """``df`` run by single-node DataFusion in this process, as Arrow batches.
+
+    The wait for each batch can be interrupted (:class:`ResultStream` closed
+    from another thread).
+    """
+    yield from stream_batches(df, lambda: False)
+
+
+class ResultStream(Iterator[pa.RecordBatch]):
+    """The result batches of one run of a query (:meth:`DistributedDataFrame.execute_stream`).
+
+    An iterator of ``pyarrow.RecordBatch``. :meth:`close` before the end
+    cancels every task of the query, and may be called from any thread: a
+    generator closed while another thread waits in it fails with
+    ``ValueError: generator already executing``, and the query ran on.
+
+    Args:
+        batches: the run's batches (a generator that cancels the query when closed).
+        cancel: stops the run from another thread (the observer's
+            :meth:`~distfusion.metrics.observer.QueryObserver.cancel`).
+    """
+
+    close_wait_s = 10.0
+    """How long :meth:`close` from another thread waits for the reading thread to stop, seconds."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], cancel: Callable[[], None]) -> None:
+        self._batches = batches
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._reading: Interruptible | None = None  # the reading thread's, inside __next__
+        self._left = threading.Condition(self._lock)
+        self._closed = False
+
+    def __iter__(self) -> ResultStream:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        """The next batch.
+
+        Raises:
+            StopIteration: the result ended, or the stream was closed.
+            QueryCancelledError: :meth:`close` was called from another thread
+                while this call waited.
+            DistfusionError: as :meth:`DistributedDataFrame.execute_stream`.
+        """
+        with self._lock:
+            if self._closed:
+                raise StopIteration
+            if self._reading is not None:
+                msg = "a ResultStream is read by one thread at a time"
+                raise RuntimeError(msg)
+            reading = self._reading = Interruptible()
+        try:
+            with reading:
+                return _next_of(self._batches, reading)
+        finally:
+            with self._lock:
+                self._reading = None
+                self._left.notify_all()
+
+    def close(self) -> None:
+        """Stop the query: every task is cancelled and its state freed. Idempotent.
+
+        From the thread reading the stream (or with no read under way) this
+        closes the generator, as closing a generator does. From another
+        thread while a read waits: the query's runs are closed, the reading
+        thread's wait is interrupted (its :meth:`__next__` raises
+        :class:`~distfusion.errors.QueryCancelledError`), and this waits up to
+        :attr:`close_wait_s` for it to stop.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            reading = self._reading
+        if reading is None or reading.thread_id == threading.get_ident():
+            close = getattr(self._batches, "close", None)
+            if close is not None:
+                close()
+            return
+        self._cancel()
+        reading.interrupt(QueryCancelledError("the result stream was closed"))
+        deadline = time.monotonic() + self.close_wait_s
+        with self._lock:
+            while self._reading is reading and time.monotonic() < deadline:
+                self._left.wait(0.1)
+
+    def __enter__(self) -> ResultStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _next_of(batches: Iterator[pa.RecordBatch], reading: Interruptible) -> pa.RecordBatch:
+    """``next(batches)``; an interrupted read raises the interrupter's error, not what it caused."""
+    try:
+        return next(batches)
+    except StopIteration:
+        raise
+    except Exception:
+        if reading.error is not None:
+            raise reading.error.with_traceback(None) from None
+        raise
 
 
 def _in_place(graph: StageGraph, config: DistributedConfig) -> bool:
@@ -801,7 +913,7 @@ class DistributedContext(Readers):
         self._add(source)
 
     def register_table(self, name: str, table: pa.Table, max_rows_per_unit: int = 65536) -> None:
-        """Register an Arrow table as ``name``, cut into units of at most ``max_rows_per_unit`` rows."""
+        """Register an Arrow table as ``name``, in units of at most ``max_rows_per_unit`` rows."""
         batches = table.to_batches(max_chunksize=max_rows_per_unit) or [
             pa.RecordBatch.from_pylist([], schema=table.schema)
         ]
@@ -1470,10 +1582,11 @@ class DistributedDataFrame(Transformations):
             out[name] = feed.metrics()
         return out
 
-    def execute_stream(self, progress: bool = False) -> Iterator[pa.RecordBatch]:
+    def execute_stream(self, progress: bool = False) -> ResultStream:
         """Run the query; yield result batches as the head stage produces them.
 
-        Closing the iterator before its end cancels every task of the query.
+        Closing the iterator before its end cancels every task of the query,
+        also from another thread than the one reading it (:class:`ResultStream`).
         Every run is measured: :meth:`metrics` afterwards.
 
         Args:
@@ -1488,7 +1601,7 @@ class DistributedDataFrame(Transformations):
             TransportError: a worker could not be reached.
         """
         if not self._is_query():
-            return iter(())
+            return ResultStream(iter(()), lambda: None)
         if writes(self.df):
             self.context._written = True  # memory tables are read again before the next query
         # Every execution is a new query on the workers: a fresh id.
@@ -1503,7 +1616,8 @@ class DistributedDataFrame(Transformations):
             scans = [(n, sources[n].units) for n in small]
             batches = _run_in_place(self.df, query_id, scans)
             stream = self._observed(observer, batches, lambda: None)
-            return with_progress(stream, observer) if progress else stream
+            stream = with_progress(stream, observer) if progress else stream
+            return ResultStream(stream, observer.cancel)
         reason = self.coordinator_only()
         if reason is not None:
             _check_coordinator_reads(
@@ -1512,7 +1626,8 @@ class DistributedDataFrame(Transformations):
             stream = self._observed(observer, _on_coordinator(self.df), lambda: None)
         else:
             stream = self._observed(observer, *self._start(query_id))
-        return with_progress(stream, observer) if progress else stream
+        stream = with_progress(stream, observer) if progress else stream
+        return ResultStream(stream, observer.cancel)
 
     def _small_in_place(self) -> list[str] | None:
         """The tables of a query small enough to run in place, without planning; else None.

@@ -11,6 +11,7 @@ what it learns on its own paths::
         ... result batches ...                     .stage_started(stage)
                                                    .tasks_finished([TaskMetrics])
       observer.tasks -> QueryMetrics               .add_refresher(poll)  live progress
+      observer.cancel()  (another thread) ──────>   .add_canceller(run.close)
 
 A progress display (the CLI's status line, ``progress=True``) calls
 :meth:`QueryObserver.refresh` about once a second, which runs the runtime's
@@ -86,6 +87,8 @@ class QueryObserver:
         self._tasks: dict[tuple[int, int], TaskMetrics] = {}
         self._stages: dict[int, int] = {}  # stage id -> task count, every stage seen
         self._refreshers: list[Callable[[], tuple[int, int] | None]] = []
+        self._cancellers: list[Callable[[], None]] = []
+        self.cancelled = False
         self._live: dict[int, tuple[int, int]] = {}  # poller index -> (tasks done, total)
         self._lock = threading.Lock()
 
@@ -147,6 +150,31 @@ class QueryObserver:
         """
         with self._lock:
             self._refreshers.append(poll)
+
+    def add_canceller(self, cancel: Callable[[], None]) -> None:
+        """Call ``cancel`` (a run's ``close``) when :meth:`cancel` is called; at once if it was."""
+        with self._lock:
+            self._cancellers.append(cancel)
+            now = self.cancelled
+        if now:
+            cancel()
+
+    def cancel(self) -> None:
+        """Stop the run from any thread: every canceller the runtime added is called once.
+
+        The result stream's ``close`` from a thread other than the one reading
+        it (:class:`~distfusion.context.ResultStream`): the runs it started
+        close, so their tasks are cancelled and the reading thread's waits end.
+        Errors of a canceller are logged, never raised.
+        """
+        with self._lock:
+            self.cancelled = True
+            cancellers, self._cancellers = self._cancellers, []
+        for cancel in cancellers:
+            try:
+                cancel()
+            except Exception as exc:  # best effort: the reading thread is interrupted anyway
+                log.debug("query %s: cancelling failed: %s", self.query_id[:8], exc)
 
     def description(self, stage_ids: list[int]) -> str:
         """What a Spark job running ``stage_ids`` is, for Spark's UI and event log."""

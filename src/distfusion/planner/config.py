@@ -133,11 +133,17 @@ class PlannerConfig(DistributedConfig):
         broadcast_copies: how many copies of a broadcast the runtime makes at
             most whatever the probe's task count (Spark ships one per executor
             Python worker); None: one per task.
+        remote_workers: the runtime's workers are other processes (Flight): a
+            query that would run wholly in the head stage, on the coordinator,
+            has its scans cut into a stage of their own, so a configured worker
+            does the work (issue 25: one Flight worker was never used, and a
+            wrong URL went unnoticed).
     """
 
     workers: int
     max_tasks: int | None = None
     broadcast_copies: int | None = None
+    remote_workers: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -149,7 +155,7 @@ class PlannerConfig(DistributedConfig):
         """``settings`` completed with what ``runtime`` reports.
 
         ``runtime`` gives ``num_workers()`` and, optionally, ``bytes_per_task``,
-        ``max_tasks`` and ``broadcast_copies`` (see
+        ``max_tasks``, ``broadcast_copies`` and ``remote_workers`` (see
         :class:`~distfusion.runtime.base.Runtime`).
         """
         values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(DistributedConfig)}
@@ -159,6 +165,7 @@ class PlannerConfig(DistributedConfig):
             workers=runtime.num_workers(),
             max_tasks=getattr(runtime, "max_tasks", None),
             broadcast_copies=getattr(runtime, "broadcast_copies", None),
+            remote_workers=getattr(runtime, "remote_workers", False),
         )
 
     @property

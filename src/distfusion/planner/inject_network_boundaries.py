@@ -528,6 +528,12 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             raise PlanningError(msg)
         root = self.plan.relations[0].root
         frag = self.gather(self.visit(root.input))
+        if self.config.remote_workers and not self.stages and frag.rel is not None:
+            if source_tables(frag.rel, self.sources):
+                # The whole query would run in the head, on the coordinator: its
+                # workers, configured for the work, do it (one task, coalesced).
+                read, inp = self.seal(frag, COALESCE)
+                frag = Fragment(read, 1, frag.est, [inp])
         # Columns are named c0.. like every stage's: the query's own names may
         # repeat (SELECT * over a join); the caller restores them.
         self.seal(frag, RESULT)

@@ -356,6 +356,7 @@ class WorkerQueryRun:
         self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=False)
         self.observer = observer if observer is not None else observer_for(query_id)
         self.observer.add_refresher(self._poll_metrics)
+        self.observer.add_canceller(self.close)
 
     # ------------------------------------------------------------- QueryRun
     def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:

@@ -75,12 +75,23 @@ class FlightRuntime:
         probe_timeout_s: how long a worker may take to answer the stats probe
             after a failure before it counts as lost, seconds.
 
+    The workers the resolver reports at construction are asked for their
+    stats (within ``probe_timeout_s``): a runtime none of whose workers answer
+    fails at once, naming them, and one that does not answer among others
+    that do is logged (it is skipped when queries run). A query that would
+    run wholly on the coordinator (one task, no stage cut) runs on a worker
+    (``remote_workers``, see :class:`~distfusion.planner.config.PlannerConfig`).
+
     Raises:
         ImportError: pyarrow has no Flight support.
         ValueError: ``resolver`` is an empty list.
+        WorkerUnavailableError: no worker the resolver reports answers (names
+            each URL and why).
     """
 
     name = "flight"
+    remote_workers = True
+    """Its workers are other processes: the planner puts every query's scans on them."""
 
     def __init__(
         self,
@@ -108,6 +119,34 @@ class FlightRuntime:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self._check_workers()
+
+    def _check_workers(self) -> None:
+        """Ask each worker the resolver reports now for its stats (see the class).
+
+        Raises:
+            WorkerUnavailableError: none of them answers.
+        """
+        urls = list(dict.fromkeys(self.resolver.get_urls()))
+        down: dict[str, WorkerUnavailableError] = {}
+        for url in urls:
+            try:
+                self.transport.stats(url, timeout_s=self.probe_timeout_s)
+            except WorkerUnavailableError as exc:
+                down[url] = exc
+            except TransportError:
+                pass  # it answered (e.g. rejected the token): queries say why
+        if not down:
+            return
+        reasons = "; ".join(f"{url}: {exc.detail}" for url, exc in down.items())
+        if len(down) == len(urls):
+            self.transport.close()
+            msg = (
+                f"no Flight worker answered within {self.probe_timeout_s} s ({reasons}); "
+                "check each URL (grpc://host:port) and that `distfusion worker` runs there"
+            )
+            raise WorkerUnavailableError(urls[0], msg)
+        log.warning("Flight workers not answering, skipped by queries: %s", reasons)
 
     # ------------------------------------------------------------- Runtime
     def _urls(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -11,7 +12,7 @@ from distfusion.runtime.base import Routing, WorkerQueryRun, execute_graph, roun
 from distfusion.stages import StageGraph
 from distfusion.transport.in_memory import InMemoryTransport
 from distfusion.worker.memory import default_memory_per_task_bytes
-from distfusion.worker.worker import Worker
+from distfusion.worker.worker import CLOSE_WAIT_S, Worker
 
 __all__ = ["LocalRuntime"]
 
@@ -94,9 +95,18 @@ class LocalRuntime:
         return {url: self.transport.stats(url) for url in self.urls}
 
     def close(self) -> None:
-        """Stop every worker's threads."""
-        for worker in self.transport.workers.values():
-            worker.close()
+        """Stop every worker's threads; waits at most ``CLOSE_WAIT_S`` seconds in all.
+
+        Running tasks are interrupted (their threads end at once); a call into
+        DataFusion that yields nothing for longer is left to end on its own
+        (see :mod:`distfusion.worker.interrupt`).
+        """
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        workers = list(self.transport.workers.values())
+        for worker in workers:
+            worker.close(wait_s=0.0)
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
 
     def __repr__(self) -> str:
         return f"LocalRuntime(workers={len(self.urls)})"

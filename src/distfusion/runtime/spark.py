@@ -980,6 +980,9 @@ class _SparkQuery:
         self.metrics_acc = self.sc.accumulator({}, _merge_param())  # (stage, task) -> metrics dict
         self.observer = observer_for(query_id)
         self.observer.add_refresher(lambda: _spark_progress(self.sc, self.group))
+        # Closed from another thread (ResultStream.close): its Spark jobs end, so the
+        # thread reading the result stops waiting; that thread then closes the run.
+        self.observer.add_canceller(lambda: self.sc.cancelJobGroup(self.group))
         self.finished = False
         self.closed = False
         # Tasks pull feeds from the driver's endpoint; Spark retries replay a partition.

@@ -42,6 +42,7 @@ from distfusion.sources import WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.work_unit_feed.table import rebuild_source
 from distfusion.worker import stream_inputs
+from distfusion.worker.interrupt import iterate_native
 from distfusion.worker.memory import TaskMemory
 from distfusion.worker.spark_partitions import take
 from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
@@ -307,28 +308,34 @@ def stream_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Execute ``df``, yielding Arrow batches; stops with QueryCancelledError when asked.
 
-    ``cancelled()`` is checked between batches: DataFusion's work stops at its
-    next batch. Over streamed or replayed inputs (``binding``) the pulls check
-    it too and fail DataFusion's stream wherever it pulls (a hash join's
-    probe, an aggregate); the error a pull raised (a producer's TaskError, the
-    cancellation) is raised here rather than DataFusion's text of it. Over
-    memory tables (a join's build side) and file scans, an operator that
-    yields nothing for a long time (a partial aggregate over a scan) runs to
-    its first batch. ``metrics`` then gets what the operators spilled.
+    ``cancelled()`` is checked between batches and while waiting for one.
+    DataFusion runs in a helper thread and this generator waits for its
+    batches in Python (:func:`~distfusion.worker.interrupt.iterate_native`):
+    the calling thread's :class:`~distfusion.worker.interrupt.Interruptible`
+    (a worker's task, a result stream) stops the wait within 0.1 s, even
+    where DataFusion yields nothing for a long time (an aggregate over a
+    join). DataFusion's own work then stops at its next yield, when the
+    helper drops the stream. Over streamed or replayed inputs (``binding``)
+    the pulls check ``cancelled()`` too and fail DataFusion's stream
+    wherever it pulls (a hash join's probe, an aggregate); the error a pull
+    raised (a producer's TaskError, the cancellation) is raised here rather
+    than DataFusion's text of it. ``metrics`` then gets what the operators
+    spilled.
 
-    Two ways that do not stop it sooner: polling every partition of the
-    physical plan from an event loop (to drop the streams the moment the flag
-    is set) slowed every query, and DataFusion's operators still ran on to
-    their next yield point (docs/benchmarks.md, "Cancellation"); awaiting this
-    one stream (``__anext__``) ran two tasks' single-partition plans on one
-    core, and cancelling the await did not stop them.
+    Two ways that did not stop DataFusion sooner: polling every partition of
+    the physical plan from an event loop (to drop the streams the moment the
+    flag is set) slowed every query, and DataFusion's operators still ran on
+    to their next yield point (docs/benchmarks.md, "Cancellation"); awaiting
+    this one stream (``__anext__``) ran two tasks' single-partition plans on
+    one core, and cancelling the await did not stop them.
 
     Raises:
-        QueryCancelledError: ``cancelled()`` became true.
+        QueryCancelledError: ``cancelled()`` became true, or the thread was interrupted.
         Exception: DataFusion's error while executing.
     """
+    batches = iterate_native(df.execute_stream, cancelled, "running a fragment")
     try:
-        for rb in df.execute_stream():
+        for rb in batches:
             if cancelled():
                 raise QueryCancelledError("query cancelled")
             batch = rb.to_pyarrow()
@@ -338,6 +345,8 @@ def stream_batches(
         if binding is not None and binding.error is not None and exc is not binding.error:
             raise binding.error from None
         raise
+    finally:
+        batches.close()  # the helper drops the stream: DataFusion's partition tasks end
     if metrics is not None:
         metrics.add_plan(df.execution_plan())
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -185,8 +186,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"distfusion worker listening on {worker.url}", flush=True)
     if getattr(args, "exit_with_parent", False):
         _close_when_stdin_closes(worker)
+    # Served on gRPC's threads since the constructor; this thread waits in Python, so
+    # SIGTERM (the default of `kill`, and how runtimes stop their workers) closes the
+    # worker like SIGINT does: its spill directory and tasks do not outlive it.
+    # (FlightWorker.serve() blocks in native code, where SIGTERM ended the process
+    # without cleanup.)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        worker.serve()
+        while not stop.wait(0.2) and not worker.closed:
+            pass
     except KeyboardInterrupt:
         pass
     finally:
@@ -203,8 +212,12 @@ def _close_when_stdin_closes(worker) -> None:
     """
 
     def watch() -> None:
+        # os.read on the descriptor, not sys.stdin.buffer: a daemon thread blocked in a
+        # buffered read holds its lock, and the interpreter exiting (SIGTERM) then
+        # aborts ("could not acquire lock for <stdin> at interpreter shutdown").
         try:
-            while sys.stdin.buffer.read(65536):
+            fd = sys.stdin.fileno()
+            while os.read(fd, 65536):
                 pass
         except (OSError, ValueError):  # no readable stdin: the parent's end is gone too
             pass

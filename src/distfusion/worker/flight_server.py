@@ -88,6 +88,20 @@ __all__ = ["FlightWorker", "is_loopback"]
 flight = import_flight()
 log = logging.getLogger("distfusion.worker")
 
+MAX_CALL_WAIT_S = 5.0
+"""Longest one call waits on this worker for a task (its plan to arrive, or the task
+to finish), seconds, whatever the ticket or request asks: it then answers "not
+yet" (a timed-out error), which distfusion's clients poll again (they ask for
+0.5 s at a time, :class:`~distfusion.transport.flight.FlightWorkerTransport`).
+A call for a task that never arrives (a client that gave up, another program)
+so holds a gRPC thread for seconds, not until the query's time-to-live (issue
+25: 64 stray DoGets took a worker from 20 to 88 threads for 120 s)."""
+
+
+def _bounded(timeout_s: float | None) -> float:
+    """``timeout_s`` capped at :data:`MAX_CALL_WAIT_S` (None: no bound asked)."""
+    return MAX_CALL_WAIT_S if timeout_s is None else min(timeout_s, MAX_CALL_WAIT_S)
+
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name) reaches only this machine.
@@ -291,6 +305,11 @@ class FlightWorker:
         """Block until :meth:`close` is called or the process gets SIGINT/SIGTERM."""
         self._server.serve()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Stop serving, cancel every task, stop the threads. Idempotent."""
         if self._closed:
@@ -349,7 +368,7 @@ class FlightWorker:
         if name == ACTION_TASK_STATS:
             key, timeout_s = decode_task_request(body)
             self._touch(key.query_id)
-            rows, nbytes = self.worker.task_stats(key, timeout_s)
+            rows, nbytes = self.worker.task_stats(key, _bounded(timeout_s))
             self._touch(key.query_id)
             answer = {"partition_rows": list(rows), "partition_bytes": list(nbytes)}
             return [json.dumps(answer).encode()]
@@ -426,13 +445,14 @@ class FlightWorker:
     def _get(self, ticket: bytes):
         """A partition as a stream: each batch sent as the task produces it.
 
-        Waits for the task's plan (at most the ticket's ``timeout_s``: the
-        client polls again), then for the first batch; the stream then
-        follows the task (streamed exchange) and ends with its error, if any.
+        Waits for the task's plan (at most the ticket's ``timeout_s``, and at
+        most :data:`MAX_CALL_WAIT_S`: the client polls again), then for the
+        first batch; the stream then follows the task (streamed exchange) and
+        ends with its error, if any.
         """
         key, partition, timeout_s = decode_ticket(ticket)
         self._touch(key.query_id)
-        batches = iter(self.worker.execute_partition(key, partition, timeout_s))
+        batches = iter(self.worker.execute_partition(key, partition, _bounded(timeout_s)))
         self._touch(key.query_id)
         first = next(batches, None)
         if first is None:

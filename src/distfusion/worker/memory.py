@@ -193,12 +193,21 @@ class SpillDirs:
     def __init__(self, parent: str | None = None) -> None:
         self.parent = parent
         self._root: str | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     @property
     def root(self) -> str:
-        """This worker's own directory (made on first use)."""
+        """This worker's own directory (made on first use).
+
+        Raises:
+            OSError: :meth:`close` was called (a task ending after its worker
+                closed makes no directory that nothing would delete).
+        """
         with self._lock:
+            if self._closed:
+                msg = "the worker's spill directories were closed"
+                raise OSError(msg)
             if self._root is None:
                 if self.parent:
                     os.makedirs(self.parent, exist_ok=True)
@@ -235,9 +244,10 @@ class SpillDirs:
         return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
 
     def close(self) -> None:
-        """Delete the root and everything under it. Idempotent."""
+        """Delete the root and everything under it; make no more. Idempotent."""
         with self._lock:
             root, self._root = self._root, None
+            self._closed = True
         if root is not None:
             self._finalizer.detach()
             shutil.rmtree(root, ignore_errors=True)

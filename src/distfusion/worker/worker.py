@@ -33,8 +33,13 @@ calls it when a query ends, fails or is cancelled) and by the task that
 notices the cancellation last.
 
 Cancellation: a task checks its query's cancel flag between batches and
-stops at DataFusion's next batch (:func:`~distfusion.worker.execute_task.stream_batches`).
-:meth:`Worker.close` does not wait for it.
+stops at DataFusion's next batch (:func:`~distfusion.worker.execute_task.stream_batches`);
+a task waiting in DataFusion for a batch that does not come (an aggregate
+over a join) is interrupted there (:mod:`distfusion.worker.interrupt`), so
+its thread is free within about a second. :meth:`Worker.close` does not
+wait for it. Every worker of the process is closed when the interpreter
+exits, before Python joins the pools' threads: a process ended by Ctrl-C
+does not wait for its tasks.
 
 Tasks run in a FIFO thread pool of ``slots`` threads. A task blocks while it
 reads its inputs from producer tasks; the coordinator submits every task of a
@@ -45,12 +50,14 @@ with one slot.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -63,6 +70,7 @@ from distfusion.transport.feed_endpoint import pull_feed
 from distfusion.work_unit_feed.unit import WorkUnit
 from distfusion.worker.execute_task import run_task_into, task_meter
 from distfusion.worker.feed_inbox import FeedInbox, RemoteWorkUnitFeed
+from distfusion.worker.interrupt import Interruptible
 from distfusion.worker.memory import SpillDirs, TaskMemory, default_memory_per_task_bytes
 from distfusion.worker.stream_inputs import InputStreams
 from distfusion.worker.task_output import TaskOutput
@@ -83,6 +91,77 @@ class _Task:
     reads_done: list[int] = field(default_factory=list)  # reads read to the end, per partition
     error: BaseException | None = None
     metrics: TaskMetrics | None = None  # rows and bytes per output partition among them
+    running: Interruptible | None = None  # the thread running it, while it runs
+
+
+CLOSE_WAIT_S = 1.0
+"""Longest :meth:`Worker.close` waits for its threads to end, seconds: the task threads
+end within 0.1 s of it (their waits are interruptible); the helper threads inside
+DataFusion when their call returns (see :mod:`distfusion.worker.interrupt`)."""
+
+
+class _TaskThreads:
+    """A FIFO pool of ``n`` daemon threads running the tasks of one worker.
+
+    Unlike ``ThreadPoolExecutor`` it can be joined with a bound, and an
+    exiting interpreter does not join it (the workers are closed first, see
+    :func:`_close_live_workers`).
+    """
+
+    def __init__(self, n: int, name: str) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self.threads = [
+            threading.Thread(target=self._loop, name=f"{name}_{i}", daemon=True) for i in range(n)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, fn: Callable, *args) -> None:
+        """Run ``fn(*args)`` in a thread of the pool, after what was submitted before."""
+        if not self._closed:
+            self._queue.put((fn, args))
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None or self._closed:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException:  # a bug: the task's consumers learnt it failed already
+                log.exception("a task thread failed")
+
+    def close(self) -> None:
+        """Drop what was not started; every thread ends after its current task."""
+        self._closed = True
+        for _ in self.threads:
+            self._queue.put(None)
+
+
+_LIVE: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+
+def _close_live_workers() -> None:
+    """Close every worker of the process (interpreter exit): their tasks stop, nothing waits.
+
+    The helpers still inside DataFusion then get a grace period
+    (:func:`distfusion.worker.interrupt._wait_for_helpers`, run after this).
+    """
+    for worker in list(_LIVE):
+        try:
+            worker.close(wait_s=0.0)
+        except Exception:  # exiting: a worker that cannot close leaves its threads
+            log.debug("closing %r at exit failed", worker, exc_info=True)
+
+
+# Run by threading._shutdown before Python finalizes, the last registered first: this
+# hook (registered after the one of distfusion.worker.interrupt, imported above) stops
+# every task before the helpers' grace period. Without it an interpreter exiting
+# (Ctrl-C while a result was not being read) waited for its running tasks. A private
+# hook of the threading module (used by concurrent.futures itself); atexit otherwise.
+getattr(threading, "_register_atexit", atexit.register)(_close_live_workers)
 
 
 class Worker:
@@ -135,9 +214,8 @@ class Worker:
         )
         self.output_memory_bytes = output_memory_bytes or self.memory_per_task_bytes * self.slots
         self.spill = SpillDirs(spill_dir)
-        self._pool = ThreadPoolExecutor(
-            max_workers=self.slots, thread_name_prefix=f"distfusion-{url}"
-        )
+        self._pool = _TaskThreads(self.slots, f"distfusion-{url}")
+        self._helpers: list[threading.Thread] = []  # helper threads of tasks that ran here
         self._lock = threading.Condition()
         self._tasks: dict[TaskKey, _Task] = {}
         # Recently cancelled query ids (insertion-ordered, bounded).
@@ -145,6 +223,7 @@ class Worker:
         self._inboxes: dict[tuple[TaskKey, str], FeedInbox] = {}
         self._closed = False
         self._running = 0
+        self._running_tasks: dict[TaskKey, _Task] = {}  # tasks whose thread runs them now
         # Cumulative since start: what DataFusion spilled, and outputs written to disk.
         self._spilled_bytes = 0
         self._spill_count = 0
@@ -152,6 +231,7 @@ class Worker:
         # query id -> (stage, task) -> metrics of every task that succeeded here;
         # kept until cancel_query (tasks whose output was read are gone from _tasks).
         self._metrics: dict[str, dict[tuple[int, int], TaskMetrics]] = {}
+        _LIVE.add(self)
 
     # ---------------------------------------------------------------- protocol
     def set_plan(self, plan: TaskPlan) -> None:
@@ -307,11 +387,14 @@ class Worker:
         """Stop every task of ``query_id`` and drop all its state on this worker.
 
         Running tasks stop at DataFusion's next batch, or at their next pull
-        of a streamed input (inside a hash join's build or an aggregate);
-        readers of their outputs raise QueryCancelledError; the outputs and the
-        query's spill directory are deleted. Returns without waiting.
+        of a streamed input (inside a hash join's build or an aggregate), or
+        are interrupted where they wait in DataFusion (within about a second,
+        :mod:`~distfusion.worker.interrupt`); readers of their outputs raise
+        QueryCancelledError; the outputs and the query's spill directory are
+        deleted. Returns without waiting.
         """
         outputs = []
+        running = []
         with self._lock:
             for k in [k for k in self._inboxes if k[0].query_id == query_id]:
                 self._inboxes.pop(k).close()
@@ -324,7 +407,14 @@ class Worker:
                 if not task.done.is_set():
                     task.error = QueryCancelledError(f"query {query_id} was cancelled")
                 outputs.append(task.output)
+            running = [
+                t.running
+                for t in self._running_tasks.values()
+                if t.plan.key.query_id == query_id and t.running is not None
+            ]
             self._lock.notify_all()
+        for scope in running:
+            scope.interrupt(QueryCancelledError(f"query {query_id} was cancelled"))
         for output in outputs:
             output.fail(QueryCancelledError(f"query {query_id} was cancelled"))
             output.close()
@@ -360,25 +450,47 @@ class Worker:
         stats["spill_files"] = len(self.spill.files())
         return stats
 
-    def close(self) -> None:
-        """Cancel everything, stop the thread pool and delete the spill directory.
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Cancel everything, stop the threads and delete the spill directory.
 
-        Does not wait for running tasks: they see the cancellation at
-        DataFusion's next batch or their next pull of a streamed input, and end.
+        Running tasks are interrupted where they wait (DataFusion's calls run
+        in helper threads, :mod:`~distfusion.worker.interrupt`): their threads
+        end at once. Waits at most ``wait_s`` seconds for them and for the
+        helper threads; a helper inside a DataFusion call that yields nothing
+        for longer is left to end with it (a daemon thread).
         """
         with self._lock:
             self._closed = True
             for qid in {k.query_id for k in self._tasks}:
                 self._cancelled[qid] = None
             outputs = [t.output for t in self._tasks.values()]
+            running = [t.running for t in self._running_tasks.values() if t.running is not None]
             self._tasks.clear()
             self._metrics.clear()
             self._lock.notify_all()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        _LIVE.discard(self)
+        for scope in running:
+            scope.interrupt(QueryCancelledError(f"worker {self.url} closed"))
+        self._pool.close()
         for output in outputs:
             output.fail(QueryCancelledError(f"worker {self.url} closed"))
             output.close()
+        self.join(wait_s)
         self.spill.close()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` seconds for this closed worker's threads to end.
+
+        Returns:
+            Whether every task thread and helper thread ended.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            threads = [*self._pool.threads, *self._helpers]
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads if t is not threading.current_thread())
 
     # ---------------------------------------------------------------- internals
     def _wait(self, key: TaskKey, timeout_s: float | None, done: bool) -> _Task:
@@ -418,9 +530,7 @@ class Worker:
     def _feed_chunks(self, plan: TaskPlan, share: ScanShare):
         """The units of feed scan ``share`` for ``plan``'s task, in chunks as they arrive."""
         if share.source.options.get("endpoint"):  # pulled: executors cannot be pushed to (Spark)
-            return pulled_feed_chunks(
-                plan.key, share, lambda: self.is_cancelled(plan.key.query_id)
-            )
+            return pulled_feed_chunks(plan.key, share, lambda: self.is_cancelled(plan.key.query_id))
         o = share.source.options
         inbox = self._inbox(plan.key, share.source.name)
         feed = RemoteWorkUnitFeed(o["feed_id"], share.source.name, plan.key.task_index, inbox)
@@ -458,6 +568,20 @@ class Worker:
         return TaskMemory(budget, self.spill.query_dir(plan.key.query_id))
 
     def _run(self, task: _Task) -> None:
+        with Interruptible() as running:
+            with self._lock:
+                task.running = running
+                self._running_tasks[task.plan.key] = task
+            try:
+                self._run_task(task)
+            finally:
+                with self._lock:
+                    self._running_tasks.pop(task.plan.key, None)
+                    task.running = None
+                    alive = [t for t in self._helpers + running.helpers if t.is_alive()]
+                    self._helpers = alive
+
+    def _run_task(self, task: _Task) -> None:
         plan = task.plan
         key = plan.key
         qid = key.query_id
