@@ -54,7 +54,6 @@ from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import plan_stages
 from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
-from distfusion.planner.substrait import consume_plan, fits_decoder, parse_plan
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.adaptive import AdaptiveReport, plan_final, run_adaptive
@@ -72,6 +71,7 @@ from distfusion.sources import (
     sql_name,
 )
 from distfusion.stages import StageGraph
+from distfusion.substrait_plan.decode import consume_plan, fits_decoder, parse_plan
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.worker.execute_task import COORDINATOR, build_dataframe

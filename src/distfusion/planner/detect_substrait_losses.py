@@ -51,8 +51,8 @@ from google.protobuf import empty_pb2
 from google.protobuf.unknown_fields import UnknownFieldSet
 from substrait.proto import AggregateFunction, ConsistentPartitionWindowRel, Expression, Plan
 
-from distfusion.planner.substrait import FunctionRegistry
-from distfusion.planner.walk import is_subquery, walk
+from distfusion.substrait_plan.build import FunctionRegistry
+from distfusion.substrait_plan.walk import is_subquery, walk
 
 if TYPE_CHECKING:  # what datafusion-python's plan and expression variants hand out
     from datafusion._internal.expr import RawExpr

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from distfusion.planner.substrait import filtered_read
+from distfusion.substrait_plan.build import filtered_read
 
 __all__ = [
     "Estimate",
@@ -72,7 +72,7 @@ def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
     """Whether ``rel`` is a small, selective filtered scan.
 
     That is projections and filters over one source read (see
-    :func:`~distfusion.planner.substrait.filtered_read`), whose filters keep at
+    :func:`~distfusion.substrait_plan.build.filtered_read`), whose filters keep at
     most :data:`REDUCTION_KEPT` of the table (:func:`filter_selectivity`) and
     whose output is estimated at most ``limit_bytes`` (projected bytes times
     that fraction; 0: never). Spark's runtime filter asks the same of its

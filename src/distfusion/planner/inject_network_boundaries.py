@@ -65,25 +65,6 @@ from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.reuse_exchanges import ExchangeReuse
 from distfusion.planner.scan_filters import any_of, filter_over_read, scan_filters
 from distfusion.planner.skip_units import skip_units
-from distfusion.planner.substrait import (
-    FunctionRegistry,
-    SchemaOracle,
-    conjunct_names,
-    field_ref,
-    is_field_ref,
-    named_struct,
-    stage_read,
-    unproject_read,
-    unproject_source_reads,
-)
-from distfusion.planner.walk import (
-    children,
-    field_refs,
-    rel_kind,
-    set_children,
-    source_tables,
-    walk,
-)
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     BROADCAST,
@@ -95,6 +76,25 @@ from distfusion.stages import (
     Stage,
     StageGraph,
     StageInput,
+)
+from distfusion.substrait_plan.build import (
+    FunctionRegistry,
+    conjunct_names,
+    field_ref,
+    is_field_ref,
+    named_struct,
+    stage_read,
+    unproject_read,
+    unproject_source_reads,
+)
+from distfusion.substrait_plan.rewrite import SchemaOracle
+from distfusion.substrait_plan.walk import (
+    children,
+    field_refs,
+    rel_kind,
+    set_children,
+    source_tables,
+    walk,
 )
 from distfusion.work_unit_feed import filters
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 from substrait.proto import Expression, Plan, Rel
 
 from distfusion.errors import NotDistributableError
-from distfusion.planner.substrait import FunctionRegistry
-from distfusion.planner.walk import walk
+from distfusion.substrait_plan.build import FunctionRegistry
+from distfusion.substrait_plan.walk import walk
 
 __all__ = ["repair_substrait"]
 
