@@ -223,7 +223,7 @@ class DefaultTaskEstimator:
         return math.ceil(n / workers) * workers
 
     def leaf_tasks(self, scan_bytes: int, num_work_units: int, workers: int) -> int:
-        """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (see ``wave_bytes_per_task``)."""
+        """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (``wave_bytes_per_task``)."""
         return max(1, min(self._tasks(scan_bytes, workers, self.bytes_per_task), num_work_units))
 
     def feed_tasks(self, desired_tasks: int | None, workers: int) -> int:

@@ -41,7 +41,8 @@ def repair_substrait(plan: Plan) -> Plan:
     """Repair ``plan`` in place (see the module docs); return it.
 
     Called once per query on the coordinator, on the plan DataFusion's producer
-    made for the optimized logical plan, before :func:`plan_stages`.
+    made for the optimized logical plan, before :func:`~distfusion.planner.plan.plan_stages`
+    (pass 2 of :mod:`distfusion.planner.plan`).
 
     Raises:
         NotDistributableError: the plan reads a table of a schema other than
