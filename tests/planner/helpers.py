@@ -23,9 +23,12 @@ import textwrap
 
 import pyarrow as pa
 from datafusion import SessionContext
+from datafusion.substrait import Producer
+from substrait.proto import Plan
 
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, StageGraph
+from distfusion.substrait_plan.decode import consume_plan
 from tests.compare import assert_same_result
 
 # Broadcast every join side the join type allows (all test tables are tiny) ...
@@ -185,3 +188,23 @@ G = pa.table({"k": pa.array([i % 300 for i in range(3000)], pa.int64()), "y": ra
 def fact_and_dimension(runtimes, **config):
     """Contexts over f and d on 4 workers, equi-join sides never broadcast."""
     return make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **LARGE, **config)
+
+
+def substrait_of(ctx: SessionContext, sql: str):
+    """DataFusion's Substrait plan of ``sql``'s optimized logical plan, and that logical plan.
+
+    What ``context.py`` hands the planner, before any pass ran.
+    """
+    logical = ctx.sql(sql).optimized_logical_plan()
+    plan = Plan()
+    plan.ParseFromString(Producer.to_substrait_plan(logical, ctx).encode())
+    return plan, logical
+
+
+def consumed(ctx: SessionContext, plan: Plan) -> str:
+    """``plan`` consumed again by DataFusion: its logical plan's text (an inline snapshot's).
+
+    Raises:
+        Exception: DataFusion's error when its consumer rejects the plan.
+    """
+    return str(consume_plan(ctx, plan.SerializeToString()).display_indent()).strip()
