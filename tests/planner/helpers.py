@@ -29,6 +29,7 @@ from substrait.proto import Plan
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, StageGraph
 from distfusion.substrait_plan.decode import consume_plan
+from distfusion.substrait_plan.rewrite import SchemaOracle
 from tests.compare import assert_same_result
 
 # Broadcast every join side the join type allows (all test tables are tiny) ...
@@ -208,3 +209,22 @@ def consumed(ctx: SessionContext, plan: Plan) -> str:
         Exception: DataFusion's error when its consumer rejects the plan.
     """
     return str(consume_plan(ctx, plan.SerializeToString()).display_indent()).strip()
+
+
+def apply_pass(contexts, sql: str, rewrite) -> tuple[str, str]:
+    """``sql``'s plan before and after ``rewrite(plan, oracle)``, as consumed plan texts.
+
+    The rewritten plan must answer as DataFusion does from ``sql`` (compared
+    with :func:`~tests.compare.assert_same_result`).
+    """
+    ctx, _ = contexts
+    session = ctx.ctx
+    plan, _ = substrait_of(session, sql)
+    before = consumed(session, plan)
+    oracle = SchemaOracle(plan, {n: s.schema for n, s in ctx.sources.items()})
+    rewrite(plan, oracle)
+    after = consumed(session, plan)
+    lp = consume_plan(session, plan.SerializeToString())
+    got = session.create_dataframe_from_logical_plan(lp).to_arrow_table()
+    assert_same_result(got, session.sql(sql).to_arrow_table(), ordered=False)
+    return before, after

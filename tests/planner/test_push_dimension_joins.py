@@ -5,8 +5,11 @@ See tests/planner/helpers.py for the tables and checks these share.
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
+from distfusion.planner.push_dimension_joins import push_dimension_joins
 from distfusion.stages import StageGraph
 from tests.planner.helpers import (
     LARGE,
@@ -14,6 +17,7 @@ from tests.planner.helpers import (
     D,
     F,
     G,
+    apply_pass,
     check_well_formed,
     make_contexts,
     run,
@@ -56,3 +60,46 @@ def test_filtered_dimension_joined_before_other_joins(runtimes, config):
     assert joined_first(g, "d", "g"), g.render()
     off = run(make_contexts(runtimes[4], tables, runtime_filter_bytes=0, **config), sql)
     assert not joined_first(off, "d", "g"), off.render()
+
+
+def test_the_pass_joins_the_filtered_dimension_first(runtimes):
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (G, 500)}, **SMALL)
+    sql = (
+        "SELECT d.c, count(*) AS n FROM f JOIN g ON f.x = g.y JOIN d ON f.k = d.k "
+        "WHERE d.c = 'c3' GROUP BY d.c"
+    )
+    config = contexts[0].config
+    before, after = apply_pass(
+        contexts,
+        sql,
+        lambda plan, oracle: push_dimension_joins(
+            plan, oracle, contexts[0].sources, config.runtime_filter_bytes
+        ),
+    )
+    assert before == textwrap.dedent(
+        """\
+        Projection: d.c, count(Int64(1)) AS n
+          Aggregate: groupBy=[[d.c]], aggr=[[count(Int64(1))]]
+            Projection: d.c
+              Inner Join: f.k = d.k
+                Projection: f.k
+                  Inner Join: f.x = g.y
+                    TableScan: f
+                    TableScan: g projection=[y]
+                Filter: d.c = Utf8("c3")
+                  TableScan: d"""
+    )
+    assert after == textwrap.dedent(
+        """\
+        Projection: d.c, count(Int64(1)) AS n
+          Aggregate: groupBy=[[d.c]], aggr=[[count(Int64(1))]]
+            Projection: d.c
+              Projection: f.k, d.k, d.c
+                Projection: f.k, f.x, g.y, d.k, d.c
+                  Inner Join: f.x = g.y
+                    Inner Join: f.k = d.k
+                      TableScan: f
+                      Filter: d.c = Utf8("c3")
+                        TableScan: d
+                    TableScan: g projection=[y]"""
+    )

@@ -5,8 +5,11 @@ See tests/planner/helpers.py for the tables and checks these share.
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
+from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.stages import StageGraph
 from tests.planner.helpers import (
     LARGE,
@@ -14,6 +17,7 @@ from tests.planner.helpers import (
     D,
     F,
     G,
+    apply_pass,
     check_well_formed,
     make_contexts,
     run,
@@ -81,3 +85,39 @@ def test_semi_join_pushed_below_inner_join(runtimes, config, sql, pushed):
     g = run(contexts, sql)
     check_well_formed(g)
     assert semi_join_over_inner_join(g) != pushed, g.render()
+
+
+def test_the_pass_moves_the_semi_join_below_the_inner_join(runtimes):
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (G, 500)}, **SMALL)
+    sql = f"SELECT d.c, sum(f.x) AS sx FROM d JOIN f ON f.k = d.k WHERE {IN_HAVING} GROUP BY d.c"
+    before, after = apply_pass(contexts, sql, push_semi_joins)
+    assert before == textwrap.dedent(
+        """\
+        Projection: d.c, sum(f.x) AS sx
+          Aggregate: groupBy=[[d.c]], aggr=[[sum(f.x)]]
+            Projection: d.c, f.x
+              LeftSemi Join: d.k = g.k
+                Projection: d.k, d.c, f.x
+                  Inner Join: d.k = f.k
+                    TableScan: d
+                    TableScan: f
+                Projection: g.k
+                  Filter: sum(g.y) > Int64(15000)
+                    Aggregate: groupBy=[[g.k]], aggr=[[sum(g.y)]]
+                      TableScan: g"""
+    )
+    assert after == textwrap.dedent(
+        """\
+        Projection: d.c, sum(f.x) AS sx
+          Aggregate: groupBy=[[d.c]], aggr=[[sum(f.x)]]
+            Projection: d.c, f.x
+              Projection: d.k, d.c, f.x
+                Inner Join: d.k = f.k
+                  LeftSemi Join: d.k = g.k
+                    TableScan: d
+                    Projection: g.k
+                      Filter: sum(g.y) > Int64(15000)
+                        Aggregate: groupBy=[[g.k]], aggr=[[sum(g.y)]]
+                          TableScan: g
+                  TableScan: f"""
+    )

@@ -5,8 +5,11 @@ See tests/planner/helpers.py for the tables and checks these share.
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
+from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.stages import StageGraph
 from tests.planner.helpers import (
     LARGE,
@@ -14,6 +17,7 @@ from tests.planner.helpers import (
     D,
     F,
     G,
+    apply_pass,
     check_well_formed,
     make_contexts,
     run,
@@ -75,3 +79,39 @@ def test_no_aggregate_input_filter_where_it_could_drop_rows(runtimes, sql):
     contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **SMALL)
     g = run(contexts, sql)
     assert "LeftSemi Join: f" not in "".join(s.plan_text for s in g.stages), g.render()
+
+
+def test_the_pass_filters_the_aggregate_input_by_the_selective_side(runtimes):
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50)}, **SMALL)
+    sql = (
+        "SELECT d.c, a.s FROM d JOIN (SELECT k, sum(x) AS s FROM f GROUP BY k) a ON a.k = d.k "
+        "WHERE d.c = 'c3'"
+    )
+    config = contexts[0].config
+    _, after = apply_pass(
+        contexts,
+        sql,
+        lambda plan, oracle: reduce_aggregate_inputs(
+            plan, oracle, contexts[0].sources, config.runtime_filter_bytes
+        ),
+    )
+    assert after == textwrap.dedent(
+        """\
+        Projection: d.c, sum(f.x) AS s
+          Inner Join: d.k = f.k
+            Filter: d.c = Utf8("c3")
+              TableScan: d
+            Projection: f.k, sum(f.x)
+              Aggregate: groupBy=[[f.k]], aggr=[[sum(f.x)]]
+                LeftSemi Join: f.k = d.k
+                  TableScan: f
+                  Filter: d.c = Utf8("c3")
+                    TableScan: d"""
+    )
+    # Turned off (runtime_filter_bytes=0): the plan stays as DataFusion made it.
+    before, unchanged = apply_pass(
+        contexts,
+        sql,
+        lambda plan, oracle: reduce_aggregate_inputs(plan, oracle, contexts[0].sources, 0),
+    )
+    assert unchanged == before
