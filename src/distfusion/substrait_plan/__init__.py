@@ -2,11 +2,14 @@
 
 Below both :mod:`distfusion.planner` and :mod:`distfusion.worker` (the
 import-linter layers in pyproject.toml): a worker decodes and walks its
-fragment with these, it never imports the planner. Three modules:
+fragment with these, it never imports the planner (a contract in pyproject.toml
+fails when it does). Four modules, each importing only those before it:
 :mod:`~distfusion.substrait_plan.walk` (the one relation walker),
-:mod:`~distfusion.substrait_plan.rewrite` (reading and building relations and
-expressions) and :mod:`~distfusion.substrait_plan.decode` (a plan's bytes to a
-DataFusion logical plan, however deep it nests).
+:mod:`~distfusion.substrait_plan.build` (reading and building relations and
+expressions), :mod:`~distfusion.substrait_plan.decode` (a plan's bytes to a
+DataFusion logical plan, however deep it nests) and
+:mod:`~distfusion.substrait_plan.rewrite` (``SchemaOracle``: types from
+DataFusion; ``RelRewrite``: the base of the planner's rewrites; coordinator only).
 
 Named ``substrait_plan``, not ``substrait``: ``substrait`` is the import name of
 the PyPI package of typed protobuf classes (``substrait.proto``) that every module
