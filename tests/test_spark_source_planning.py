@@ -17,7 +17,7 @@ from substrait.proto import Plan
 
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime, PlanningError
 from distfusion.planner.config import PlannerConfig
-from distfusion.planner.inject_network_boundaries import plan_stages
+from distfusion.planner.plan import plan_stages
 from distfusion.sources import spark_source
 from distfusion.stages import BROADCAST, StageGraph
 

@@ -57,10 +57,7 @@ from distfusion.metrics.task import TaskMeter
 from distfusion.planner.config import DistributedConfig, PlannerConfig
 from distfusion.planner.detect_substrait_losses import substrait_losses
 from distfusion.planner.fragment import MaterializedStage
-from distfusion.planner.inject_network_boundaries import plan_stages
-from distfusion.planner.repair_substrait import repair_substrait
-from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
-from distfusion.planner.substrait import consume_plan, fits_decoder, parse_plan
+from distfusion.planner.plan import plan_stages, prepare_substrait
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.adaptive import AdaptiveReport, plan_final, run_adaptive
@@ -78,6 +75,7 @@ from distfusion.sources import (
     sql_name,
 )
 from distfusion.stages import StageGraph
+from distfusion.substrait_plan.decode import consume_plan, fits_decoder, parse_plan
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.worker.execute_task import COORDINATOR, build_dataframe, stream_batches
@@ -1282,8 +1280,7 @@ class DistributedDataFrame(Transformations):
             plan = Plan()
             plan.ParseFromString(produced)
             try:
-                rewrite_null_aware_anti_joins(plan, logical)
-                repair_substrait(plan)
+                prepare_substrait(plan, logical)
             except NotDistributableError as exc:
                 self._coordinator_only = str(exc)
                 return None

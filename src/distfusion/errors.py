@@ -78,7 +78,7 @@ class PlanningError(DistfusionError, ValueError):
 class NotDistributableError(PlanningError):
     """DataFusion plans the query, but the distributed planner cannot cut it into stages.
 
-    Raised by the planner (:func:`~distfusion.planner.inject_network_boundaries.plan_stages`)
+    Raised by the planner (:func:`~distfusion.planner.plan.plan_stages`)
     when a fragment does not survive Substrait (DataFusion's consumer rejects
     what its producer wrote), or the plan reads a table distfusion has no
     source for (a table function such as ``generate_series``, an

@@ -4,7 +4,7 @@ DataFusion decodes Substrait with a nesting limit of 100 messages, about 18
 joins deep; the Python protobuf parser had the same limit. Single-node
 DataFusion never serializes its plan, so it answers such queries: the
 distributed planner and every task must too (the planner consumes deep
-fragments in pieces, :func:`distfusion.planner.substrait.consume_plan`). An
+fragments in pieces, :func:`distfusion.substrait_plan.decode.consume_plan`). An
 expression nested too deep for the decoder even in pieces runs on the
 coordinator.
 """

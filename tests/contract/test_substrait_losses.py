@@ -3,7 +3,7 @@
 DataFusion 55's Substrait producer drops some properties without an error
 (``IGNORE NULLS``, ``DISTINCT`` and ``FILTER`` of window functions, ``RANGE``
 frames with an offset: distfusion.planner.detect_substrait_losses lists them,
-tests/test_substrait_losses.py shows each on DataFusion alone).
+tests/planner/test_detect_substrait_losses.py shows each on DataFusion alone).
 ``first_value(val ORDER BY o) IGNORE NULLS`` came back as ``first_value(val
 ORDER BY o)``, NULL where DataFusion says 1. Such a query runs whole on the
 coordinator with DataFusion's own plan, and ``explain()`` says so; the same

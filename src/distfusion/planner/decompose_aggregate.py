@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from substrait.proto import AggregateFunction, AggregateRel, NamedStruct, Rel, Type
 
 from distfusion import udfs
-from distfusion.planner.substrait import FunctionRegistry, cast, field_ref
+from distfusion.substrait_plan.build import FunctionRegistry, cast, field_ref
 
 __all__ = ["grouping_count", "is_decomposable", "split_aggregate"]
 

@@ -4,7 +4,7 @@ DataFusion 55 writes some properties of a plan nowhere in Substrait and raises
 no error; the plan consumed again computes another answer. Each was measured on
 single-node DataFusion 55 (``ctx.sql(q)`` against
 ``Consumer.from_substrait_plan(ctx, Producer.to_substrait_plan(plan, ctx))``;
-``tests/test_substrait_losses.py`` keeps every one, and fails when a DataFusion
+``tests/planner/test_detect_substrait_losses.py`` keeps every one, and fails when a DataFusion
 upgrade carries it):
 
 - ``IGNORE NULLS`` of an aggregate (``first_value(x ORDER BY y) IGNORE NULLS``,
@@ -51,8 +51,8 @@ from google.protobuf import empty_pb2
 from google.protobuf.unknown_fields import UnknownFieldSet
 from substrait.proto import AggregateFunction, ConsistentPartitionWindowRel, Expression, Plan
 
-from distfusion.planner.substrait import FunctionRegistry
-from distfusion.planner.walk import is_subquery, walk
+from distfusion.substrait_plan.build import FunctionRegistry
+from distfusion.substrait_plan.walk import is_subquery, walk
 
 if TYPE_CHECKING:  # what datafusion-python's plan and expression variants hand out
     from datafusion._internal.expr import RawExpr
@@ -98,7 +98,7 @@ _SUBQUERIES = {"ScalarSubquery", "Exists", "InSubquery"}
 
 _NULL_TREATMENT = {"array_agg", "first_value", "last_value"}
 """DataFusion 55's aggregates that take ``IGNORE NULLS`` (every other built-in
-rejects it when planning; tests/test_substrait_losses.py asks DataFusion)."""
+rejects it when planning; tests/planner/test_detect_substrait_losses.py asks DataFusion)."""
 _ZONED = {"precision_timestamp_tz", "timestamp_tz"}  # Substrait types of a zoned timestamp
 _WindowRelFunction = ConsistentPartitionWindowRel.WindowRelFunction
 

@@ -25,8 +25,15 @@ from substrait.proto import Expression, JoinRel, Rel
 from distfusion.planner.estimate import Estimate
 from distfusion.planner.fragment import Fragment, KeySource, through_emit
 from distfusion.planner.inject_runtime_filters import REDUCE_LEFT, REDUCE_RIGHT, RuntimeFilters
-from distfusion.planner.substrait import FunctionRegistry, conjuncts, is_field_ref, shift_field_refs
-from distfusion.planner.walk import (
+from distfusion.protocol.hashing import hash_type
+from distfusion.stages import BROADCAST, COALESCE, SHUFFLE, StageInput
+from distfusion.substrait_plan.build import (
+    FunctionRegistry,
+    conjuncts,
+    is_field_ref,
+    shift_field_refs,
+)
+from distfusion.substrait_plan.walk import (
     children,
     contains,
     field_refs,
@@ -34,8 +41,6 @@ from distfusion.planner.walk import (
     set_children,
     source_tables,
 )
-from distfusion.protocol.hashing import hash_type
-from distfusion.stages import BROADCAST, COALESCE, SHUFFLE, StageInput
 
 __all__ = ["JoinDistribution"]
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from distfusion.planner.substrait import filtered_read
+from distfusion.substrait_plan.build import filtered_read
 
 __all__ = [
     "Estimate",
@@ -72,7 +72,7 @@ def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
     """Whether ``rel`` is a small, selective filtered scan.
 
     That is projections and filters over one source read (see
-    :func:`~distfusion.planner.substrait.filtered_read`), whose filters keep at
+    :func:`~distfusion.substrait_plan.build.filtered_read`), whose filters keep at
     most :data:`REDUCTION_KEPT` of the table (:func:`filter_selectivity`) and
     whose output is estimated at most ``limit_bytes`` (projected bytes times
     that fraction; 0: never). Spark's runtime filter asks the same of its
@@ -223,7 +223,7 @@ class DefaultTaskEstimator:
         return math.ceil(n / workers) * workers
 
     def leaf_tasks(self, scan_bytes: int, num_work_units: int, workers: int) -> int:
-        """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (see ``wave_bytes_per_task``)."""
+        """``min(units, ceil(bytes / bytes_per_task))``, at least 1 (``wave_bytes_per_task``)."""
         return max(1, min(self._tasks(scan_bytes, workers, self.bytes_per_task), num_work_units))
 
     def feed_tasks(self, desired_tasks: int | None, workers: int) -> int:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from substrait.proto import Rel
 
 from distfusion.planner.estimate import Estimate
-from distfusion.planner.walk import rel_kind, walk
 from distfusion.stages import Stage, StageInput
+from distfusion.substrait_plan.walk import rel_kind, walk
 
 __all__ = ["Fragment", "KeySource", "MaterializedStage", "canonical_reads", "through_emit"]
 

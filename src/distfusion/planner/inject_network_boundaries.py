@@ -28,8 +28,9 @@ window              shuffle by PARTITION BY keys; none or mixed -> coalesce
 anything else       coalesce every input, run in one task
 ==================  ==========================================================
 
-This module is the walk and :meth:`~_Planner.seal` (stage cutting) and
-:func:`plan_stages`, the planner's entry. The walk mixes in the rest, one
+This module is the walk and :meth:`~_Planner.seal` (stage cutting), the last
+pass of :func:`~distfusion.planner.plan.plan_stages` (the planner's entry,
+which lists every pass in order). The walk mixes in the rest, one
 module each: :mod:`~distfusion.planner.distribute_joins` (the join rows of the
 table), :mod:`~distfusion.planner.inject_runtime_filters` (semi-join
 reduction), :mod:`~distfusion.planner.reuse_exchanges` (reading a stage
@@ -59,31 +60,9 @@ from distfusion.planner.plan_subqueries import (
     pipelines_subqueries,
 )
 from distfusion.planner.prune_partitions import prune_partitions
-from distfusion.planner.push_dimension_joins import push_dimension_joins
-from distfusion.planner.push_semi_joins import push_semi_joins
-from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.reuse_exchanges import ExchangeReuse
 from distfusion.planner.scan_filters import any_of, filter_over_read, scan_filters
 from distfusion.planner.skip_units import skip_units
-from distfusion.planner.substrait import (
-    FunctionRegistry,
-    SchemaOracle,
-    conjunct_names,
-    field_ref,
-    is_field_ref,
-    named_struct,
-    stage_read,
-    unproject_read,
-    unproject_source_reads,
-)
-from distfusion.planner.walk import (
-    children,
-    field_refs,
-    rel_kind,
-    set_children,
-    source_tables,
-    walk,
-)
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     BROADCAST,
@@ -96,9 +75,28 @@ from distfusion.stages import (
     StageGraph,
     StageInput,
 )
+from distfusion.substrait_plan.build import (
+    FunctionRegistry,
+    conjunct_names,
+    field_ref,
+    is_field_ref,
+    named_struct,
+    stage_read,
+    unproject_read,
+    unproject_source_reads,
+)
+from distfusion.substrait_plan.rewrite import SchemaOracle
+from distfusion.substrait_plan.walk import (
+    children,
+    field_refs,
+    rel_kind,
+    set_children,
+    source_tables,
+    walk,
+)
 from distfusion.work_unit_feed import filters
 
-__all__ = ["plan_stages"]
+__all__ = ["inject_network_boundaries"]
 
 
 class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
@@ -620,7 +618,7 @@ def _spark_tasks(config: PlannerConfig, scan_bytes: int, partitions: int | None)
 
 
 def _feed_tasks(config: PlannerConfig, desired: int | None) -> int:
-    """Tasks of a leaf stage reading a feed: the estimator's ``feed_tasks``, capped by the workers."""
+    """Tasks of a leaf stage reading a feed: the estimator's ``feed_tasks``, workers the cap."""
     ask = getattr(config.estimator, "feed_tasks", None)
     wanted = ask(desired, config.workers) if ask is not None else (desired or config.workers)
     return max(1, min(int(wanted), config.task_cap))
@@ -666,50 +664,24 @@ def _no_stats(source: TableSource) -> TableSource:
     return replace(source, unit_stats={}) if source.unit_stats else source
 
 
-def plan_stages(
+def inject_network_boundaries(
     plan: Plan,
     sources: dict[str, TableSource],
     config: PlannerConfig,
+    oracle: SchemaOracle,
     materialized: dict[str, MaterializedStage] | None = None,
     query_id: str | None = None,
     first_stage_id: int = 1,
 ) -> StageGraph:
-    """Cut a Substrait plan into a :class:`StageGraph`.
+    """Cut ``plan`` (rewritten already) into a :class:`StageGraph`: the walk.
 
-    The plan is first rewritten in place by the join rules of
-    :mod:`~distfusion.planner.push_semi_joins`,
-    :mod:`~distfusion.planner.push_dimension_joins` and
-    :mod:`~distfusion.planner.reduce_aggregate_inputs` (the last two only when
-    ``config.runtime_filter_bytes`` is not 0).
-
-    Args:
-        plan: the Substrait plan DataFusion produced for the optimized logical plan.
-        sources: every registered table, by name.
-        config: worker count, task estimator and broadcast threshold.
-        materialized: stages of this query that ran already, by
-            :attr:`Stage.computation` (adaptive execution). A subtree one of
-            them computes is read from it, planned over its measured size;
-            new stages get ids above theirs.
-        query_id: the graph's query id (default: a new UUID).
-        first_stage_id: the lowest id a new stage may get (adaptive execution:
-            above every stage of the query that ran).
-
-    Returns:
-        The stages, producers first, the head stage (1 task) last.
+    The last pass of :func:`distfusion.planner.plan.plan_stages`, which has the
+    arguments' meaning; ``oracle`` is the one its rewrites used.
 
     Raises:
-        PlanningError: no worker.
-        NotDistributableError: the plan reads a table with no distfusion source
-            (a table function, an unregistered table), or a fragment cannot be
-            expressed (DataFusion's message is kept).
+        PlanningError: the plan has not exactly one root relation.
+        NotDistributableError: see :func:`~distfusion.planner.plan.plan_stages`.
     """
-    if config.workers < 1:
-        msg = "no workers: the worker resolver returned an empty list"
-        raise PlanningError(msg)
-    oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
-    push_semi_joins(plan, oracle)
-    push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
-    reduce_aggregate_inputs(plan, oracle, sources, config.runtime_filter_bytes)
     planner = _Planner(plan, sources, config, oracle, materialized, first_stage_id)
     if query_id is not None:
         planner.query_id = query_id

@@ -22,7 +22,9 @@ from substrait.proto import Expression, JoinRel, Rel
 
 from distfusion.planner.estimate import REDUCTION_KEPT, REDUCTION_RATIO, Estimate
 from distfusion.planner.fragment import Fragment, KeySource
-from distfusion.planner.substrait import (
+from distfusion.protocol.hashing import hash_type
+from distfusion.stages import BROADCAST, COALESCE, StageInput
+from distfusion.substrait_plan.build import (
     boolean_type,
     field_ref,
     is_field_ref,
@@ -30,9 +32,7 @@ from distfusion.planner.substrait import (
     named_struct,
     stage_read,
 )
-from distfusion.planner.walk import set_children
-from distfusion.protocol.hashing import hash_type
-from distfusion.stages import BROADCAST, COALESCE, StageInput
+from distfusion.substrait_plan.walk import set_children
 
 __all__ = ["REDUCE_LEFT", "REDUCE_RIGHT", "RuntimeFilters"]
 

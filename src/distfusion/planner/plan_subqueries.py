@@ -14,8 +14,14 @@ from __future__ import annotations
 from substrait.proto import Expression, Rel
 
 from distfusion.planner.fragment import Fragment
-from distfusion.planner.walk import contains, is_subquery, own_contains, own_subqueries, rel_kind
 from distfusion.stages import BROADCAST, StageInput
+from distfusion.substrait_plan.walk import (
+    contains,
+    is_subquery,
+    own_contains,
+    own_subqueries,
+    rel_kind,
+)
 
 __all__ = ["SubqueryPlanning", "has_own_subquery", "pipelines_subqueries"]
 

@@ -23,16 +23,11 @@ import pyarrow as pa
 from datafusion import col
 from substrait.proto import Rel
 
-from distfusion.planner.substrait import (
-    FunctionRegistry,
-    SchemaOracle,
-    conjuncts,
-    consume_plan,
-    field_ref,
-    named_struct,
-)
-from distfusion.planner.walk import contains, field_refs, is_subquery
 from distfusion.sources import TableSource, sql_name
+from distfusion.substrait_plan.build import FunctionRegistry, conjuncts, field_ref, named_struct
+from distfusion.substrait_plan.decode import consume_plan
+from distfusion.substrait_plan.rewrite import SchemaOracle
+from distfusion.substrait_plan.walk import contains, field_refs, is_subquery
 
 __all__ = ["prune_partitions", "pruned_read"]
 

@@ -31,19 +31,18 @@ from __future__ import annotations
 from substrait.proto import Expression, JoinRel, Plan, Rel
 
 from distfusion.planner.estimate import is_selective_scan
-from distfusion.planner.substrait import (
-    RelRewrite,
-    SchemaOracle,
+from distfusion.sources import TableSource
+from distfusion.substrait_plan.build import (
     before_emit,
     join_rel,
     map_field_refs,
     rebase_join_condition,
 )
-from distfusion.planner.walk import (
+from distfusion.substrait_plan.rewrite import RelRewrite, SchemaOracle
+from distfusion.substrait_plan.walk import (
     field_refs,
     rel_kind,
 )
-from distfusion.sources import TableSource
 
 __all__ = ["push_dimension_joins"]
 

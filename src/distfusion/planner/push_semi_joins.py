@@ -31,13 +31,9 @@ from __future__ import annotations
 
 from substrait.proto import JoinRel, Plan, Rel
 
-from distfusion.planner.substrait import (
-    RelRewrite,
-    SchemaOracle,
-    before_emit,
-    rebase_join_condition,
-)
-from distfusion.planner.walk import (
+from distfusion.substrait_plan.build import before_emit, rebase_join_condition
+from distfusion.substrait_plan.rewrite import RelRewrite, SchemaOracle
+from distfusion.substrait_plan.walk import (
     children,
     field_refs,
     is_subquery,

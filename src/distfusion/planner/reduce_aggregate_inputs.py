@@ -38,9 +38,8 @@ from __future__ import annotations
 from substrait.proto import JoinRel, Plan, Rel
 
 from distfusion.planner.estimate import REDUCTION_RATIO, is_selective_scan
-from distfusion.planner.substrait import (
-    RelRewrite,
-    SchemaOracle,
+from distfusion.sources import TableSource
+from distfusion.substrait_plan.build import (
     before_emit,
     boolean_type,
     conjuncts,
@@ -48,13 +47,13 @@ from distfusion.planner.substrait import (
     is_field_ref,
     join_rel,
 )
-from distfusion.planner.walk import (
+from distfusion.substrait_plan.rewrite import RelRewrite, SchemaOracle
+from distfusion.substrait_plan.walk import (
     children,
     rel_kind,
     set_children,
     source_tables,
 )
-from distfusion.sources import TableSource
 
 __all__ = ["reduce_aggregate_inputs"]
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 from substrait.proto import Expression, Plan, Rel
 
 from distfusion.errors import NotDistributableError
-from distfusion.planner.substrait import FunctionRegistry
-from distfusion.planner.walk import walk
+from distfusion.substrait_plan.build import FunctionRegistry
+from distfusion.substrait_plan.walk import walk
 
 __all__ = ["repair_substrait"]
 
@@ -41,7 +41,8 @@ def repair_substrait(plan: Plan) -> Plan:
     """Repair ``plan`` in place (see the module docs); return it.
 
     Called once per query on the coordinator, on the plan DataFusion's producer
-    made for the optimized logical plan, before :func:`plan_stages`.
+    made for the optimized logical plan, before :func:`~distfusion.planner.plan.plan_stages`
+    (pass 2 of :mod:`distfusion.planner.plan`).
 
     Raises:
         NotDistributableError: the plan reads a table of a schema other than

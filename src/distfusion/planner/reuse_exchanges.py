@@ -26,8 +26,8 @@ from substrait.proto import Expression, Rel
 
 from distfusion.planner.estimate import Estimate
 from distfusion.planner.fragment import Fragment, KeySource, MaterializedStage, canonical_reads
-from distfusion.planner.substrait import named_struct, stage_read
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, Stage, StageInput
+from distfusion.substrait_plan.build import named_struct, stage_read
 
 __all__ = ["ExchangeReuse"]
 

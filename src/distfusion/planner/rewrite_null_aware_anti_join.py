@@ -17,8 +17,8 @@ from __future__ import annotations
 from substrait.proto import JoinRel, Plan
 
 from distfusion.errors import NotDistributableError
-from distfusion.planner.substrait import FunctionRegistry, boolean_type, conjuncts
-from distfusion.planner.walk import relations
+from distfusion.substrait_plan.build import FunctionRegistry, boolean_type, conjuncts
+from distfusion.substrait_plan.walk import relations
 
 __all__ = ["rewrite_null_aware_anti_joins"]
 

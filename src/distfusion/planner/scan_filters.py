@@ -21,7 +21,7 @@ import decimal
 
 from substrait.proto import Expression
 
-from distfusion.planner.substrait import FunctionRegistry, conjuncts, is_field_ref
+from distfusion.substrait_plan.build import FunctionRegistry, conjuncts, is_field_ref
 from distfusion.work_unit_feed.filters import And, Comparison, Filter, In, IsNull, Not, Or
 
 __all__ = ["any_of", "filter_over_read", "literal_value", "scan_filters"]

@@ -10,7 +10,7 @@ Leaf tasks register their share of each source table under the table's name;
 other tasks register the partitions their producers made for them under
 ``__stage_N``. The fragment is consumed with ``datafusion.substrait.Consumer``
 (in pieces when it nests deeper than DataFusion's decoder allows:
-:func:`~distfusion.planner.substrait.consume_plan`) and executed natively. A
+:func:`~distfusion.substrait_plan.decode.consume_plan`) and executed natively. A
 shuffle output gets a partition id per row,
 ``pmod(xxhash64(keys), n)`` (Spark's hash, computed by DataFusion's Spark
 functions), so equal keys land in the same partition whichever task produced
@@ -34,12 +34,12 @@ from datafusion.functions import spark as spark_functions
 from distfusion import object_store, udfs
 from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
-from distfusion.planner.substrait import consume_plan
 from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
 from distfusion.sources import WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
+from distfusion.substrait_plan.decode import consume_plan
 from distfusion.work_unit_feed.table import rebuild_source
 from distfusion.worker import stream_inputs
 from distfusion.worker.interrupt import iterate_native

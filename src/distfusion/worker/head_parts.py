@@ -34,9 +34,9 @@ import pyarrow as pa
 from substrait.proto import Expression, Plan, SetRel
 
 from distfusion.metrics.task import TaskMetrics
-from distfusion.planner.walk import is_subquery, own_contains, rel_kind, relations
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.stages import COALESCE, Stage
+from distfusion.substrait_plan.walk import is_subquery, own_contains, rel_kind, relations
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.memory import TaskMemory

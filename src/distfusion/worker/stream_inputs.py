@@ -75,7 +75,7 @@ import pyarrow.dataset as ds
 from substrait.proto import Plan
 
 from distfusion.errors import QueryCancelledError
-from distfusion.planner.walk import children, rel_kind, relations, source_tables
+from distfusion.substrait_plan.walk import children, rel_kind, relations, source_tables
 
 __all__ = [
     "EXTRA_TOKIO_THREADS",

@@ -14,8 +14,8 @@ from substrait.proto import Plan
 
 from distfusion import DistributedContext, FeedTableSource, LocalRuntime, WorkUnit, WorkUnitFeed
 from distfusion.planner.scan_filters import any_of, scan_filters
-from distfusion.planner.substrait import FunctionRegistry
-from distfusion.planner.walk import walk
+from distfusion.substrait_plan.build import FunctionRegistry
+from distfusion.substrait_plan.walk import walk
 from distfusion.work_unit_feed.feed import WorkUnitFeedProvider
 from distfusion.work_unit_feed.filters import (
     And,

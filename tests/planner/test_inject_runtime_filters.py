@@ -1,0 +1,93 @@
+"""Semi-join reduction (:mod:`distfusion.planner.inject_runtime_filters`): a selective side filters the other before its exchange.
+
+See tests/planner/helpers.py for the tables and checks these share.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from distfusion.stages import BROADCAST, StageGraph
+from tests.planner.helpers import (
+    LARGE,
+    D,
+    F,
+    check_well_formed,
+    fact_and_dimension,
+    make_contexts,
+    run,
+)
+
+
+def runtime_filters(graph: StageGraph) -> list[tuple[int, int]]:
+    """(producer, consumer) of every broadcast read of a non-broadcast stage output."""
+    return [
+        (i.stage_id, s.stage_id)
+        for s in graph.stages
+        for i in s.inputs
+        if i.boundary == BROADCAST and graph.stage(i.stage_id).output.kind != BROADCAST
+    ]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT d.c, sum(f.x) AS sx FROM f JOIN d ON f.k = d.k WHERE d.c = 'c3' GROUP BY d.c",
+        "SELECT count(*) AS n FROM f WHERE f.k IN (SELECT k FROM d WHERE c = 'c3')",
+        "SELECT k, c FROM d WHERE c = 'c3' AND NOT EXISTS (SELECT 1 FROM f WHERE f.k = d.k "
+        "AND f.x > 3990)",
+        "SELECT d.k, count(f.x) AS n FROM (SELECT * FROM d WHERE c = 'c3') d "
+        "LEFT JOIN f ON f.k = d.k GROUP BY d.k",
+        "SELECT d.k, f.x FROM f RIGHT JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+    ],
+)
+def test_selective_side_filters_the_other_side_before_its_shuffle(runtimes, sql):
+    # The filtered dimension's stage is read twice: shuffled (or gathered) into
+    # the join, and as a broadcast by f's leaf stage, which keeps only rows with
+    # its keys before they leave the task.
+    g = run(fact_and_dimension(runtimes), sql)
+    check_well_formed(g)
+    ((producer, consumer),) = runtime_filters(g)
+    assert "c3" in g.stage(producer).plan_text
+    assert "LeftSemi Join" in g.stage(consumer).plan_text
+    assert "f" in [scan.source.name for scan in g.stage(consumer).scans]
+    # Turned off: the same result, no runtime filter.
+    assert runtime_filters(run(fact_and_dimension(runtimes, runtime_filter_bytes=0), sql)) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # d is not filtered: no row of f would be dropped.
+        "SELECT d.c, sum(f.x) AS sx FROM f JOIN d ON f.k = d.k GROUP BY d.c",
+        # A full join keeps f's rows without a match.
+        "SELECT d.k, f.x FROM f FULL JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+        # f's rows are the preserved side.
+        "SELECT f.k, d.c FROM f LEFT JOIN (SELECT * FROM d WHERE c = 'c3') d ON f.k = d.k",
+        # NULL keys match: a reduction by "=" would drop them.
+        "SELECT f.x, d.c FROM f JOIN d ON f.k IS NOT DISTINCT FROM d.k WHERE d.c = 'c3'",
+    ],
+)
+def test_no_runtime_filter_where_it_could_drop_rows_or_saves_nothing(runtimes, sql):
+    g = run(fact_and_dimension(runtimes), sql)
+    check_well_formed(g)
+    assert runtime_filters(g) == [], g.render()
+
+
+def test_runtime_filter_through_a_partitioned_join(runtimes):
+    # The semi join's output is partitioned by f.k and holds only d's keys; the
+    # anti join shuffles g into those partitions, filtered by d's keys as well.
+    gt = pa.table({"k": pa.array([i % 300 for i in range(3000)], pa.int64()), "y": range(3000)})
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (gt, 500)}, **LARGE)
+    sql = (
+        "SELECT d.k, d.c FROM d WHERE d.c = 'c3' "
+        "AND EXISTS (SELECT 1 FROM f WHERE f.k = d.k AND f.x > 100) "
+        "AND NOT EXISTS (SELECT 1 FROM g WHERE g.k = d.k AND g.y > 2900)"
+    )
+    g = run(contexts, sql)
+    check_well_formed(g)
+    filters = runtime_filters(g)
+    assert len(filters) == 2 and len({p for p, _ in filters}) == 1, g.render()
+    consumers = [g.stage(c) for _, c in filters]
+    assert sorted(scan.source.name for s in consumers for scan in s.scans) == ["f", "g"]
