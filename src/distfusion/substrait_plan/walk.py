@@ -123,14 +123,23 @@ def walk(msg: Message, stop: Callable[[Message], bool] | None = None) -> Iterato
     A message's fields are read when the walk descends into it, so a caller
     may change a message it was given (not its ancestors) as it goes.
     """
-    yield msg
-    if stop is not None and stop(msg):
-        return
-    for fd, value in msg.ListFields():
-        if fd.message_type is None:
+    # A stack, not recursion: nested generators pass every message up through
+    # each level, which made walking cost most of the planning time.
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        yield m
+        if stop is not None and stop(m):
             continue
-        for v in value if fd.is_repeated else [value]:
-            yield from walk(v, stop)
+        nested: list[Message] = []
+        for fd, value in m.ListFields():
+            if fd.message_type is None:
+                continue
+            if fd.is_repeated:
+                nested.extend(value)
+            else:
+                nested.append(value)
+        stack.extend(reversed(nested))
 
 
 def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
