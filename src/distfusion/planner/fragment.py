@@ -182,7 +182,7 @@ def canonical_reads(rel: Rel, inputs: list[StageInput]) -> tuple[Rel, tuple]:
         names.setdefault(i.table, f"#{i.stage_id}.{i.boundary}.{i.partitions}.{seen[key]}")
     out = Rel()
     out.CopyFrom(rel)
-    for m in walk(out):
+    for m in walk(out) if names else ():  # a leaf fragment reads no stage
         if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
             table = m.read.named_table.names
             if len(table) == 1 and table[0] in names:

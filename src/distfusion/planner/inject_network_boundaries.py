@@ -242,8 +242,9 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         chunkable: frozenset[str] = frozenset(),
     ) -> tuple[SourceScan, ...]:
         scans = []
-        feeds = [n for n in source_tables(rel, self.sources) if self.sources[n].streamed]
-        for n in source_tables(rel, self.sources):
+        tables = source_tables(rel, self.sources)
+        feeds = [n for n in tables if self.sources[n].streamed]
+        for n in tables:
             units = self.sources[n].units
             if self.sources[n].streamed:
                 # Chunked only when the fragment is linear in its one feed.
