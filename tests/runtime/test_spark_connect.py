@@ -155,7 +155,9 @@ def test_closing_a_running_query_interrupts_its_spark_jobs(
     thread = threading.Thread(target=go, daemon=True)
     thread.start()
     tag = job_group(graph.query_id)
-    join = max(s.stage_id for s in graph.stages[:-1])
+    # The first stage after the leaves: the join, which runs for minutes (the next
+    # stages start only once it ended).
+    join = min(s.stage_id for s in graph.stages[:-1] if s.inputs)
     # Event: the leaf round's job finished and the join's job runs.
     start = time.monotonic()
     while not (

@@ -3,11 +3,10 @@
 A deployment runs its Connect server on its own (``start-connect-server.sh``,
 Databricks). Here the service is started in the JVM of a classic session
 (:func:`start_connect_server`), so a Spark Connect session and the classic one
-share one Spark application, its executors and task slots: the tests and
-``distfusion bench --peers spark-connect`` compare the two on the same
-resources, and start one JVM, not two. The Connect client talks to it over
-gRPC on 127.0.0.1 as it would to any server; nothing of distfusion's Connect
-runtime uses the classic session.
+share one Spark application, its executors and task slots: the tests run
+both kinds of session on the same resources, and start one JVM, not two. The
+Connect client talks to it over gRPC on 127.0.0.1 as it would to any server;
+nothing of distfusion's Connect runtime uses the classic session.
 """
 
 from __future__ import annotations
