@@ -285,7 +285,7 @@ def adaptive_decisions(df, explain_before: str) -> list[str]:
 
     1. an ``adaptive_decisions`` attribute or method of the frame;
     2. an attribute of the frame holding a report with a ``decisions`` list
-       (such as ``runtime.adaptive.AdaptiveReport``);
+       (such as ``coordinator.adaptive.AdaptiveReport``);
     3. the lines under an ``Adaptive decisions:`` heading in ``df.explain()``;
     4. the lines ``df.explain()`` shows after the run and did not show before it
        (``explain_before``).

@@ -40,6 +40,8 @@ from sqlglot.tokens import TokenType
 from substrait.proto import Plan
 
 from distfusion import delta, object_store, udfs
+from distfusion.coordinator.adaptive import AdaptiveReport, plan_final, run_adaptive
+from distfusion.coordinator.query_run import QueryRun, Runtime
 from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
 from distfusion.ddl import Statement, fold_identifier, parse_statement
 from distfusion.display import print_table, with_progress
@@ -60,8 +62,6 @@ from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.plan import plan_stages, prepare_substrait
 from distfusion.protocol.errors import task_error
 from distfusion.protocol.task_plan import TaskPlan
-from distfusion.runtime.adaptive import AdaptiveReport, plan_final, run_adaptive
-from distfusion.runtime.base import QueryRun, Runtime
 from distfusion.runtime.registry import runtime_from_name
 from distfusion.sources import (
     TableSource,
@@ -543,7 +543,7 @@ class DistributedContext(Readers):
     (:mod:`distfusion.dataframe`).
 
     Args:
-        runtime: runs the stage graphs: a :class:`~distfusion.runtime.base.Runtime`,
+        runtime: runs the stage graphs: a :class:`~distfusion.coordinator.query_run.Runtime`,
             or a zero-argument callable returning one, called on first use (so
             registering tables and SQL errors never wait for a cluster). Default:
             a :class:`~distfusion.runtime.spark.SparkRuntime` on an embedded
