@@ -55,12 +55,8 @@ from rich.console import Console
 from rich.table import Table
 
 from distfusion import object_store, tpch
-from distfusion.context import (
-    DistributedConfig,
-    DistributedContext,
-    plan_statements,
-    split_statements,
-)
+from distfusion.context import DistributedConfig, DistributedContext
+from distfusion.coordinator.statements import plan_statements, split_statements
 from distfusion.runtime.registry import runtime_from_name, runtime_options
 
 __all__ = [
