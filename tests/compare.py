@@ -28,7 +28,7 @@ import sqlglot
 import sqlglot.errors
 from datafusion import SessionContext
 
-from distfusion.context import plan_statements, split_statements
+from distfusion.coordinator.statements import plan_statements, split_statements
 
 FLOAT_REL_TOL = 1e-9
 

@@ -11,7 +11,7 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import DistributedConfig, DistributedContext, tpch
-from distfusion.runtime.adaptive import next_wave
+from distfusion.coordinator.adaptive import next_wave
 from distfusion.stages import BROADCAST, SHUFFLE
 from tests.compare import assert_same_result
 

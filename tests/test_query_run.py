@@ -30,8 +30,8 @@ from distfusion import (
     QueryCancelled,
     TaskError,
 )
+from distfusion.coordinator.query_run import QueryRun, StageStats
 from distfusion.protocol import TaskKey
-from distfusion.runtime.base import QueryRun, StageStats
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.stages import BROADCAST, SHUFFLE, StageGraph
 from tests.compare import assert_same_result, oracle_result

@@ -11,7 +11,7 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import tpch
-from distfusion.context import plan_statements, split_statements
+from distfusion.coordinator.statements import plan_statements, split_statements
 
 CASES = {
     "block-comment": ("SELECT 1 /* ; */ ; SELECT 'a;b'", ["SELECT 1", "SELECT 'a;b'"]),

@@ -7,6 +7,7 @@ code is docs/architecture.md.
 """
 
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
+from distfusion.coordinator.query_run import Runtime
 from distfusion.errors import (
     AuthenticationError,
     DistfusionError,
@@ -36,7 +37,6 @@ from distfusion.resolver import (
     StaticWorkerResolver,
     WorkerResolver,
 )
-from distfusion.runtime.base import Runtime
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
 from distfusion.runtime.spark import SparkRuntime

@@ -55,12 +55,8 @@ from rich.console import Console
 from rich.table import Table
 
 from distfusion import object_store, tpch
-from distfusion.context import (
-    DistributedConfig,
-    DistributedContext,
-    plan_statements,
-    split_statements,
-)
+from distfusion.context import DistributedConfig, DistributedContext
+from distfusion.coordinator.statements import plan_statements, split_statements
 from distfusion.runtime.registry import runtime_from_name, runtime_options
 
 __all__ = [
@@ -285,7 +281,7 @@ def adaptive_decisions(df, explain_before: str) -> list[str]:
 
     1. an ``adaptive_decisions`` attribute or method of the frame;
     2. an attribute of the frame holding a report with a ``decisions`` list
-       (such as ``runtime.adaptive.AdaptiveReport``);
+       (such as ``coordinator.adaptive.AdaptiveReport``);
     3. the lines under an ``Adaptive decisions:`` heading in ``df.explain()``;
     4. the lines ``df.explain()`` shows after the run and did not show before it
        (``explain_before``).

@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 from distfusion import object_store, tpch, udfs
 from distfusion.bench import run_tpch_bench
 from distfusion.context import DistributedConfig, DistributedContext
+from distfusion.coordinator.query_run import Runtime
 from distfusion.display import print_table
 from distfusion.errors import DistfusionError, PlanningError
-from distfusion.runtime.base import Runtime
 from distfusion.runtime.registry import RUNTIMES, runtime_from_name, runtime_options
 from distfusion.worker import flight_cli
 from distfusion.worker.memory import parse_bytes

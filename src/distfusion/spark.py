@@ -99,7 +99,8 @@ import pyarrow as pa
 from datafusion import AggregateUDF, WindowUDF
 
 from distfusion import delta, object_store
-from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame, _named
+from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
+from distfusion.coordinator.results import named
 from distfusion.errors import PlanningError
 from distfusion.object_store import store_url
 from distfusion.runtime.connect_frames import file_scan, is_connect_dataframe, statistics
@@ -235,7 +236,7 @@ class SparkDataFrame(DistributedDataFrame):
             graph = self._prepare(run, query_id)
             parts = run.head_parts(graph)
             if len(parts) == 1 and run.head_input_bytes(graph) <= runtime.driver_stage_bytes:
-                batches = list(_named(run.stream_head(graph), self.schema()))
+                batches = list(named(run.stream_head(graph), self.schema()))
                 return self._created(batches)
             schema = to_spark_compatible(self.schema().empty_table()).schema
             access, budget, threads = run.part_args(graph, parts)

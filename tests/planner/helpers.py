@@ -194,7 +194,7 @@ def fact_and_dimension(runtimes, **config):
 def substrait_of(ctx: SessionContext, sql: str):
     """DataFusion's Substrait plan of ``sql``'s optimized logical plan, and that logical plan.
 
-    What ``context.py`` hands the planner, before any pass ran.
+    What ``coordinator/execution.py`` hands the planner, before any pass ran.
     """
     logical = ctx.sql(sql).optimized_logical_plan()
     plan = Plan()

@@ -1,7 +1,7 @@
 """The planner's entry (:mod:`distfusion.planner.plan`): its passes, called in order.
 
 Real plans from DataFusion over the small tables of tests/planner/helpers.py,
-planned the way ``context.py`` plans them: DataFusion's Substrait plan,
+planned the way ``coordinator/execution.py`` plans them: DataFusion's Substrait plan,
 :func:`prepare_substrait`, then :func:`plan_stages` on a copy.
 """
 
@@ -20,7 +20,7 @@ from tests.planner.helpers import check_well_formed, edges, substrait_of
 
 
 def _planned(contexts, sql: str, prepare: bool = True):
-    """The graph plan_stages makes of ``sql``, as context.py would (or without prepare_substrait)."""
+    """The graph plan_stages makes of ``sql``, as coordinator/execution.py would (or without prepare_substrait)."""
     ctx, _ = contexts
     plan, logical = substrait_of(ctx.ctx, sql)
     if prepare:

@@ -105,7 +105,7 @@ def test_spark_local_mode_shares_half_the_machine_between_its_slots(runtime_for)
 
 def test_spilled_outputs_of_a_query_nobody_asks_about_are_deleted_after_the_ttl(tmp_path, tpch_dir):
     """A coordinator that disappears (no close, no keepalive): the worker's TTL deletes the files."""
-    from distfusion.runtime.base import WorkerQueryRun
+    from distfusion.coordinator.query_run import WorkerQueryRun
     from distfusion.transport.flight import FlightWorkerTransport
 
     spill = tmp_path / "spill"

@@ -52,7 +52,7 @@ class DistributedConfig:
             ``tasks_per_stage``.
         adaptive: plan the rest of a query again over the measured output of
             the stages that decide it (default True; see
-            :mod:`distfusion.runtime.adaptive`): a shuffle join whose finished
+            :mod:`distfusion.coordinator.adaptive`): a shuffle join whose finished
             side is small becomes a broadcast, runtime filters and task counts
             follow actual sizes. False: the static plan runs as is.
         adaptive_shuffle_bytes: with ``adaptive``, a shuffle estimated at least
@@ -156,7 +156,7 @@ class PlannerConfig(DistributedConfig):
 
         ``runtime`` gives ``num_workers()`` and, optionally, ``bytes_per_task``,
         ``max_tasks``, ``broadcast_copies`` and ``remote_workers`` (see
-        :class:`~distfusion.runtime.base.Runtime`).
+        :class:`~distfusion.coordinator.query_run.Runtime`).
         """
         values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(DistributedConfig)}
         values["estimator"] = settings.task_estimator(runtime)

@@ -9,7 +9,7 @@ optimized logical plan) goes through two phases, both on the coordinator::
       |  prepare_substrait          once per query, in place
       |    1. rewrite_null_aware_anti_join   NOT IN keeps its NULL semantics
       |    2. repair_substrait               what the consumer would reject
-      |  (context.py then asks detect_substrait_losses whether the plan lost
+      |  (coordinator/checks.py then asks detect_substrait_losses whether it lost
       |   meaning on the way: then the query runs on the coordinator only)
       v
     the query's Substrait plan

@@ -69,7 +69,7 @@ class TaskPlan:
         keep_output: the worker keeps every output partition until the query
             is cancelled, however often it is read, instead of freeing each
             after ``output.readers`` reads. Set for tasks run stage by stage
-            (:class:`~distfusion.runtime.base.QueryRun`): a later plan of the
+            (:class:`~distfusion.coordinator.query_run.QueryRun`): a later plan of the
             query may read a finished stage again, differently (its shuffle
             output as a broadcast, its partitions coalesced).
         memory_per_task_bytes: the task's DataFusion memory pool, bytes

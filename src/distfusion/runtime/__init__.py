@@ -1,6 +1,6 @@
 """Runtimes: what executes a StageGraph (local threads, Arrow Flight workers, Spark).
 
-``base.py`` holds the Runtime and QueryRun protocols, ``registry.py`` picks a
-runtime by name, ``adaptive.py`` runs a query stage by stage over QueryRun.
-See docs/architecture.md.
+Each implements the Runtime protocol of :mod:`distfusion.coordinator.query_run`
+(``base.py`` re-exports it under its old path); ``registry.py`` picks a runtime
+by name. See docs/architecture.md.
 """

@@ -41,10 +41,16 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from distfusion.coordinator.query_run import (
+    QueryRun,
+    Routing,
+    StageStats,
+    WorkerQueryRun,
+    round_robin,
+)
 from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUnavailableError
 from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.resolver import StaticWorkerResolver, WorkerResolver
-from distfusion.runtime.base import QueryRun, Routing, StageStats, WorkerQueryRun, round_robin
 from distfusion.stages import StageGraph
 from distfusion.transport.flight import FlightWorkerTransport
 from distfusion.worker.memory import default_memory_per_task_bytes

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from distfusion.runtime.base import Routing, WorkerQueryRun, execute_graph, round_robin
+from distfusion.coordinator.query_run import Routing, WorkerQueryRun, execute_graph, round_robin
 from distfusion.stages import StageGraph
 from distfusion.transport.in_memory import InMemoryTransport
 from distfusion.worker.memory import default_memory_per_task_bytes

@@ -10,7 +10,7 @@ runtime_from_name("spark", connect="sc://h:15002")     a Spark Connect server
 ```
 
 Adding a runtime: one module implementing
-:class:`~distfusion.runtime.base.Runtime` and one line in :data:`RUNTIMES`;
+:class:`~distfusion.coordinator.query_run.Runtime` and one line in :data:`RUNTIMES`;
 the contract suite (``tests/contract/``) then runs on it. See docs/architecture.md.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from distfusion.runtime.base import Runtime
+from distfusion.coordinator.query_run import Runtime
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
 from distfusion.runtime.spark import SparkRuntime

@@ -66,7 +66,7 @@ class WorkerTransport(Protocol):
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Wait for task ``key`` on the worker at ``url``; what it produced.
 
-        Used by :class:`~distfusion.runtime.base.QueryRun` to measure a
+        Used by :class:`~distfusion.coordinator.query_run.QueryRun` to measure a
         finished stage (adaptive execution). Reads and frees nothing.
         Waits for the task to finish (at most ``timeout_s`` seconds when given).
 
@@ -103,7 +103,7 @@ class WorkerTransport(Protocol):
         """The errors of the tasks of ``query_id`` that failed on the worker at ``url`` so far.
 
         Does not wait. The coordinator polls it while a query runs
-        (:data:`~distfusion.runtime.base.FAILURE_POLL_S`) and fails the query
+        (:data:`~distfusion.coordinator.query_run.FAILURE_POLL_S`) and fails the query
         with the first error found: the query's other tasks are cancelled at
         once rather than when a reader gets to the failed task's output.
         Optional: a transport without it leaves failures to the readers.

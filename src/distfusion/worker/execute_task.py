@@ -36,7 +36,7 @@ from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
-from distfusion.protocol.task_plan import ScanShare, TaskPlan, task_name
+from distfusion.protocol.task_plan import ScanShare, TaskPlan
 from distfusion.sources import WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.substrait_plan.decode import consume_plan
@@ -44,6 +44,7 @@ from distfusion.work_unit_feed.table import rebuild_source
 from distfusion.worker import stream_inputs
 from distfusion.worker.interrupt import iterate_native
 from distfusion.worker.memory import TaskMemory
+from distfusion.worker.memory_retry import is_exhausted, memory_attempts, warn_run_again
 from distfusion.worker.spark_partitions import take
 from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
 
@@ -749,27 +750,6 @@ def feed_dataframes(
     yield ctx, ctx.create_dataframe_from_logical_plan(_consume(ctx, plan.fragment))
 
 
-_SORT_MERGE = {"datafusion.optimizer.prefer_hash_join": "false"}
-
-
-def _exhausted(exc: BaseException) -> bool:
-    """Whether ``exc`` is DataFusion's "Resources exhausted" (the memory pool said no)."""
-    return "Resources exhausted" in str(exc)
-
-
-def _attempts(memory: TaskMemory | None) -> list[tuple[TaskMemory | None, dict[str, str] | None]]:
-    """How a task runs, in turn, while DataFusion says "Resources exhausted".
-
-    Within ``memory``; then with sort-merge joins instead of hash joins (they
-    spill); then with an unbounded pool. Without a bounded pool: one run only.
-    """
-    attempts: list[tuple[TaskMemory | None, dict[str, str] | None]] = [(memory, None)]
-    if memory is not None and memory.pool_bytes is not None:
-        attempts.append((memory, _SORT_MERGE))
-        attempts.append((TaskMemory(None, memory.spill_dir), None))
-    return attempts
-
-
 def _read_once(plan: TaskPlan, read_input: Callable[[int], Inputs]) -> Callable[[int], Inputs]:
     """``read_input`` reading each input once, kept as bound for a run again (views cast once).
 
@@ -787,16 +767,6 @@ def _read_once(plan: TaskPlan, read_input: Callable[[int], Inputs]) -> Callable[
         return inputs[i]
 
     return read
-
-
-def _warn_again(plan: TaskPlan, memory: TaskMemory | None, n: int, exc: Exception) -> None:
-    log.warning(
-        "%s: over its memory budget of %s bytes (%s); running it again %s",
-        task_name(plan.key),
-        memory.pool_bytes if memory else None,
-        str(exc).splitlines()[0][:200],
-        "with sort-merge joins" if n == 0 else "with an unbounded pool",
-    )
 
 
 class _Resettable(PartitionSink, Protocol):
@@ -855,7 +825,7 @@ def run_task_into(
                 _partition_into(df, plan, cancelled, sink, metrics, meter)
             return metrics
         read_once = _read_once(plan, read_input)
-        attempts = _attempts(memory)
+        attempts = memory_attempts(memory)
         binding = InputBinding(cancelled, keep=len(attempts) > 1)
         streaming = stream_inputs.STREAM_TASK_INPUTS
         try:
@@ -868,11 +838,11 @@ def run_task_into(
                     raise
                 except Exception as exc:
                     last = n + 1 == len(attempts)
-                    if last or not _exhausted(exc) or getattr(sink, "streamed", False):
+                    if last or not is_exhausted(exc) or getattr(sink, "streamed", False):
                         raise
                     sink.reset()
                     binding.error = None
-                    _warn_again(plan, memory, n, exc)
+                    warn_run_again(plan, memory, n, exc)
         finally:
             binding.close()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -972,7 +942,7 @@ def stream_head_stage(
                     yield batch
         else:
             read_once = _read_once(plan, read_input)
-            attempts = _attempts(memory)
+            attempts = memory_attempts(memory)
             binding = InputBinding(cancelled, keep=len(attempts) > 1, remote=remote_inputs)
             try:
                 for n, (mem, settings) in enumerate(attempts):
@@ -991,10 +961,10 @@ def stream_head_stage(
                     except DistfusionError:
                         raise
                     except Exception as exc:
-                        if yielded or n + 1 == len(attempts) or not _exhausted(exc):
+                        if yielded or n + 1 == len(attempts) or not is_exhausted(exc):
                             raise
                         binding.error = None
-                        _warn_again(plan, memory, n, exc)
+                        warn_run_again(plan, memory, n, exc)
             finally:
                 binding.close()
         if on_metrics is not None:

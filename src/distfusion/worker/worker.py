@@ -348,7 +348,7 @@ class Worker:
 
         Cancelled tasks are not failed ones. The coordinator polls this to fail
         the query the moment one of its tasks does, rather than when a reader
-        gets to the task's output (:class:`~distfusion.runtime.base.WorkerQueryRun`).
+        gets to the task's output (:class:`~distfusion.coordinator.query_run.WorkerQueryRun`).
         """
         with self._lock:
             return [

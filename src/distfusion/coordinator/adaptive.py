@@ -38,9 +38,9 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
+from distfusion.coordinator.query_run import Runtime, StageStats
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
-from distfusion.runtime.base import Runtime, StageStats
 from distfusion.stages import BROADCAST, SHUFFLE, Stage, StageGraph
 
 __all__ = ["AdaptiveReport", "run_adaptive", "plan_final", "next_wave", "coalesce_partitions"]
@@ -159,9 +159,7 @@ def next_wave(
         if any(i.stage_id in blocked for i in s.inputs):
             blocked.add(s.stage_id)
     return [
-        s.stage_id
-        for s in graph.stages[:-1]
-        if s.stage_id not in ran and s.stage_id not in blocked
+        s.stage_id for s in graph.stages[:-1] if s.stage_id not in ran and s.stage_id not in blocked
     ]
 
 
@@ -230,7 +228,9 @@ def _contiguous_groups(sizes: list[int], groups: int) -> tuple[tuple[int, ...], 
     return tuple(out)
 
 
-def _describe_changes(before: StageGraph, after: StageGraph, stats: dict[int, StageStats]) -> list[str]:
+def _describe_changes(
+    before: StageGraph, after: StageGraph, stats: dict[int, StageStats]
+) -> list[str]:
     """What planning again over ``stats`` changed from ``before`` to ``after``, one line each.
 
     A stage that ran and is now read another way than its output was cut (a
@@ -309,7 +309,7 @@ def plan_final(
 
     What :func:`run_adaptive` does before it streams the head stage, for
     callers that run the head themselves (results that stay distributed).
-    ``run`` is a :class:`~distfusion.runtime.base.QueryRun`; the caller closes it.
+    ``run`` is a :class:`~distfusion.coordinator.query_run.QueryRun`; the caller closes it.
 
     Raises:
         PlanningError, TaskError, TransportError: as :func:`run_adaptive`.

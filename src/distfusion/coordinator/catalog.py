@@ -1,0 +1,132 @@
+"""The tables registered on the coordinator: its DataFusion context and their sources.
+
+:class:`TableCatalog` is the part of
+:class:`~distfusion.context.DistributedContext` that keeps the two in step:
+the object store of a path made known to DataFusion, exact lists of files
+registered as a view, tables only tasks read (a Spark DataFrame) known here
+as empty, sources added and forgotten with their table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pyarrow as pa
+
+from distfusion import object_store
+from distfusion.coordinator.statements import table_name
+from distfusion.errors import PlanningError
+from distfusion.sources import (
+    TableSource,
+    csv_source,
+    list_files,
+    parquet_source,
+    register_scan,
+    sql_name,
+)
+
+
+def check_path(name: str, path: str, extension: str) -> None:
+    """Raise a clear PlanningError (naming table and path) when no file is at ``path``."""
+    try:
+        list_files(path, extension)
+    except PlanningError as exc:
+        raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from None
+
+
+class TableCatalog:
+    """The tables of a :class:`~distfusion.context.DistributedContext` (a mixin).
+
+    Keeps its DataFusion ``ctx`` and its ``sources`` in step (with
+    ``_file_views``, ``_held``, ``_feed_sources``, ``_not_on_coordinator``).
+    """
+
+    def _stores_for(self, path: str, extension: str | None = None) -> str:
+        """Make sure the store of ``path`` (when a URL) is known here and to DataFusion.
+
+        Returns:
+            ``path``, a URL naming a "directory" with the ``/`` DataFusion
+            needs to list it (``s3://b/t`` -> ``s3://b/t/``) when ``extension``
+            is given and the URL does not end with it.
+        """
+        if not object_store.is_url(path):
+            return path
+        object_store.spec_for(path)
+        object_store.add_to(self.ctx)
+        glob = any(ch in path for ch in "*?[")
+        if extension and not glob and not path.endswith((extension, "/")):
+            return path + "/"
+        return path
+
+    def _register_files(
+        self,
+        name: str,
+        fmt: str,
+        files: list,
+        schema: pa.Schema | None,
+        options: dict | None = None,
+    ) -> None:
+        """Register exactly ``files`` (paths or URLs) as ``name``: one work unit each.
+
+        The coordinator's DataFusion context gets a view of their union (as a
+        task reads its share), so queries run here see the same rows.
+
+        Raises:
+            PlanningError: no file given, a file is missing, or DataFusion cannot read it.
+        """
+        files = [self._stores_for(os.fspath(f)) for f in files]
+        if not files:
+            raise PlanningError(f"cannot register table {name!r}: the list of files is empty")
+        options = options or {}
+        try:
+            if schema is None:
+                first = files[0]
+                df = (
+                    self.ctx.read_parquet(first)
+                    if fmt == "parquet"
+                    else self.ctx.read_csv(first, **options)
+                )
+                schema = df.schema()
+            if fmt == "parquet":
+                source = parquet_source(name, files, schema)
+            else:
+                source = csv_source(name, files, schema, **options)
+            self._forget(name)
+            register_scan(self.ctx, source, source.units)
+            self._file_views.add(table_name(name))
+        except Exception as exc:
+            self._forget(name)
+            if isinstance(exc, PlanningError):
+                raise
+            msg = f"cannot register {len(files)} files ({files[0]}, ...) as table {name!r}: {exc}"
+            raise PlanningError(msg) from exc
+        self._add(source)
+
+    def _register_streamed(self, source: TableSource, held: object) -> None:
+        """Register a table read at run time (a Spark DataFrame), keeping ``held`` alive with it.
+
+        The coordinator's DataFusion context knows the table as empty, with its
+        schema: it plans queries over it; only tasks read its rows.
+        """
+        source = dataclasses.replace(source, name=table_name(source.name))
+        self._forget(sql_name(source.name))
+        self._held[source.name] = held
+        empty = pa.RecordBatch.from_pylist([], schema=source.schema)
+        self.ctx.register_record_batches(sql_name(source.name), [[empty]])
+        self._add(source)
+
+    def _add(self, source: TableSource) -> None:
+        name = table_name(source.name)
+        self.sources[name] = dataclasses.replace(source, name=name)
+
+    def _forget(self, name: str) -> None:
+        self.sources.pop(table_name(name), None)
+        self._file_views.discard(table_name(name))
+        self._not_on_coordinator.pop(table_name(name), None)
+        self._feed_sources.pop(table_name(name), None)
+        self._held.pop(table_name(name), None)
+        try:
+            self.ctx.deregister_table(name)
+        except Exception:  # not registered: nothing to forget
+            pass

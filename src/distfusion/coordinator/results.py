@@ -1,0 +1,180 @@
+"""The result of a run: its stream, named as the query's columns, the head cut into parts.
+
+:class:`ResultStream` is what :meth:`~distfusion.context.DistributedDataFrame.execute_stream`
+returns (exported by :mod:`distfusion.context`): closing it from any thread
+cancels the query.
+
+Stages name columns ``c0..`` and Substrait drops a timestamp literal's zone:
+:func:`named` gives the batches the query's names and zones back.
+:func:`map_head_parts` runs a function over every part of the head stage
+(where the data is); :func:`write_head_part` writes one part as a task of a
+file write.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+
+from distfusion.coordinator.query_run import QueryRun
+from distfusion.errors import QueryCancelledError
+from distfusion.stages import StageGraph
+from distfusion.worker.interrupt import Interruptible
+from distfusion.write import WriteSpec, WrittenFile, write_task
+
+
+def named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """``batches`` with the query's column names and time zones.
+
+    Stages name columns ``c0..``; and Substrait does not carry a timestamp
+    literal's zone (DataFusion's consumer reads it as UTC), so a column whose
+    only difference from the query's type is the zone gets the query's zone
+    back (the same instants: only the label changes). Closing the returned
+    iterator closes ``batches`` (which cancels the query).
+    """
+    names = schema.names
+    try:
+        for b in batches:
+            columns = [
+                c.cast(f.type) if c.type != f.type and _zone_only(c.type, f.type) else c
+                for c, f in zip(b.columns, schema, strict=True)
+            ]
+            if b.schema.names == names and all(
+                c is o for c, o in zip(columns, b.columns, strict=True)
+            ):
+                yield b
+            else:
+                yield pa.RecordBatch.from_arrays(columns, names=names)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+def _zone_only(got: pa.DataType, want: pa.DataType) -> bool:
+    """Both are timestamps of one unit, with different zones (or one without)."""
+    return (
+        pa.types.is_timestamp(got)
+        and pa.types.is_timestamp(want)
+        and got.unit == want.unit
+        and got.tz is not None
+        and want.tz is not None
+    )
+
+
+def map_head_parts(run: QueryRun, graph: StageGraph, fn, split: bool = True) -> list:
+    """``fn(part, attempt, batches)`` over every part of ``graph``'s head on ``run``.
+
+    A run that cannot cut its head (Spark's shuffle data plane, whose head
+    inputs come to the driver) runs the head whole here as part 0.
+    """
+    mapper = getattr(run, "map_head_parts", None)
+    if mapper is not None:
+        return mapper(graph, fn, split)
+    return [fn(0, 0, run.stream_head(graph))]
+
+
+def write_head_part(spec: WriteSpec, part: int, attempt: int, batches) -> list[WrittenFile]:
+    """Write one head part's batches (named as the result) as task ``part`` of ``spec``'s job."""
+    return write_task(spec, part, named(batches, spec.schema))
+
+
+class ResultStream(Iterator[pa.RecordBatch]):
+    """The result batches of one run of a query (:meth:`DistributedDataFrame.execute_stream`).
+
+    An iterator of ``pyarrow.RecordBatch``. :meth:`close` before the end
+    cancels every task of the query, and may be called from any thread: a
+    generator closed while another thread waits in it fails with
+    ``ValueError: generator already executing``, and the query ran on.
+
+    Args:
+        batches: the run's batches (a generator that cancels the query when closed).
+        cancel: stops the run from another thread (the observer's
+            :meth:`~distfusion.metrics.observer.QueryObserver.cancel`).
+    """
+
+    close_wait_s = 10.0
+    """How long :meth:`close` from another thread waits for the reading thread to stop, seconds."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], cancel: Callable[[], None]) -> None:
+        self._batches = batches
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._reading: Interruptible | None = None  # the reading thread's, inside __next__
+        self._left = threading.Condition(self._lock)
+        self._closed = False
+
+    def __iter__(self) -> ResultStream:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        """The next batch.
+
+        Raises:
+            StopIteration: the result ended, or the stream was closed.
+            QueryCancelledError: :meth:`close` was called from another thread
+                while this call waited.
+            DistfusionError: as :meth:`DistributedDataFrame.execute_stream`.
+        """
+        with self._lock:
+            if self._closed:
+                raise StopIteration
+            if self._reading is not None:
+                msg = "a ResultStream is read by one thread at a time"
+                raise RuntimeError(msg)
+            reading = self._reading = Interruptible()
+        try:
+            with reading:
+                return _next_of(self._batches, reading)
+        finally:
+            with self._lock:
+                self._reading = None
+                self._left.notify_all()
+
+    def close(self) -> None:
+        """Stop the query: every task is cancelled and its state freed. Idempotent.
+
+        From the thread reading the stream (or with no read under way) this
+        closes the generator, as closing a generator does. From another
+        thread while a read waits: the query's runs are closed, the reading
+        thread's wait is interrupted (its :meth:`__next__` raises
+        :class:`~distfusion.errors.QueryCancelledError`), and this waits up to
+        :attr:`close_wait_s` for it to stop.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            reading = self._reading
+        if reading is None or reading.thread_id == threading.get_ident():
+            close = getattr(self._batches, "close", None)
+            if close is not None:
+                close()
+            return
+        self._cancel()
+        reading.interrupt(QueryCancelledError("the result stream was closed"))
+        deadline = time.monotonic() + self.close_wait_s
+        with self._lock:
+            while self._reading is reading and time.monotonic() < deadline:
+                self._left.wait(0.1)
+
+    def __enter__(self) -> ResultStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _next_of(batches: Iterator[pa.RecordBatch], reading: Interruptible) -> pa.RecordBatch:
+    """``next(batches)``; an interrupted read raises the interrupter's error, not what it caused."""
+    try:
+        return next(batches)
+    except StopIteration:
+        raise
+    except Exception:
+        if reading.error is not None:
+            raise reading.error.with_traceback(None) from None
+        raise
