@@ -368,6 +368,11 @@ class ResultStream(Iterator[pa.RecordBatch]):
     def __iter__(self) -> ResultStream:
         return self
 
+    @property
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The run's batches themselves, for a reader that never closes them from another thread."""
+        return self._batches
+
     def __next__(self) -> pa.RecordBatch:
         """The next batch.
 
@@ -1867,7 +1872,9 @@ class DistributedDataFrame(Transformations):
 
     def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for ``progress`` and errors)."""
-        return list(self.execute_stream(progress=progress))
+        # Read in this thread: the batches themselves, without ResultStream's frames in
+        # the traceback of an error (its close from another thread is not needed here).
+        return list(self.execute_stream(progress=progress).batches)
 
     def to_arrow_table(self, progress: bool = False) -> pa.Table:
         """The result as an Arrow table (see :meth:`execute_stream` for ``progress`` and errors)."""

@@ -70,6 +70,7 @@ that need it (each marked so), when a SparkRuntime is created or a task runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import gc
 import json
@@ -188,8 +189,6 @@ def _parent_death_signal() -> Callable[[], None] | None:
     libraries or take locks before ``exec``; the call itself allocates nothing.
     """
     try:
-        import ctypes
-
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
