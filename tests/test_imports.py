@@ -23,6 +23,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PY
 # and the Spark task that imports distfusion on the executor on purpose.
 LAZY_IMPORTS = {
     ("distfusion.runtime.spark", "pyspark"),
+    ("distfusion.runtime.spark", "pyspark.java_gateway"),
     ("distfusion.runtime.spark", "pyspark.sql"),
     ("distfusion.runtime.spark", "pyspark.accumulators"),
     ("distfusion.runtime.spark", "pyspark.rdd"),

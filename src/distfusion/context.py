@@ -848,7 +848,9 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
 
     def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for ``progress`` and errors)."""
-        return list(self.execute_stream(progress=progress))
+        # Read in this thread: the batches themselves, without ResultStream's frames in
+        # the traceback of an error (its close from another thread is not needed here).
+        return list(self.execute_stream(progress=progress).batches)
 
     def to_arrow_table(self, progress: bool = False) -> pa.Table:
         """The result as an Arrow table (see :meth:`execute_stream` for ``progress`` and errors)."""

@@ -110,6 +110,11 @@ class ResultStream(Iterator[pa.RecordBatch]):
     def __iter__(self) -> ResultStream:
         return self
 
+    @property
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The run's batches themselves, for a reader that never closes them from another thread."""
+        return self._batches
+
     def __next__(self) -> pa.RecordBatch:
         """The next batch.
 
