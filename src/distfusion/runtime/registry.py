@@ -22,8 +22,7 @@ from typing import Any
 from distfusion.runtime.base import Runtime
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
-from distfusion.runtime.spark import SparkRuntime
-from distfusion.runtime.spark_connect import SparkConnectRuntime, connect_session
+from distfusion.runtime.spark import SparkConnectRuntime, SparkRuntime, connect_session
 
 __all__ = ["RUNTIMES", "runtime_from_name", "runtime_options"]
 
@@ -69,7 +68,7 @@ def runtime_from_name(name: str, workers: int | None = None, **options: Any) -> 
         **options: passed to the runtime's constructor, plus ``urls`` (Flight:
             the URLs of running workers), ``master`` (Spark) and ``connect``
             (Spark: the URL of a Spark Connect server, ``sc://host:port``, whose
-            session runs the tasks: :mod:`distfusion.runtime.spark_connect`).
+            session runs the tasks: :mod:`distfusion.runtime.spark.connect`).
 
     Raises:
         ValueError: unknown runtime name, or bad ``workers``.
