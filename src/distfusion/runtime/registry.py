@@ -107,6 +107,8 @@ def runtime_options(args) -> dict[str, Any]:
             options["master"] = args.master
         if getattr(args, "connect", None):
             options["connect"] = args.connect
+        if getattr(args, "data_plane", None):
+            options["data_plane"] = args.data_plane
         return options
     if name != "flight":
         return {}
