@@ -48,7 +48,7 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
-from distfusion.runtime.spark import _decode, _encode, _output_records  # noqa: E402
+from distfusion.worker.spark_records import _decode, _encode, _output_records  # noqa: E402
 from distfusion.stages import SHUFFLE  # noqa: E402
 from distfusion.worker.execute_task import partition_output, without_views  # noqa: E402
 

@@ -130,7 +130,7 @@ def connect_session(spark_session):
     own. Stopped before the classic session.
     """
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
-    from distfusion.runtime.spark_connect import connect_session as connect
+    from distfusion.runtime.spark.connect import connect_session as connect
     from distfusion.testing.connect_server import start_connect_server
 
     session = connect(start_connect_server(spark_session))

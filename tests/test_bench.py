@@ -174,3 +174,17 @@ def test_flight_peer_runs_on_its_own_worker_processes(tpch_dir, tmp_path):
         assert q["engines"]["flight"]["median_s"] > 0
         assert q["shapes"]["flight"]["stages"] >= 1
     assert set(doc["ratios"]) == {"datafusion", "flight"}
+
+
+def test_the_spark_data_plane_flag_reaches_the_runtime():
+    from distfusion.cli import build_parser
+    from distfusion.runtime.registry import runtime_options
+
+    argv = ["bench", "tpch", "--data", "d", "--runtime", "spark"]
+    assert runtime_options(build_parser().parse_args([*argv, "--data-plane", "shuffle"])) == {
+        "progress": False,
+        "data_plane": "shuffle",
+    }
+    assert "data_plane" not in runtime_options(build_parser().parse_args(argv))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--data-plane", "jvm"])

@@ -22,21 +22,26 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PY
 # (module, imported module) pairs allowed inside a function: optional dependencies,
 # and the Spark task that imports distfusion on the executor on purpose.
 LAZY_IMPORTS = {
-    ("distfusion.runtime.spark", "pyspark"),
-    ("distfusion.runtime.spark", "pyspark.java_gateway"),
-    ("distfusion.runtime.spark", "pyspark.sql"),
-    ("distfusion.runtime.spark", "pyspark.accumulators"),
-    ("distfusion.runtime.spark", "pyspark.rdd"),
-    ("distfusion.runtime.spark", "pyspark.serializers"),
-    ("distfusion.runtime.spark", "pyspark.sql.pandas.types"),
-    ("distfusion.runtime.spark", "pyspark.traceback_utils"),
-    ("distfusion.runtime.spark", "distfusion.runtime.spark"),
-    ("distfusion.runtime.spark", "json"),
-    ("distfusion.runtime.spark", "os"),
-    ("distfusion.runtime.spark", "socket"),
+    ("distfusion.runtime.spark.config", "pyspark"),
+    ("distfusion.runtime.spark.session", "pyspark.java_gateway"),
+    ("distfusion.runtime.spark.config", "pyspark.sql"),
+    ("distfusion.runtime.spark.dataframes", "pyspark.rdd"),
+    ("distfusion.runtime.spark.dataframes", "pyspark.serializers"),
+    ("distfusion.runtime.spark.dataframes", "pyspark.sql"),
+    ("distfusion.runtime.spark.dataframes", "pyspark.sql.pandas.types"),
+    ("distfusion.runtime.spark.jobs", "pyspark.traceback_utils"),
+    ("distfusion.runtime.spark.runtime", "pyspark.sql"),
+    ("distfusion.runtime.spark.shuffle_plane", "pyspark.accumulators"),
+    ("distfusion.worker.spark_tasks", "pyspark"),
+    # The executor side imports itself inside the task (an executor without
+    # distfusion reports it), and its import probe, with the standard library.
+    ("distfusion.worker.spark_tasks", "distfusion.worker.spark_tasks"),
+    ("distfusion.worker.spark_tasks", "json"),
+    ("distfusion.worker.spark_tasks", "os"),
+    ("distfusion.worker.spark_tasks", "socket"),
     # The executors' import probe: what a task needs, imported there on purpose.
-    ("distfusion.runtime.spark", "datafusion"),
-    ("distfusion.runtime.spark", "pyarrow"),
+    ("distfusion.worker.spark_tasks", "datafusion"),
+    ("distfusion.worker.spark_tasks", "pyarrow"),
     # to_pandas(): pandas is no dependency of the core.
     ("distfusion.context", "pandas"),
     # An encrypted Spark data plane's certificate (pip install 'distfusion[spark]').
@@ -45,11 +50,11 @@ LAZY_IMPORTS = {
     ("distfusion.transport.tls", "cryptography.hazmat.primitives.asymmetric"),
     ("distfusion.transport.tls", "cryptography.x509.oid"),
     # The Spark runtime's Flight data plane: pyarrow.flight, loaded only when used.
-    ("distfusion.runtime.spark", "distfusion.transport.flight"),
-    ("distfusion.runtime.spark", "distfusion.worker.flight_server"),
-    # Spark Connect: pyspark's Connect client (the connect extra) and the Flight plane.
-    ("distfusion.runtime.spark_connect", "pyspark.sql.connect.session"),
-    ("distfusion.runtime.spark_connect", "distfusion.transport.flight"),
+    ("distfusion.runtime.spark.runtime", "distfusion.worker.flight_server"),
+    ("distfusion.worker.spark_tasks", "distfusion.transport.flight"),
+    ("distfusion.worker.spark_tasks", "distfusion.worker.flight_server"),
+    # Spark Connect: pyspark's Connect client (the connect extra).
+    ("distfusion.runtime.spark.connect", "pyspark.sql.connect.session"),
     ("distfusion.spark", "pyspark.sql.pandas.types"),
     ("distfusion.spark", "pyspark.sql.types"),
     ("distfusion.spark", "pyspark.sql"),
@@ -165,21 +170,9 @@ def test_context_holds_the_public_api_only():
         assert hasattr(context, name), name
 
 
-# Split on another branch (issue 26, item 1: a runtime/spark/ package); gone once merged.
-BEING_SPLIT = {"distfusion/runtime/spark.py"}
-
-
 @pytest.mark.parametrize(
     "path",
-    [
-        pytest.param(
-            p,
-            marks=pytest.mark.xfail(strict=True, reason="being split into runtime/spark/"),
-        )
-        if str(p.relative_to(SRC)) in BEING_SPLIT
-        else p
-        for p in sorted((SRC / "distfusion").rglob("*.py"))
-    ],
+    sorted((SRC / "distfusion").rglob("*.py")),
     ids=lambda p: str(p.relative_to(SRC)),
 )
 def test_no_source_file_over_1000_lines(path):

@@ -115,7 +115,7 @@ def test_spark_computes_only_the_columns_the_query_reads(ctx, sql, columns):
 def test_leaf_task_reads_the_partition_offered_to_it(ctx, monkeypatch):
     """A leaf task over a Spark table runs over the batches offered to it, in chunks."""
     from distfusion.protocol.task_plan import TaskPlan
-    from distfusion.worker import execute_task
+    from distfusion.worker import execute_task, spark_partitions
     from distfusion.worker.spark_partitions import offering
 
     graph = _graph(ctx, "SELECT s, k FROM sp WHERE k > 2")
@@ -127,7 +127,7 @@ def test_leaf_task_reads_the_partition_offered_to_it(ctx, monkeypatch):
         for i in range(4)
     ]
     plan = TaskPlan.for_task(graph.query_id, leaf, 1, (), 1)
-    monkeypatch.setattr(execute_task, "SPARK_CHUNK_BYTES", 1)  # the fragment runs per batch
+    monkeypatch.setattr(spark_partitions, "SPARK_CHUNK_BYTES", 1)  # the fragment runs per batch
     metrics = []
     with offering(plan.key, "sp", iter(batches)):
         parts = execute_task.run_task(plan, lambda i: [], on_metrics=metrics.append)

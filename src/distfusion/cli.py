@@ -68,6 +68,13 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="Spark master URL (default: embedded local[WORKERS], or local[*])",
     )
+    s.add_argument(
+        "--data-plane",
+        default=None,
+        choices=["flight", "shuffle"],
+        help="how stage outputs move between Spark tasks: the executors' Flight servers "
+        "or Spark's shuffle (default: flight; docs/spark-data-path.md)",
+    )
     f = p.add_argument_group("flight runtime")
     f.add_argument(
         "--workers-url",

@@ -103,16 +103,16 @@ from distfusion.context import DistributedConfig, DistributedContext, Distribute
 from distfusion.coordinator.results import named
 from distfusion.errors import PlanningError
 from distfusion.object_store import store_url
-from distfusion.runtime.connect_frames import file_scan, is_connect_dataframe, statistics
+from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.runtime.spark import (
     SparkRuntime,
-    frame_function,
     hold_dataframe,
     import_pyspark,
     is_connect_session,
     spark_arrow_schema,
 )
 from distfusion.sources import spark_source
+from distfusion.worker.spark_tasks import frame_function
 
 __all__ = [
     "sql",
@@ -650,7 +650,7 @@ def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
     before running, an upper bound (Spark may coalesce them). Sizes: the
     optimized plan's statistics; Spark's default for unknown
     (``Long.MaxValue``) is None. A Spark Connect DataFrame: its explanation's
-    (:func:`~distfusion.runtime.connect_frames.statistics`).
+    (:func:`~distfusion.runtime.spark.connect_frames.statistics`).
     """
     if is_connect_dataframe(df):
         return statistics(df)

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 import distfusion.spark  # noqa: E402
 from distfusion import DistributedConfig  # noqa: E402
-from distfusion.runtime.spark_connect import SparkConnectRuntime  # noqa: E402
+from distfusion.runtime.spark.connect import SparkConnectRuntime  # noqa: E402
 
 work = Path(sys.argv[1])
 for i in range(2):

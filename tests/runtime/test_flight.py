@@ -369,6 +369,32 @@ def test_a_worker_started_from_python(tpch_dir, oracle):
         runtime.close()
 
 
+def test_a_worker_runs_a_task_of_its_own_process_without_json(tpch_dir, monkeypatch):
+    # Issue 26: a Spark executor's worker ran its task plan through set_plan's JSON
+    # (to_json, then from_json in the same process). The plan object is used now.
+    from distfusion.protocol.task_plan import TaskPlan
+    from distfusion.runtime.local import LocalRuntime
+    from distfusion.worker.flight_server import FlightWorker
+
+    runtime = LocalRuntime(workers=1)
+    try:
+        ctx = _context(runtime, tpch_dir, tasks=1)
+        graph = ctx.sql("SELECT count(*) FROM region").stage_graph()
+    finally:
+        runtime.close()
+    leaf = next(s for s in graph.stages if s.scans)
+    plan = TaskPlan.for_task("q-in-process", leaf, 0, ((),) * len(leaf.inputs), 1)
+
+    def decoded(*args):
+        raise AssertionError("an in-process task plan was decoded from JSON")
+
+    monkeypatch.setattr(TaskPlan, "from_json", decoded)
+    with FlightWorker(port=0) as worker:
+        metrics = worker.run_task(plan)
+        assert sum(metrics.partition_rows) > 0
+        assert worker._plans_received == 1
+
+
 def test_a_started_worker_does_not_start_twice_on_a_taken_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

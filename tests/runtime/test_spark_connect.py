@@ -25,7 +25,7 @@ from distfusion import (
     tpch,
 )
 from distfusion.runtime.spark import job_group
-from distfusion.runtime.spark_connect import SparkConnectRuntime
+from distfusion.runtime.spark.connect import SparkConnectRuntime
 from tests.compare import assert_same_result, is_ordered, oracle_result
 from tests.cpu import IDLE_CPU_S, cpu_in, wait_until_idle
 from tests.runtime.test_cancellation import SHUFFLED, STOP_TIMEOUT_S, STOP_WITHIN_S, STREAMED_JOIN

@@ -1,7 +1,7 @@
 """Stage outputs leave a Spark task as bounded chunks and arrive whole and in order.
 
 A task's output partition becomes several records of at most ``chunk_bytes``
-(:func:`~distfusion.runtime.spark._output_records`); consumers order payloads
+(:func:`~distfusion.worker.spark_records._output_records`); consumers order payloads
 by producer task with a stable sort, so the rows of one producer come back in
 the order it made them. Runs on the test session's ``local[2]`` SparkSession;
 the measurements behind the defaults are in docs/spark-data-path.md.
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from distfusion import DistributedConfig, DistributedContext, tpch
-from distfusion.runtime.spark import (
+from distfusion.worker.spark_records import (
     CHUNK_BYTES,
     _decode,
     _encode,
@@ -80,7 +80,7 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
         # Defined here, so cloudpickle ships it by value: executors import no tests package.
         import pyarrow as pa
 
-        from distfusion.runtime.spark import _output_records
+        from distfusion.worker.spark_records import _output_records
 
         def table(offset, rows):
             first = (task + offset) * 10**6
@@ -98,7 +98,7 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
     def consume(index, records):
         from types import SimpleNamespace
 
-        from distfusion.runtime.spark import _decode, _group_inputs
+        from distfusion.worker.spark_records import _decode, _group_inputs
 
         stage = SimpleNamespace(inputs=[SimpleNamespace(stage_id=0, boundary="shuffle")])
         (values,) = _group_inputs(stage, list(records))

@@ -22,8 +22,7 @@ from typing import Any
 from distfusion.coordinator.query_run import Runtime
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
-from distfusion.runtime.spark import SparkRuntime
-from distfusion.runtime.spark_connect import SparkConnectRuntime, connect_session
+from distfusion.runtime.spark import SparkConnectRuntime, SparkRuntime, connect_session
 
 __all__ = ["RUNTIMES", "runtime_from_name", "runtime_options"]
 
@@ -69,7 +68,7 @@ def runtime_from_name(name: str, workers: int | None = None, **options: Any) -> 
         **options: passed to the runtime's constructor, plus ``urls`` (Flight:
             the URLs of running workers), ``master`` (Spark) and ``connect``
             (Spark: the URL of a Spark Connect server, ``sc://host:port``, whose
-            session runs the tasks: :mod:`distfusion.runtime.spark_connect`).
+            session runs the tasks: :mod:`distfusion.runtime.spark.connect`).
 
     Raises:
         ValueError: unknown runtime name, or bad ``workers``.
@@ -108,6 +107,8 @@ def runtime_options(args) -> dict[str, Any]:
             options["master"] = args.master
         if getattr(args, "connect", None):
             options["connect"] = args.connect
+        if getattr(args, "data_plane", None):
+            options["data_plane"] = args.data_plane
         return options
     if name != "flight":
         return {}

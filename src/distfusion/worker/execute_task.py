@@ -45,7 +45,7 @@ from distfusion.worker import stream_inputs
 from distfusion.worker.interrupt import iterate_native
 from distfusion.worker.memory import TaskMemory
 from distfusion.worker.memory_retry import is_exhausted, memory_attempts, warn_run_again
-from distfusion.worker.spark_partitions import take
+from distfusion.worker.spark_partitions import spark_chunks, spark_schema
 from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
 
 __all__ = [
@@ -578,49 +578,6 @@ def _register_feed(
     ctx.register_record_batches(name, parts)
 
 
-SPARK_CHUNK_BYTES = 64 * 1024 * 1024
-"""Most Arrow bytes of a Spark partition a chunked leaf task runs its fragment over at once."""
-
-
-def _spark_chunks(key, share: ScanShare, meter: TaskMeter | None) -> Iterator[list[pa.RecordBatch]]:
-    """The batches of the Spark partition offered to task ``key``, in chunks.
-
-    A chunk holds up to :data:`SPARK_CHUNK_BYTES` of Arrow batches.
-
-    Columns are matched by position and cast to the source's schema, or to
-    its ``columns`` when the scan reads only those (:func:`_spark_schema`).
-    The bytes read count as the task's source bytes (``meter``).
-
-    Raises:
-        TaskError: no partition was offered (:func:`~distfusion.worker.spark_partitions.take`).
-    """
-    schema = _spark_schema(share.source)
-    chunk_bytes = SPARK_CHUNK_BYTES
-    chunk: list[pa.RecordBatch] = []
-    size = 0
-    for batch in take(key, share.source.name):
-        if not batch.num_rows:
-            continue
-        batch = _conform_positional(batch, schema)
-        if meter is not None:
-            meter.unit_bytes += batch.nbytes
-        chunk.append(batch)
-        size += batch.nbytes
-        if size >= chunk_bytes:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
-
-
-def _spark_schema(source) -> pa.Schema:
-    """The columns Spark computes of Spark table ``source``: its ``columns`` option, or all."""
-    cols = source.options.get("columns")
-    if cols is None:
-        return source.schema
-    return pa.schema([source.schema.field(i) for i in cols])
-
-
 def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], n: int) -> None:
     """Register a Spark table's batches as ``source.name``, with every column of its schema.
 
@@ -634,7 +591,7 @@ def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], 
         _register_feed(ctx, source.name, source.schema, batches, n)
         return
     inner = f"__distfusion_spark_{source.name}"
-    _register_feed(ctx, inner, _spark_schema(source), batches, n)
+    _register_feed(ctx, inner, spark_schema(source), batches, n)
     table = ctx.table(sql_name(inner))
     exprs = [
         col(f'"{f.name}"') if i in cols else lit(None).cast(f.type).alias(f.name)
@@ -643,17 +600,6 @@ def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], 
     if source.name in ctx.catalog().schema().names():
         ctx.deregister_table(sql_name(source.name))
     ctx.register_view(sql_name(source.name), table.select(*exprs))
-
-
-def _conform_positional(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with ``schema`` (names and types), columns matched by position."""
-    if batch.schema.equals(schema):
-        return batch
-    columns = [
-        c if c.type == f.type else c.cast(f.type)
-        for c, f in zip(batch.columns, schema, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def feed_dataframes(
@@ -669,8 +615,9 @@ def feed_dataframes(
     (:attr:`~distfusion.sources.TableSource.streamed`); a Spark table's rows
     are the batches of the Spark partition offered to this task
     (:mod:`distfusion.worker.spark_partitions`), in chunks of
-    :data:`SPARK_CHUNK_BYTES`. Yields ``(context, DataFrame)`` pairs (one
-    context for the whole task, bounded by ``memory``).
+    :data:`~distfusion.worker.spark_partitions.SPARK_CHUNK_BYTES`. Yields
+    ``(context, DataFrame)`` pairs (one context for the whole task, bounded by
+    ``memory``).
 
     A fragment linear in its one streamed table (the planner marks its scan
     ``chunked``) yields one DataFrame per chunk, as the chunk arrives: reading
@@ -712,7 +659,7 @@ def feed_dataframes(
 
     def chunks(share: ScanShare) -> Iterator[list[pa.RecordBatch] | DataFrame]:
         if share.source.is_spark:
-            return _spark_chunks(plan.key, share, meter)
+            return spark_chunks(plan.key, share, meter)
         reader = readers[share.source.name]
         if reader.scans_natively:  # DataFusion reads the units: a DataFrame per chunk
             return (_scan_units(ctx, reader, c, meter) for c in feed_chunks(share))

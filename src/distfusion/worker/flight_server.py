@@ -344,7 +344,7 @@ class FlightWorker:
             TaskError: the task failed (names the stage, the task and this worker).
             QueryCancelledError: the query was cancelled here meanwhile.
         """
-        self._action(ACTION_SET_PLAN, plan.to_json())
+        self._set_plan(plan)  # in process: the plan object itself, not its JSON again
         metrics = self.worker.task_metrics(plan.key)
         self._touch(plan.key.query_id)
         return metrics
@@ -357,13 +357,15 @@ class FlightWorker:
             if not self.worker.is_cancelled(query_id):
                 self._seen[query_id] = time.monotonic()
 
+    def _set_plan(self, plan: TaskPlan) -> None:
+        self._touch(plan.key.query_id)
+        with self._lock:
+            self._plans_received += 1
+        self.worker.set_plan(plan)
+
     def _action(self, name: str, body: bytes) -> list[bytes]:
         if name == ACTION_SET_PLAN:
-            plan = TaskPlan.from_json(body)
-            self._touch(plan.key.query_id)
-            with self._lock:
-                self._plans_received += 1
-            self.worker.set_plan(plan)
+            self._set_plan(TaskPlan.from_json(body))
             return []
         if name == ACTION_TASK_STATS:
             key, timeout_s = decode_task_request(body)

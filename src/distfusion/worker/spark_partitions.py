@@ -16,6 +16,8 @@ process's Flight worker on one of its threads), takes them
 Nothing crosses a process here: the batches go from Spark's Python worker
 input stream to DataFusion. A task that finds nothing to take fails with a
 :class:`~distfusion.errors.TaskError` naming the table.
+A chunked leaf task reads its partition in chunks of :data:`SPARK_CHUNK_BYTES`,
+conformed to the columns Spark computes (:func:`spark_chunks`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from contextlib import contextmanager
 import pyarrow as pa
 
 from distfusion.errors import TaskError
-from distfusion.protocol.task_plan import TaskKey
+from distfusion.metrics.task import TaskMeter
+from distfusion.protocol.task_plan import ScanShare, TaskKey
 
-__all__ = ["offering", "take"]
+__all__ = ["SPARK_CHUNK_BYTES", "offering", "spark_chunks", "spark_schema", "take"]
 
 _lock = threading.Lock()
 _offered: dict[tuple[TaskKey, str], Iterator[pa.RecordBatch]] = {}
@@ -71,3 +74,57 @@ def take(key: TaskKey, table: str) -> Iterator[pa.RecordBatch]:
         )
         raise TaskError(key.stage_id, key.task_index, "", msg)
     return batches
+
+
+SPARK_CHUNK_BYTES = 64 * 1024 * 1024
+"""Most Arrow bytes of a Spark partition a chunked leaf task runs its fragment over at once."""
+
+
+def spark_chunks(key, share: ScanShare, meter: TaskMeter | None) -> Iterator[list[pa.RecordBatch]]:
+    """The batches of the Spark partition offered to task ``key``, in chunks.
+
+    A chunk holds up to :data:`SPARK_CHUNK_BYTES` of Arrow batches.
+
+    Columns are matched by position and cast to the source's schema, or to
+    its ``columns`` when the scan reads only those (:func:`spark_schema`).
+    The bytes read count as the task's source bytes (``meter``).
+
+    Raises:
+        TaskError: no partition was offered (:func:`take`).
+    """
+    schema = spark_schema(share.source)
+    chunk_bytes = SPARK_CHUNK_BYTES
+    chunk: list[pa.RecordBatch] = []
+    size = 0
+    for batch in take(key, share.source.name):
+        if not batch.num_rows:
+            continue
+        batch = _conform_positional(batch, schema)
+        if meter is not None:
+            meter.unit_bytes += batch.nbytes
+        chunk.append(batch)
+        size += batch.nbytes
+        if size >= chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def spark_schema(source) -> pa.Schema:
+    """The columns Spark computes of Spark table ``source``: its ``columns`` option, or all."""
+    cols = source.options.get("columns")
+    if cols is None:
+        return source.schema
+    return pa.schema([source.schema.field(i) for i in cols])
+
+
+def _conform_positional(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema`` (names and types), columns matched by position."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = [
+        c if c.type == f.type else c.cast(f.type)
+        for c, f in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -1,11 +1,11 @@
 """The executor side of the Spark runtime on Spark Connect: the functions its jobs run.
 
-Every job of :class:`~distfusion.runtime.spark_connect.SparkConnectRuntime` is
+Every job of :class:`~distfusion.runtime.spark.connect.SparkConnectRuntime` is
 a DataFrame's ``mapInArrow`` with a function made by :func:`mapper`: in the
 executor's Python worker it calls one of this module's entries (:func:`entry`):
 :func:`run_task` and :func:`run_table_task` (a round's tasks, on this
 process's Flight worker, as the classic Flight plane's
-:func:`~distfusion.runtime.spark._flight_task`), :func:`run_head` (the head,
+:func:`~distfusion.worker.spark_tasks._flight_task`), :func:`run_head` (the head,
 its batches as rows streamed back through Connect), :func:`run_parts` (head
 parts: ``to_spark``, ``write_parquet``) and :func:`control` (the executors'
 workers asked for stats, keepalives, cancellation). Each yields Arrow record
@@ -26,19 +26,17 @@ from distfusion.errors import TaskError, TransportError, WorkerUnavailableError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import error_to_dict, is_task_failure, task_error
 from distfusion.protocol.task_plan import TaskPlan
-from distfusion.runtime.spark import (
-    CHUNK_BYTES,
-    _chunks,
+from distfusion.stages import Stage
+from distfusion.worker.head_parts import HeadPart
+from distfusion.worker.spark_records import CHUNK_BYTES, _chunks, _ipc_stream
+from distfusion.worker.spark_tasks import (
     _drain,
     _executor_transport,
     _flight_task,
-    _ipc_stream,
     _run_head_part,
     _task_function,
     part_batches,
 )
-from distfusion.stages import Stage
-from distfusion.worker.head_parts import HeadPart
 
 __all__ = [
     "BATCHES",
@@ -68,7 +66,7 @@ def entry(name: str) -> str:
 
 ROUND_SCHEMA = "stage int, task int, url string, metrics string, error string"
 """Spark schema of a round's records: one per task (the tuple of
-:func:`~distfusion.runtime.spark._flight_task`)."""
+:func:`~distfusion.worker.spark_tasks._flight_task`)."""
 ROUND_ARROW = pa.schema(
     [
         ("stage", pa.int32()),
@@ -110,7 +108,7 @@ def mapper(tasks, entry: str, by_partition: bool, *args):
             ``spark.range``, the index, and ``records`` is empty.
         *args: ``entry``'s other arguments (pickled with the function).
 
-    Built on :func:`~distfusion.runtime.spark._task_function`: the same
+    Built on :func:`~distfusion.worker.spark_tasks._task_function`: the same
     shipping of UDFs and object stores, the same report when an executor
     cannot import distfusion, the same heap freeze after the first task.
     """
@@ -216,7 +214,8 @@ def run_head(index, records, query_id, attempt, part_json, access, budget, threa
 
     The result's schema goes first (the client casts the plain strings the
     IPC streams carry back to its view types); the batches go out as Arrow
-    IPC streams of at most :data:`~distfusion.runtime.spark.CHUNK_BYTES` each; then the head's
+    IPC streams of at most
+    :data:`~distfusion.worker.spark_records.CHUNK_BYTES` each; then the head's
     metrics; then the query is cancelled on the workers at ``urls`` (its
     outputs freed) and a :data:`CLEANED` row says so. A failure ends the rows
     with a :data:`FAILED` row (the error codec's JSON), never an exception:
@@ -259,7 +258,7 @@ def run_parts(index, records, parts, access, budget, threads, fn_bytes):
     """Spark task ``index`` of a head-parts job: ``fn`` over part ``parts[index]`` (executor side).
 
     ``parts[index]`` is ``(attempt, part JSON)``; the part runs as the classic
-    plane's (:func:`~distfusion.runtime.spark._run_head_part`); ``fn``'s result
+    plane's (:func:`~distfusion.worker.spark_tasks._run_head_part`); ``fn``'s result
     travels pickled. Returns one batch of :data:`PARTS_SCHEMA`.
     """
     _drain(records)

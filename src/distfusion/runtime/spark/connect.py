@@ -6,11 +6,11 @@ SparkContext: no RDDs, broadcasts, accumulators, job groups or local
 properties, and its client may run where the executors cannot reach it (a
 laptop outside the cluster). ``SparkRuntime(spark=<Connect session>)`` makes a
 :class:`SparkConnectRuntime`. Its queries run as on the classic Flight data
-plane (:class:`~distfusion.runtime.spark._SparkFlightQuery`, whose retries,
+plane (:class:`~distfusion.runtime.spark.flight_plane._SparkFlightQuery`, whose retries,
 recovery of lost outputs and cleanup it keeps): each executor Python worker
 hosts a Flight worker that keeps its tasks' outputs, consumers read them
 executor to executor, and the same executor-side code runs every task
-(:func:`~distfusion.runtime.spark._flight_task`). What changes is how a round
+(:func:`~distfusion.worker.spark_tasks._flight_task`). What changes is how a round
 of tasks is started and how its records, and the result, come back::
 
     client (Connect)                                   executors (Python workers)
@@ -31,12 +31,12 @@ worker is started, small one-task stages run as Spark jobs too, and
 everything the classic plane asks the executors' workers from the driver
 (where outputs were lost, keepalives, the cleanup of a failed or cancelled
 query, :meth:`SparkConnectRuntime.stats`) runs as a one-task Spark job whose
-task asks them (:func:`~distfusion.runtime.spark_connect_tasks.control`). A
+task asks them (:func:`~distfusion.worker.spark_connect_tasks.control`). A
 query that ends normally needs no such job: its head task cleans up. The
 functions the jobs run on the executors are in
-:mod:`~distfusion.runtime.spark_connect_tasks`; the reading of Connect
+:mod:`~distfusion.worker.spark_connect_tasks`; the reading of Connect
 DataFrames (what Spark's explanations say of them) in
-:mod:`~distfusion.runtime.connect_frames`.
+:mod:`~distfusion.runtime.spark.connect_frames`.
 
 Jobs are tagged (``SparkSession.addTag``): ``distfusion-<query id>`` on every
 job of a query (closing the query runs ``interruptTag`` with it) and a tag
@@ -64,6 +64,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from distfusion.coordinator.feeds import has_feeds
+from distfusion.coordinator.query_run import QueryRun, default_target_partitions, task_threads
 from distfusion.errors import (
     DistfusionError,
     PlanningError,
@@ -71,30 +73,31 @@ from distfusion.errors import (
 )
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import error_from_dict
-from distfusion.runtime.base import QueryRun, default_target_partitions, task_threads
-from distfusion.runtime.connect_frames import (
+from distfusion.runtime.spark.config import (
+    ENCRYPTION_SETTINGS,
+    encryption_settings,
+    is_connect_session,
+)
+from distfusion.runtime.spark.connect_frames import (
     collect_arrow,
     explain_text,
     is_connect_dataframe,
     stream_arrow,
 )
-from distfusion.runtime.feeds import has_feeds
-from distfusion.runtime.spark import (
-    ENCRYPTION_SETTINGS,
-    EXECUTOR_QUERY_TTL_S,
-    KEEP_WARM_S,
-    DataPlaneAccess,
-    SparkRuntime,
+from distfusion.runtime.spark.dataframes import (
     _first_line,
-    _spark_call,
-    _SparkFlightQuery,
-    encryption_settings,
     held_dataframe,
-    is_connect_session,
     spark_arrow_schema,
     spark_scan,
 )
-from distfusion.runtime.spark_connect_tasks import (
+from distfusion.runtime.spark.flight_plane import KEEP_WARM_S, _SparkFlightQuery
+from distfusion.runtime.spark.jobs import _spark_call
+from distfusion.runtime.spark.runtime import SparkRuntime
+from distfusion.stages import SourceScan, Stage, StageGraph
+from distfusion.transport.tls import TlsMaterial, self_signed_tls
+from distfusion.worker.head_parts import HeadPart, head_parts
+from distfusion.worker.memory import spark_memory_per_task_bytes
+from distfusion.worker.spark_connect_tasks import (
     BATCHES,
     CLEANED,
     CONTROL_SCHEMA,
@@ -110,14 +113,11 @@ from distfusion.runtime.spark_connect_tasks import (
     mapper,
     nothing,
 )
-from distfusion.stages import SourceScan, Stage, StageGraph
-from distfusion.transport.tls import TlsMaterial, self_signed_tls
-from distfusion.worker.head_parts import HeadPart, head_parts
-from distfusion.worker.memory import spark_memory_per_task_bytes
+from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, DataPlaneAccess
 
 __all__ = ["SparkConnectRuntime", "connect_session"]
 
-log = logging.getLogger("distfusion.runtime.spark_connect")
+log = logging.getLogger(__name__)
 
 SLOTS_TTL_S = 10.0
 """Seconds :meth:`SparkConnectRuntime.num_workers` keeps the slot count it asked Spark for."""
@@ -333,7 +333,7 @@ class SparkConnectRuntime(SparkRuntime):
         return slots
 
     def start_query(self, query_id: str) -> QueryRun:
-        """Start query ``query_id`` (a :class:`~distfusion.runtime.base.QueryRun`)."""
+        """Start query ``query_id`` (a :class:`~distfusion.coordinator.query_run.QueryRun`)."""
         return _ConnectFlightQuery(self, query_id)
 
     def executor_worker_args(self) -> tuple[str, str | None, tuple, int, None]:
@@ -350,7 +350,7 @@ class SparkConnectRuntime(SparkRuntime):
         ``live_tasks`` of the server's entry (:attr:`master`): tasks running in
         jobs of this runtime now (the progress the server reports); ``bytes_held``:
         0 (nothing is kept on the client). The executors' workers are asked by
-        one Spark job (:func:`~distfusion.runtime.spark_connect_tasks.control`),
+        one Spark job (:func:`~distfusion.worker.spark_connect_tasks.control`),
         which needs a free task slot.
 
         Raises:
@@ -370,7 +370,7 @@ class SparkConnectRuntime(SparkRuntime):
     def control(self, action: str, urls: list[str], query_id: str = "") -> list[tuple]:
         """Ask the executor workers at ``urls`` through a one-task Spark job.
 
-        The job's task is :func:`~distfusion.runtime.spark_connect_tasks.control`.
+        The job's task is :func:`~distfusion.worker.spark_connect_tasks.control`.
 
         Args:
             action: ``"stats"``, ``"cancel"`` (``cancel_query``) or ``"keepalive"``.
@@ -533,7 +533,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
     """One query on a Spark Connect session: the classic Flight plane's run, jobs as DataFrames.
 
     Retries, recovery of lost outputs and metrics are the classic run's
-    (:class:`~distfusion.runtime.spark._SparkFlightQuery`); this class only
+    (:class:`~distfusion.runtime.spark.flight_plane._SparkFlightQuery`); this class only
     starts Spark work differently, and asks the executors' workers through
     jobs (:meth:`SparkConnectRuntime.control`) where the classic run calls
     them from the driver.

@@ -5,7 +5,7 @@ reads from Spark's plan objects (the optimized plan, a file relation's files
 and partition columns, the plan's statistics) comes from Spark's explanations
 here (``AnalyzePlan`` calls; nothing runs). :mod:`distfusion.spark` reads
 catalog tables, temp views and DataFrames of a Connect session with these;
-:mod:`distfusion.runtime.spark_connect` runs its jobs with :func:`collect_arrow`
+:mod:`distfusion.runtime.spark.connect` runs its jobs with :func:`collect_arrow`
 and :func:`stream_arrow`.
 """
 

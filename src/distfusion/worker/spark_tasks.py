@@ -1,0 +1,627 @@
+"""What the Spark runtime runs on the executors, in their Python workers.
+
+Every job of :mod:`distfusion.runtime.spark` runs a closure made by
+:func:`_task_function` (it ships the driver's UDFs and object stores and
+reports an executor that cannot import distfusion), which calls one of this
+module's entries:
+
+- :func:`_run_task`: a task of the shuffle data plane, its output as Spark
+  records (:mod:`distfusion.worker.spark_records`);
+- :func:`_run_flight_task`, :func:`_run_flight_spark_task`: a task of the
+  Flight data plane, run on this process's Flight worker
+  (:func:`_executor_worker`), which keeps its output (:func:`_flight_task`);
+- :func:`_run_head_part`, :func:`frame_function`: head parts read over Flight
+  (:func:`part_batches`; ``write_parquet``, ``to_spark``).
+
+Nothing here imports the runtime (the driver side): an executor imports this
+module and the worker's. A failed task reports itself as one line,
+``DISTFUSION_TASK_ERROR {json}`` (:data:`ERROR_MARKER`; the driver reads it:
+:mod:`distfusion.runtime.spark.jobs`).
+
+``pyspark`` is an optional dependency: it is imported inside the functions
+that need it (each marked so).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import pickle
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from distfusion import object_store, udfs
+from distfusion.errors import (
+    QueryCancelledError,
+    TaskError,
+    TaskPanicked,
+)
+from distfusion.metrics.task import TaskMetrics
+from distfusion.protocol.errors import (
+    error_to_dict,
+    is_task_failure,
+    task_error,
+)
+from distfusion.protocol.task_plan import TaskPlan
+from distfusion.stages import Stage
+from distfusion.transport.tls import TlsMaterial
+from distfusion.worker.execute_task import run_task
+from distfusion.worker.head_parts import HeadPart, run_part
+from distfusion.worker.memory import TaskMemory
+from distfusion.worker.spark_partitions import offering
+from distfusion.worker.spark_records import (
+    _decode,
+    _group_inputs,
+    _output_records,
+    _partition_stats,
+)
+from distfusion.worker.worker import pulled_feed_chunks
+
+ERROR_MARKER = "DISTFUSION_TASK_ERROR "
+"""Prefix of the one-line error report a failed Spark task raises."""
+
+FAIL_TASK_PROPERTY = "distfusion.test.failTask"
+"""Spark local property read inside every task, for fault-injection tests.
+
+Value ``"STAGE:TASK:ATTEMPTS"``: task TASK of stage STAGE raises on its first
+ATTEMPTS attempts (``always`` for every attempt). Set it on the driver with
+``spark.sparkContext.setLocalProperty(FAIL_TASK_PROPERTY, "1:0:1")``; Spark
+sends local properties with every task of the jobs started from that thread.
+A Spark Connect session has no local properties: tag the thread's jobs with
+``spark.addTag(FAIL_TASK_PROPERTY + "=1:0:1")`` instead (job tags reach the tasks).
+"""
+
+EXECUTOR_QUERY_TTL_S = 600.0
+"""Seconds an executor's Flight worker keeps a query nobody asked about (driver gone)."""
+
+
+@dataclass(frozen=True)
+class DataPlaneAccess:
+    """What an executor needs to serve and read a runtime's Flight data plane.
+
+    Travels to the executors in Spark's task closures as the plain tuple of
+    :meth:`plain` (standard types: a closure must unpickle on an executor
+    without distfusion, to say it is missing), as the token always did (when
+    Spark encrypts, its RPC carries them encrypted).
+
+    Attributes:
+        token: the runtime's shared secret; every call carries it.
+        tls: the runtime's certificate and key when the data plane is
+            encrypted (:mod:`distfusion.transport.tls`); None: plain gRPC.
+    """
+
+    token: str
+    tls: TlsMaterial | None = None
+
+    def plain(self) -> tuple[str, bytes | None, bytes | None, str | None]:
+        """``(token, certificate PEM, key PEM, TLS name)``; None for the three without TLS."""
+        if self.tls is None:
+            return (self.token, None, None, None)
+        return (self.token, self.tls.cert_pem, self.tls.key_pem, self.tls.hostname)
+
+    @classmethod
+    def of(cls, value: DataPlaneAccess | tuple) -> DataPlaneAccess:
+        """``value`` itself, or the access a :meth:`plain` tuple describes (executor side)."""
+        if isinstance(value, DataPlaneAccess):
+            return value
+        token, cert, key, name = value
+        return cls(token, TlsMaterial(cert, key, name) if cert is not None else None)
+
+    def transport(self):
+        """A Flight transport reaching this data plane's workers (TLS verified when on)."""
+        from distfusion.transport.flight import FlightWorkerTransport  # optional: pyarrow.flight
+
+        if self.tls is None:
+            return FlightWorkerTransport(token=self.token)
+        return FlightWorkerTransport(
+            token=self.token,
+            tls_root_certs=self.tls.cert_pem,
+            tls_override_hostname=self.tls.hostname,
+        )
+
+    def worker_options(self) -> dict:
+        """``FlightWorker`` keyword arguments: the token, and TLS when on."""
+        if self.tls is None:
+            return {"token": self.token}
+        return {
+            "token": self.token,
+            "tls_cert_chain": self.tls.cert_pem,
+            "tls_private_key": self.tls.key_pem,
+            "tls_override_hostname": self.tls.hostname,
+        }
+
+    def __repr__(self) -> str:  # never print the secrets
+        return f"DataPlaneAccess(tls={self.tls is not None})"
+
+
+def _spark_batches(records, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Arrow IPC record batch messages (``toArrowBatchRdd``'s records) as batches of ``schema``."""
+    for payload in records:
+        yield pa.ipc.read_record_batch(pa.py_buffer(payload), schema)
+
+
+def _drain(records) -> None:
+    """Read what is left of a task's input: PySpark reuses a Python worker only then."""
+    for _ in records:
+        pass
+
+
+# ---------------------------------------------------------------------- executor side
+def _task_function(tasks, entry, *args):
+    """The function Spark ships to the executors for one job.
+
+    Args:
+        tasks: ``(stage id, task index)`` of each RDD partition, by partition
+            index, for the report of a task that cannot import distfusion.
+        entry: the function of this module the task runs,
+            ``entry(partition index, records, *args)``, or ``"module:function"``
+            for one of another module of distfusion (imported on the executor).
+        *args: the rest of ``entry``'s arguments (pickled with the closure).
+
+    The driver's Python UDFs made by :func:`distfusion.udf` and its object
+    stores (:mod:`distfusion.object_store`, explicit credentials included:
+    Spark's closure is the channel) travel with the closure too and are
+    registered on the executor before the task runs.
+
+    It is a closure, so cloudpickle ships it by value, and it refers to nothing
+    of distfusion until it runs: an executor that cannot import distfusion or
+    datafusion then fails with a message saying so, naming the stage and task,
+    instead of failing to unpickle the task. The report of that failure is
+    encoded here, on the driver (``report``, the error codec's dict), so the
+    executor needs only the standard library to fill in the task.
+    """
+    report = error_to_dict(TaskError(-1, -1, "", ""))
+    missing_section = EXECUTORS_SECTION
+    shipped = udfs.specs()  # the driver's Python UDFs, pickled with this closure
+    stores = object_store.specs()  # and its object stores (credentials: Spark's channel)
+
+    def run(index, records):
+        try:
+            # On purpose inside the task: see the docstring.
+            import distfusion.worker.spark_tasks as spark_tasks
+        except ImportError as exc:
+            import json as _json  # standard library only: distfusion is missing here
+            import os as _os
+            import socket as _socket
+
+            cause = (
+                f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
+                "in their Python environment (same venv via PYSPARK_PYTHON, "
+                "spark.archives with a packed venv, or --py-files; see docs/spark.md, "
+                f'section "{missing_section}")'
+            )
+            stage_id, task_index = tasks[index]
+            worker = f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}"
+            failed = {**report, "stage_id": stage_id, "task_index": task_index}
+            failed.update(worker=worker, cause=cause)
+            failed["message"] = f"stage {stage_id} task {task_index} failed: {cause}"
+            raise RuntimeError(ERROR_MARKER + _json.dumps(failed)) from None
+        if shipped:
+            spark_tasks.udfs.install(shipped)
+        if stores:
+            spark_tasks.object_store.install(stores)
+        module, _, name = entry.rpartition(":")
+        where = importlib.import_module(module) if module else spark_tasks
+        out = getattr(where, name)(index, records, *args)
+        spark_tasks.freeze_heap_once()
+        return out
+
+    return run
+
+
+_heap_frozen = False
+
+
+def freeze_heap_once() -> None:
+    """Hide what this Python worker imported from the cyclic GC, once, after its first task.
+
+    PySpark runs ``gc.collect()`` after every task of a reused Python worker. A
+    full collection walks every tracked object, and what distfusion, datafusion,
+    pyarrow and pyspark import is ~100,000 of them: a large share of a Python
+    worker's time (docs/benchmarks.md, "Spark stage outputs"). After one
+    collection, ``gc.freeze()`` moves them to the permanent generation; later
+    collections walk only what later tasks create.
+    """
+    global _heap_frozen
+    if not _heap_frozen:
+        gc.collect()
+        gc.freeze()
+        _heap_frozen = True
+
+
+def _run_task(
+    task_index,
+    records,
+    query_id,
+    stage_bytes,
+    shuffled,
+    broadcast,
+    target_partitions,
+    compression,
+    stats=None,
+    metrics=None,
+    memory_per_task_bytes=None,
+    spark=None,
+):
+    """Run task ``task_index`` of the pickled stage inside a Spark task.
+
+    DataFusion runs within ``memory_per_task_bytes`` (None: unbounded),
+    spilling to a temporary directory deleted when the task ends.
+
+    ``spark``: for a stage reading a Spark DataFrame, ``(table, read schema,
+    offset, empty)``: the task is ``offset + task_index`` and ``records`` are
+    its partition's Arrow messages (:func:`_spark_input`), offered to the task
+    as ``table``'s rows; ``empty``: the task has no partition (Spark made
+    fewer), ``records`` are ignored.
+
+    Yields records ``(consumer partition, (task_index, ipc bytes))``
+    (:func:`_output_records`); adds each output partition's rows and Arrow
+    bytes to the ``stats`` accumulator, and the task's metrics
+    (``TaskMetrics.to_dict``) to the ``metrics`` accumulator under
+    ``(stage, task)``: both reach the driver with the task's result.
+
+    Raises:
+        RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
+            followed by a JSON report (stage, task, worker, cause, traceback).
+    """
+    stage: Stage = pickle.loads(stage_bytes)
+    worker = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    table, batches = None, iter(())
+    if spark is not None:
+        table, read_schema, offset, empty = spark
+        task_index += offset
+        if not empty:
+            batches = _spark_batches(records, read_schema)
+    try:
+        plan = TaskPlan.for_task(query_id, stage, task_index, (), target_partitions)
+        _maybe_inject_failure(stage.stage_id, task_index)
+        # Drain the input even when the stage reads none (a leaf reads its task
+        # index): PySpark reuses a Python worker only after its task read the
+        # whole input, and a fresh worker costs ~1 s of imports and zip scans.
+        # A Spark table's partition is read by the task, then drained.
+        records = list(records) if table is None else records
+        inputs = _group_inputs(stage, records if shuffled else ())
+        for i, bc in broadcast.items():
+            inputs[i] = sorted(bc.value, key=lambda v: v[0])
+        measured: list[TaskMetrics] = []
+        with (
+            tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir,
+            offering(plan.key, table, batches),
+        ):
+            parts = run_task(
+                plan,
+                lambda i: _decode(inputs[i]),
+                worker=worker,
+                feed_chunks=lambda share: pulled_feed_chunks(plan.key, share),
+                memory=TaskMemory(memory_per_task_bytes, spill_dir),
+                on_metrics=measured.append,
+            )
+        if table is not None:
+            _drain(records)
+        out = list(_output_records(task_index, parts, compression))
+        if stats is not None:
+            stats.add(_partition_stats(stage.stage_id, task_index, parts))
+        if metrics is not None:
+            metrics.add({(stage.stage_id, task_index): measured[0].to_dict()})
+    except TaskError as err:
+        raise RuntimeError(ERROR_MARKER + _report(err)) from None
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
+        err = task_error(stage.stage_id, task_index, worker, exc)
+        raise RuntimeError(ERROR_MARKER + _report(err)) from None
+    return iter(out)
+
+
+_EXECUTOR_WORKERS: dict[str, object] = {}
+"""This Python worker process's Flight worker, by the runtime's token (executor side)."""
+
+
+def _executor_worker(
+    bind_host: str,
+    advertise_host: str | None,
+    access: DataPlaneAccess | tuple,
+    memory_per_task_bytes: int | None,
+):
+    """The FlightWorker of this process for the runtime of ``access``; started on first use.
+
+    It serves ``grpc+tls://`` with the runtime's certificate when the data
+    plane is encrypted.
+    """
+    from distfusion.worker.flight_server import FlightWorker  # optional: pyarrow.flight
+
+    access = DataPlaneAccess.of(access)
+    worker = _EXECUTOR_WORKERS.get(access.token)
+    if worker is None:
+        if advertise_host is None and bind_host == "0.0.0.0":
+            advertise_host = socket.gethostbyname(socket.gethostname())
+        worker = FlightWorker(
+            host=bind_host,
+            **access.worker_options(),
+            slots=1,
+            query_ttl_s=EXECUTOR_QUERY_TTL_S,
+            advertise_host=advertise_host,
+            memory_per_task_bytes=memory_per_task_bytes,
+        )
+        _EXECUTOR_WORKERS[access.token] = worker
+    return worker
+
+
+def _run_flight_task(
+    index, records, bind_host, advertise_host, access, memory_per_task_bytes, driver_url
+):
+    """Run the task plan of this Spark partition on this process's Flight worker.
+
+    The record is ``(attempt, task plan JSON)``, or ``(attempt, plan, table)``
+    for a task of a stage reading Spark table ``table`` that has no partition
+    of it (Spark made fewer partitions than the stage has tasks): the task
+    reads an empty one. Returns one record
+    ``(stage id, task index, worker URL, metrics, error)``: the output stays
+    on the worker; the task's metrics travel (``TaskMetrics.to_dict``: rows
+    and Arrow bytes per output partition among them), or, when the task
+    failed, ``error`` (the error codec's JSON, with ``"attempts"``) instead.
+    Never raises for a failed task: PySpark would end this process and every
+    output it holds.
+    """
+    record = list(records)[0]  # drained: PySpark reuses this process
+    attempt, payload = record[:2]
+    table = record[2] if len(record) > 2 else None
+    plan = TaskPlan.from_json(payload)
+    result = _flight_task(
+        plan,
+        attempt,
+        table,
+        iter(()),
+        (bind_host, advertise_host, access, memory_per_task_bytes, driver_url),
+    )
+    return iter([result])
+
+
+def _run_flight_spark_task(index, records, plans, table, read_schema, *worker_args):
+    """Run the task of Spark table ``table``'s partition ``index`` on this process's Flight worker.
+
+    ``records`` are the partition's Arrow messages (:func:`_spark_input`);
+    ``plans`` maps partition index to ``(attempt, task plan JSON)``. The
+    partition's batches are offered to the task, which reads them as it runs;
+    what it left is drained. Returns what :func:`_run_flight_task` does (no
+    record for a partition without a plan).
+    """
+    if index not in plans:
+        _drain(records)
+        return iter(())
+    attempt, payload = plans[index]
+    plan = TaskPlan.from_json(payload)
+    try:
+        result = _flight_task(
+            plan, attempt, table, _spark_batches(records, read_schema), worker_args
+        )
+    finally:
+        _drain(records)
+    return iter([result])
+
+
+def _flight_task(plan, attempt, table, batches, worker_args):
+    """Run ``plan`` on this process's Flight worker; ``(stage, task, url, metrics, error)``.
+
+    ``table``: the Spark table whose partition (``batches``) the task reads, or
+    None; ``worker_args``: :meth:`SparkRuntime.executor_worker_args`. A worker
+    started here says so to the driver's worker first (when there is one: not
+    on Spark Connect); when the driver answers that the query was closed
+    meanwhile, the task fails as cancelled.
+    """
+    key = plan.key
+    url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    bind_host, advertise_host, access, memory, driver_url = worker_args
+    access = DataPlaneAccess.of(access)
+    try:
+        new = access.token not in _EXECUTOR_WORKERS
+        worker = _executor_worker(bind_host, advertise_host, access, memory)
+        url = worker.url
+        if (
+            new
+            and driver_url is not None
+            and _executor_transport(access).worker_started(
+                driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
+            )
+        ):
+            msg = f"query {key.query_id} was closed before its task started"
+            raise QueryCancelledError(msg)
+        _maybe_inject_failure(key.stage_id, key.task_index, attempt)
+        with offering(key, table, batches):
+            metrics = worker.run_task(plan)
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
+        err = exc
+        if not isinstance(exc, TaskError):
+            err = task_error(key.stage_id, key.task_index, url, exc)
+        if isinstance(err, TaskPanicked) and driver_url is not None:  # fail the query now
+            _executor_transport(access).task_failed(
+                driver_url, key.query_id, error_to_dict(err), WORKER_STARTED_TIMEOUT_S
+            )
+        report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
+        return (key.stage_id, key.task_index, url, None, report)
+    return (key.stage_id, key.task_index, url, metrics.to_dict(), None)
+
+
+WORKER_STARTED_TIMEOUT_S = 5.0
+"""How long a new executor worker waits for the driver's answer to ``worker_started``
+(seconds); past it the task runs, and the driver learns the worker from its result."""
+
+_EXECUTOR_TRANSPORTS: dict[str, object] = {}
+"""This process's Flight transport to the runtime's workers, by token (head parts read with it)."""
+
+
+def _executor_transport(access: DataPlaneAccess | tuple):
+    access = DataPlaneAccess.of(access)
+    transport = _EXECUTOR_TRANSPORTS.get(access.token)
+    if transport is None:
+        transport = _EXECUTOR_TRANSPORTS[access.token] = access.transport()
+    return transport
+
+
+def part_batches(
+    part: HeadPart,
+    access: DataPlaneAccess | tuple,
+    budget: int | None,
+    threads: int,
+    attempt: int | None = None,
+    on_metrics=None,
+) -> Iterator[pa.RecordBatch]:
+    """Run head ``part`` in this process (an executor), reading its inputs over Flight.
+
+    Columns are the stage output's (``c0..``); ``on_metrics`` is called with
+    the part's :class:`TaskMetrics` after its last batch. After the first batch was
+    taken, :data:`FAIL_TASK_PROPERTY` naming the head stage and the part
+    fails it (tests: a task killed mid-write). Spills go to a temporary
+    directory deleted when the part ends.
+
+    Raises:
+        TaskError: an input could not be read (its producer failed, or the
+            query's outputs were released) or the fragment failed.
+    """
+    transport = _executor_transport(access)
+    with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
+        first = True
+        memory = TaskMemory(budget, spill)
+        batches = run_part(
+            part, transport, memory, target_partitions=threads, on_metrics=on_metrics
+        )
+        for b in batches:
+            yield b
+            if first:
+                first = False
+                _maybe_inject_failure(part.plan.key.stage_id, part.index, attempt)
+
+
+def _run_head_part(index, records, access, budget, threads, fn):
+    """Spark task of :meth:`_SparkFlightQuery.map_head_parts`: ``fn`` over one head part.
+
+    The record is ``(attempt, part)``. Returns one record ``(part index,
+    fn's result, error)``: ``error`` is the error codec's JSON (with
+    ``"attempts"``) when it failed. Never raises (see :func:`_run_flight_task`).
+    """
+    attempt, part = list(records)[0]
+    url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
+    try:
+        value = fn(part.index, attempt, part_batches(part, access, budget, threads, attempt))
+    except BaseException as exc:  # a native panic too (is_task_failure)
+        if not is_task_failure(exc):
+            raise
+        err = exc
+        if not isinstance(exc, TaskError):
+            err = task_error(part.plan.key.stage_id, part.index, url, exc)
+        report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
+        return iter([(part.index, None, report)])
+    return iter([(part.index, value, None)])
+
+
+def frame_function(parts: list[HeadPart], access: tuple, budget: int | None, threads: int, schema):
+    """The ``mapInArrow`` function of a result read by Spark (``SparkDataFrame.to_spark``).
+
+    Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
+    holds the one id *i*, and yields head part *i*'s batches, with
+    ``schema``'s names and types. Like :func:`_task_function`, it refers to
+    nothing of distfusion until it runs, and carries the driver's Python UDFs.
+    """
+    shipped = udfs.specs()
+    stores = object_store.specs()
+
+    def run(batches):
+        import distfusion.worker.spark_tasks as spark_tasks  # on the executor
+
+        if shipped:
+            spark_tasks.udfs.install(shipped)
+        if stores:
+            spark_tasks.object_store.install(stores)
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                try:
+                    for b in spark_tasks.part_batches(parts[i], access, budget, threads):
+                        yield spark_tasks.as_schema(b, schema)
+                except spark_tasks.QueryCancelledError as exc:
+                    msg = (
+                        f"{exc}: the distfusion result this Spark DataFrame reads was released "
+                        "(its DataFrame returned by to_spark() was garbage collected, "
+                        "release() was called, or the session closed); keep a reference "
+                        "to it until its last action"
+                    )
+                    raise spark_tasks.QueryCancelledError(msg) from exc
+
+    return run
+
+
+def as_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s names, its columns cast where types differ."""
+    columns = [
+        c if c.type == f.type else c.cast(f.type)
+        for c, f in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _maybe_inject_failure(stage_id: int, task_index: int, attempt: int | None = None) -> None:
+    """Raise when :data:`FAIL_TASK_PROPERTY` names this task and attempt (tests only).
+
+    ``attempt``: counted by the runtime (Flight data plane); None: Spark's.
+    """
+    from pyspark import TaskContext  # optional dependency
+
+    ctx = TaskContext.get()
+    spec = ctx.getLocalProperty(FAIL_TASK_PROPERTY) if ctx is not None else None
+    if not spec and ctx is not None:  # Spark Connect: a job tag "FAIL_TASK_PROPERTY=spec"
+        marker = f"{FAIL_TASK_PROPERTY}="
+        tags = (ctx.getLocalProperty("spark.job.tags") or "").split(",")
+        spec = next((t.split(marker, 1)[1] for t in tags if marker in t), None)
+    if not spec:
+        return
+    s, t, attempts = spec.split(":")
+    if int(s) != stage_id or int(t) != task_index:
+        return
+    attempt = ctx.attemptNumber() if attempt is None else attempt
+    if attempts == "always" or attempt < int(attempts):
+        msg = f"injected failure ({FAIL_TASK_PROPERTY}={spec}, attempt {attempt})"
+        raise RuntimeError(msg)
+
+
+def _report(err: TaskError) -> str:
+    """``err`` as the JSON report of :data:`ERROR_MARKER`, with Spark's attempt count.
+
+    The protocol's error codec (:func:`~distfusion.protocol.errors.error_to_dict`)
+    plus ``"attempts"``.
+    """
+    from pyspark import TaskContext  # optional dependency
+
+    ctx = TaskContext.get()
+    attempts = ctx.attemptNumber() + 1 if ctx is not None else 1
+    return json.dumps({**error_to_dict(err), "attempts": attempts})
+
+
+def _import_probe():
+    """The function of :meth:`SparkRuntime.check_executor_python`'s job: ``[]`` or the error.
+
+    A closure (cloudpickle ships it by value) using the standard library
+    only, so that an executor without distfusion unpickles and runs it.
+    """
+
+    def probe(_records):
+        try:
+            import datafusion  # noqa: F401
+            import pyarrow  # noqa: F401
+
+            import distfusion.worker.spark_tasks  # noqa: F401
+        except ImportError as exc:
+            return [f"{type(exc).__name__}: {exc}"]
+        return []
+
+    return probe
+
+
+EXECUTORS_SECTION = "Running on a Spark cluster: distfusion on the executors"
+"""The section of ``docs/spark.md`` saying how to install distfusion where Spark runs its tasks."""
