@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime
 import html
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -936,7 +936,7 @@ class _ExplainDataFrame(DistributedDataFrame):
         """The metrics of the explained query's last run (``EXPLAIN ANALYZE``)."""
         return self.inner.metrics()
 
-    def execute_stream(self, progress: bool = False) -> Iterator[pa.RecordBatch]:
+    def execute_stream(self, progress: bool = False) -> ResultStream:
         """One batch of the rows ``(plan_type, plan)`` (runs the query with ANALYZE).
 
         ``progress`` is not shown for an EXPLAIN.
@@ -944,7 +944,7 @@ class _ExplainDataFrame(DistributedDataFrame):
         rows = explain_rows(self.inner, self.analyze, self.verbose, self.format)
         columns = [pa.array([r[i] for r in rows], pa.string()) for i in (0, 1)]
         batch = pa.RecordBatch.from_arrays(columns, schema=EXPLAIN_SCHEMA)
-        return iter([batch])
+        return ResultStream(iter([batch]), lambda: None)
 
     def to_arrow_table(self, progress: bool = False) -> pa.Table:
         """The rows ``(plan_type, plan)`` as a table."""
