@@ -257,7 +257,8 @@ _ROOT_PREFIX = "distfusion-spill-"
 _ROOT = re.compile(rf"^{_ROOT_PREFIX}(\d+)-")
 
 
-def _running(pid: int) -> bool:
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (or exists as another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -283,7 +284,7 @@ def remove_stale_roots(parent: str) -> list[str]:
         return removed
     for name in names:
         m = _ROOT.match(name)
-        if m and not _running(int(m.group(1))):
+        if m and not is_running(int(m.group(1))):
             path = os.path.join(parent, name)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

@@ -56,7 +56,7 @@ from distfusion.runtime.spark.config import (
 )
 from distfusion.runtime.spark.flight_plane import _SparkFlightQuery
 from distfusion.runtime.spark.jobs import _missing_module_message, _translate_error
-from distfusion.runtime.spark.session import gateway_ends_with_this_process
+from distfusion.runtime.spark.session import gateway_ends_with_this_process, stop_session
 from distfusion.runtime.spark.shuffle_plane import _SparkQuery
 from distfusion.stages import StageGraph
 from distfusion.transport.feed_endpoint import FeedEndpoint
@@ -557,7 +557,7 @@ class SparkRuntime:
             self._driver_worker = None
         self.transport.close()
         if self._owns_session:
-            self.spark.stop()
+            stop_session(self.spark)
             self._owns_session = False
 
     def __repr__(self) -> str:

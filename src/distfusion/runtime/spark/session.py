@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["gateway_ends_with_this_process", "parent_death_signal"]
+from distfusion.worker.memory import is_running, remove_stale_roots
+
+__all__ = ["gateway_ends_with_this_process", "parent_death_signal", "stop_session"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -90,3 +95,42 @@ def gateway_ends_with_this_process() -> Iterator[None]:
         raise
     finally:
         java_gateway.Popen = original
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` (read from Linux's ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def stop_session(spark, wait_s: float = 5.0) -> None:
+    """Stop an embedded SparkSession, then delete the spill roots its Python workers left.
+
+    Spark ends its Python workers without running their finalizers, so a
+    worker's spill root (:class:`~distfusion.worker.memory.SpillDirs`) stays
+    until another root is made in the same directory. Waits up to ``wait_s``
+    seconds for the JVM's child processes to end first.
+    """
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    workers = _descendants(proc.pid) if proc is not None else set()
+    spark.stop()
+    deadline = time.monotonic() + wait_s
+    while workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+        workers = {p for p in workers if is_running(p)}
+    remove_stale_roots(tempfile.gettempdir())
