@@ -114,6 +114,9 @@ def test_peers_and_queries_are_checked():
         bench.parse_peers("datafusion,duckdb", "local")
     with pytest.raises(ValueError, match="--runtime spark"):
         bench.parse_peers("spark-sql", "local")
+    with pytest.raises(ValueError, match="spark-connect peer .* --runtime spark"):
+        bench.parse_peers("spark-connect", "flight")
+    assert bench.parse_peers("spark-connect,spark-sql", "spark") == ["spark-sql", "spark-connect"]
     assert main(["bench", "tpch", "--data", ".", "--queries", "1,23"]) == 1
 
 

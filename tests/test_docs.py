@@ -10,6 +10,10 @@ Conventions of the examples (docs/testing.md, "The docs"):
   for blocks that use Spark;
 - every line starting with ``distfusion `` of a ```bash block runs as a command
   there, with the same replacements;
+- a block that opens a Spark Connect session (``.remote("sc://localhost:15002")``)
+  runs in a Python process of its own (a Connect session switches the process's
+  ``pyspark.sql`` to Connect) against the Connect service of the test session's
+  Spark application;
 - a block right after a ``<!-- no-run -->`` line needs a real cluster, store or
   catalog: a Python one is only compiled.
 """
@@ -32,6 +36,7 @@ from tests.conftest import REPO
 
 RUNNABLE_DOCS = ("README.md", "docs/udfs.md")
 NO_RUN = "<!-- no-run -->"
+CONNECT_URL = "sc://localhost:15002"
 PACKAGE = REPO / "src" / "distfusion"
 
 
@@ -146,6 +151,9 @@ def test_python_blocks_run(block, request, tpch_dir, tmp_path, monkeypatch, caps
     compiled = compile(code, block.id, "exec")
     if not block.runs:
         return  # needs a cluster, a store or a catalog: valid Python is all we check
+    if CONNECT_URL in code:
+        _run_on_spark_connect(code, request, tmp_path)
+        return
     spark = None
     if "sparksession" in code.lower():
         spark = request.getfixturevalue("spark_session")  # the active session getOrCreate returns
@@ -167,6 +175,25 @@ def test_python_blocks_run(block, request, tpch_dir, tmp_path, monkeypatch, caps
                 spark.catalog.dropTempView(view)
     if "print(" in block.code:
         assert capsys.readouterr().out.strip(), "the example printed nothing"
+
+
+def _run_on_spark_connect(code: str, request, tmp_path: Path) -> None:
+    """Run ``code`` in a new interpreter against the test application's Connect service."""
+    pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
+    from distfusion.testing.connect_server import start_connect_server
+
+    url = start_connect_server(request.getfixturevalue("spark_session"))
+    done = subprocess.run(
+        [sys.executable, "-c", code.replace(CONNECT_URL, url)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if "print(" in code:
+        assert done.stdout.strip(), "the example printed nothing"
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,10 @@ The peers (``--peers``, :data:`PEERS`)::
     static       distfusion on the same runtime with DistributedConfig(adaptive=False)
     no-metrics   distfusion on the same runtime with DistributedConfig(operator_metrics=False):
                  what collecting every task's operator metrics costs
+    spark-connect
+                 distfusion through a Spark Connect session on the same Spark application
+                 (the Connect service started in its JVM, :mod:`distfusion.testing.connect_server`):
+                 what a Connect session costs against the classic one (Spark runtime only)
 
 ``--local-s3`` reads the data from a local S3-protocol server (moto's, in its own
 process on 127.0.0.1, :mod:`distfusion.testing.s3_server`): ``--data`` is
@@ -58,6 +62,8 @@ from distfusion import object_store, tpch
 from distfusion.context import DistributedConfig, DistributedContext
 from distfusion.coordinator.statements import plan_statements, split_statements
 from distfusion.runtime.registry import runtime_from_name, runtime_options
+from distfusion.runtime.spark import SparkConnectRuntime, connect_session
+from distfusion.testing.connect_server import start_connect_server
 
 __all__ = [
     "PEERS",
@@ -75,7 +81,7 @@ __all__ = [
 Runner = Callable[[str], pa.Table]
 """Runs one SQL text to completion; returns the result (collected as Arrow)."""
 
-PEERS = ("datafusion", "spark-sql", "local", "flight", "static", "no-metrics")
+PEERS = ("datafusion", "spark-sql", "local", "flight", "static", "no-metrics", "spark-connect")
 """Peer names ``--peers`` accepts, in display order."""
 
 SLOWER_TOLERANCE = 0.05
@@ -96,7 +102,8 @@ def parse_peers(spec: str | None, runtime_name: str) -> list[str]:
         runtime_name: distfusion's runtime (``spark``, ``local``, ``flight``).
 
     Raises:
-        ValueError: an unknown peer name, or ``spark-sql`` without the Spark runtime.
+        ValueError: an unknown peer name, or ``spark-sql`` or ``spark-connect``
+            without the Spark runtime.
 
     >>> parse_peers(None, "spark")
     ['datafusion', 'spark-sql']
@@ -110,9 +117,10 @@ def parse_peers(spec: str | None, runtime_name: str) -> list[str]:
     if unknown:
         msg = f"unknown peer(s) {', '.join(sorted(unknown))}; choose from {', '.join(PEERS)}"
         raise ValueError(msg)
-    if "spark-sql" in names and runtime_name != "spark":
-        msg = "the spark-sql peer runs on the Spark runtime's session: use --runtime spark"
-        raise ValueError(msg)
+    for peer in ("spark-sql", "spark-connect"):
+        if peer in names and runtime_name != "spark":
+            msg = f"the {peer} peer runs on the Spark runtime's session: use --runtime spark"
+            raise ValueError(msg)
     return [p for p in PEERS if p in names]
 
 
@@ -205,7 +213,12 @@ def _peer_runners(
 
     ``static`` shares distfusion's runtime (so it is not closed here: the main
     context owns it); ``local`` gets its own LocalRuntime with ``args.workers``,
-    ``flight`` its own FlightRuntime with 3 local worker processes.
+    ``flight`` its own FlightRuntime with 3 local worker processes;
+    ``spark-connect`` a SparkConnectRuntime on a Connect session to the
+    Spark runtime's own application (same executors and task slots).
+
+    Raises:
+        ImportError: ``spark-connect`` without pyspark's Connect client.
     """
     runners: dict[str, Runner] = {}
     for peer in peers:
@@ -239,6 +252,16 @@ def _peer_runners(
             quiet = DistributedContext(runtime=runtime, config=config)
             tpch.register_tpch(quiet, args.data)
             runners[peer] = DistfusionRunner(quiet)
+        elif peer == "spark-connect":
+            url = start_connect_server(runtime.spark)
+            session = connect_session(url)
+            stack.callback(session.stop)  # after its context closes, before the application
+            remote = SparkConnectRuntime(spark=session, progress=False)
+            own = stack.enter_context(
+                DistributedContext(runtime=remote, config=_memory_config(args))
+            )
+            tpch.register_tpch(own, args.data)
+            runners[peer] = DistfusionRunner(own)
     return runners
 
 

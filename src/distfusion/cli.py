@@ -147,9 +147,7 @@ def cmd_query(args) -> int:
     except (ValueError, ImportError, AttributeError) as exc:
         print(f"error: --udf {exc}", file=sys.stderr)
         return 2
-    with DistributedContext(
-        runtime=lambda: make_runtime(args), config=config
-    ) as ctx:
+    with DistributedContext(runtime=lambda: make_runtime(args), config=config) as ctx:
         udfs.add_to(ctx.ctx)
         _register_tables(ctx, args)
         df = ctx.sql(sql)
@@ -378,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
         "spark-sql (Spark runtime only), local (distfusion's local runtime, same --workers), "
         "flight (the Flight runtime, 3 local worker processes), "
         "static (same runtime, adaptive execution off), "
-        "no-metrics (same runtime, operator metrics off); "
+        "no-metrics (same runtime, operator metrics off), "
+        "spark-connect (a Spark Connect session on the same Spark application; Spark runtime only); "
         "default: datafusion, plus spark-sql on the Spark runtime",
     )
     b.add_argument(
