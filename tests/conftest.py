@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 # Streamed exchanges on for the whole suite (and the workers it starts): the
@@ -17,6 +20,15 @@ for _var, _value in (
     ("AWS_REGION", "us-east-1"),
 ):
     os.environ.setdefault(_var, _value)
+
+# The test session's own temporary directory, for it and every process it
+# starts (Flight workers, Spark's JVM and Python workers): what distfusion leaves
+# there is found when the session ends (pytest_sessionfinish), whatever else
+# runs on the machine. pytest's own tmp_path directories stay where they were.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="pytest-session-tmp-"))
+os.environ["TMPDIR"] = str(SESSION_TMP)
+tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 import pytest  # noqa: E402
 from datafusion import SessionContext  # noqa: E402
@@ -182,6 +194,35 @@ def pytest_configure(config):
         "markers",
         "connect_gap(raises, reason): the test cannot hold on Spark Connect (a strict xfail there)",
     )
+
+
+LEFTOVER_WAIT_S = 30.0
+"""How long the session's end waits for processes that are ending to remove their files."""
+
+
+def distfusion_leftovers(root: Path) -> list[str]:
+    """Names under ``root`` (one level) that distfusion made: ``distfusion-*``."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("distfusion"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when distfusion left files in the session's temporary directory.
+
+    Runs after every fixture's teardown; waits up to :data:`LEFTOVER_WAIT_S`
+    for worker processes that are ending (issue 25: nothing distfusion creates
+    may outlive the query or the process that made it).
+    """
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    while (left := distfusion_leftovers(SESSION_TMP)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"distfusion left {len(left)} entries in the temporary directory: {left[:20]}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):
