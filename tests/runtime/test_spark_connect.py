@@ -25,7 +25,7 @@ from distfusion import (
     tpch,
 )
 from distfusion.runtime.spark import job_group
-from distfusion.runtime.spark.connect import SparkConnectRuntime
+from distfusion.runtime.spark.connect import SparkConnectRuntime, executors_next_to_client
 from tests.compare import assert_same_result, is_ordered, oracle_result
 from tests.cpu import IDLE_CPU_S, cpu_in, wait_until_idle
 from tests.runtime.test_cancellation import SHUFFLED, STOP_TIMEOUT_S, STOP_WITHIN_S, STREAMED_JOIN
@@ -33,7 +33,20 @@ from tests.runtime.test_cancellation import SHUFFLED, STOP_TIMEOUT_S, STOP_WITHI
 
 @pytest.fixture(scope="module")
 def runtime(connect_session):
-    """``SparkRuntime(spark=<Connect session>)``: a SparkConnectRuntime, closed after the module."""
+    """``SparkRuntime(spark=<Connect session>)``: a SparkConnectRuntime, closed after the module.
+
+    Its heads run as Spark jobs, as on a deployment whose client the executors
+    and the client cannot reach each other (the test server is on this
+    machine, where heads would run on the client: :func:`client_runtime`).
+    """
+    rt = SparkRuntime(spark=connect_session, head_on_client=False)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def client_runtime(connect_session):
+    """The default SparkConnectRuntime of a local server: heads run on the client."""
     rt = SparkRuntime(spark=connect_session)
     yield rt
     rt.close()
@@ -91,6 +104,36 @@ def test_tpch(ctx, runtime, oracle, q):
     assert_same_result(got, oracle_result(oracle, sql), ordered=is_ordered(sql))
     # Nothing listens on the client: the executors never connect to it.
     assert runtime._driver_worker is None and runtime._feed_endpoint is None
+
+
+@pytest.mark.parametrize("q", [3, 5, 18, 21])
+def test_heads_on_the_client_read_the_executors(
+    client_runtime, tpch_dir, oracle, spark_session, connect_session, q
+):
+    """A local server's runtime runs heads here: one Spark job per round, none for the head."""
+    assert client_runtime.head_on_client and client_runtime.local
+    ctx = DistributedContext(runtime=client_runtime, config=DistributedConfig(tasks_per_stage=2))
+    tpch.register_tpch(ctx, tpch_dir)
+    sql = tpch.query(q)
+    graph = ctx.sql(sql).stage_graph()
+    got = pa.Table.from_batches(list(client_runtime.execute(graph)))
+    expected = oracle_result(oracle, sql)
+    assert_same_result(got.rename_columns(expected.column_names), expected, is_ordered(sql))
+    jobs = _jobs(spark_session, connect_session, job_group(graph.query_id))
+    depth: dict[int, int] = {}
+    for stage in graph.stages[:-1]:
+        depth[stage.stage_id] = max((depth[i.stage_id] + 1 for i in stage.inputs), default=0)
+    assert len(jobs) == max(depth.values()) + 1  # a job per round, none for the head
+    _nothing_held(client_runtime)  # the head cancelled the query on every worker, from here
+
+
+def test_heads_run_on_the_client_by_default_only_next_to_a_local_server(runtime, client_runtime):
+    assert client_runtime.server_host == "127.0.0.1" and client_runtime.head_on_client
+    assert not runtime.head_on_client  # asked for
+    assert executors_next_to_client("local[2]", "localhost")
+    assert not executors_next_to_client("local[*]", "spark.example")  # the executors are there
+    assert not executors_next_to_client("yarn", "127.0.0.1")  # a cluster's executors
+    assert not executors_next_to_client(None, "127.0.0.1")  # the server does not say
 
 
 def test_the_query_runs_as_tagged_jobs_and_frees_every_output(

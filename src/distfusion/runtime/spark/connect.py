@@ -126,7 +126,17 @@ CLEANUP_WAIT_S = 30.0
 """Most seconds :meth:`SparkConnectRuntime.close` waits for the cleanup jobs still running."""
 
 _SPLITS = re.compile(r"splits=(\d+)")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _TAG_UNSAFE = re.compile(r"[,\s]+")
+
+
+def executors_next_to_client(master: str | None, host: str) -> bool:
+    """Whether the executors are on the client's machine: a local-mode server on loopback.
+
+    ``master`` is the server application's ``spark.master`` (None: not
+    exposed), ``host`` the server's host as the client names it.
+    """
+    return (master or "").startswith("local") and host in _LOOPBACK
 
 
 def _tag(text: str) -> str:
@@ -191,6 +201,14 @@ class SparkConnectRuntime(SparkRuntime):
         progress: not used (Spark's console progress is the server's).
         executor_wait_s: not used.
         data_plane: ``"flight"`` only (the shuffle data plane needs RDDs).
+        head_on_client: where a query's head stage runs. True: on this client,
+            reading the executors' Flight workers directly, as on a classic
+            session (one Spark job less per query; the client must reach the
+            executors). False: as a one-task Spark job whose result comes back
+            through Connect (nothing connects to the client or from it). None
+            (default): True when the server is on this machine
+            (``localhost``/``127.0.0.1``) and runs in local mode, so its
+            executors are too; False otherwise.
 
     Raises:
         TypeError: ``spark`` is not a Spark Connect session.
@@ -213,6 +231,7 @@ class SparkConnectRuntime(SparkRuntime):
         progress: bool = False,
         executor_wait_s: float = 60.0,
         data_plane: str = "flight",
+        head_on_client: bool | None = None,
     ) -> None:
         if not is_connect_session(spark):
             msg = f"SparkConnectRuntime needs a Spark Connect session, got {type(spark)!r}"
@@ -262,13 +281,21 @@ class SparkConnectRuntime(SparkRuntime):
         self.progress_handler = _ProgressHandler()
         with contextlib.suppress(Exception):  # a client without progress reports
             spark.registerProgressHandler(self.progress_handler)
+        if head_on_client is None:
+            head_on_client = executors_next_to_client(self._conf["spark.master"], self.server_host)
+        self.head_on_client = head_on_client
+        """Whether heads run on this client, reading the executors (see ``head_on_client``)."""
+
+    @property
+    def server_host(self) -> str:
+        """The Connect server's host name, as the session was given it."""
+        return getattr(self.spark.client, "host", "?")
 
     @property
     def master(self) -> str:
         """The Connect server, ``sc://host``, and its application's master when it says."""
-        host = getattr(self.spark.client, "host", "?")
         master = self._conf["spark.master"]
-        return f"sc://{host}" + (f" ({master})" if master else "")
+        return f"sc://{self.server_host}" + (f" ({master})" if master else "")
 
     @property
     def local(self) -> bool:
@@ -561,8 +588,11 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         return sum(d for d, _ in ops), sum(t for _, t in ops)
 
     def _cancel_on_workers(self, urls: list[str]) -> None:
-        """Noted: one job tells them all when the run is forgotten (:meth:`_forget`)."""
-        self._to_cancel.update(urls)
+        """Told now when heads run here, else noted: one job tells them all (:meth:`_forget`)."""
+        if self.runtime.head_on_client:
+            super()._cancel_on_workers(urls)
+        else:
+            self._to_cancel.update(urls)
 
     def _forget(self) -> None:
         super()._forget()
@@ -584,10 +614,17 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         return False
 
     def _before_head(self) -> None:
-        """Nothing asked: outputs lost since they ran are found when the head fails."""
+        """As on a classic session when heads run here; else nothing asked (a failed head says)."""
+        if self.runtime.head_on_client:
+            super()._before_head()
 
     def _lost_workers(self) -> set[str]:
-        """Workers holding outputs of this query that no longer answer (one Spark job)."""
+        """Workers holding outputs of this query that no longer answer.
+
+        Asked from here when heads run here, else by one Spark job.
+        """
+        if self.runtime.head_on_client:
+            return super()._lost_workers()
         urls = sorted(set(self.placement.values()))
         if not urls:
             return set()
@@ -606,7 +643,9 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         batches come back through the Connect client as they are sent; once
         the last one is out, it cancels the query on every worker. Before its
         first batch, a head that failed because outputs it reads were lost
-        runs again after they were computed again. Ends the query.
+        runs again after they were computed again. Ends the query. With
+        ``head_on_client``, the head runs here instead, reading the executors
+        (:meth:`WorkerQueryRun.stream_head`).
 
         Raises:
             PlanningError: the graph reads a work unit feed.
@@ -614,6 +653,14 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             TaskError: a task or the head failed.
             TransportError: Spark failed a job.
         """
+        if self.runtime.head_on_client:
+            try:
+                self._refuse_feeds(graph)
+            except PlanningError:
+                self.close()
+                raise
+            yield from super().stream_head(graph)
+            return
         try:
             self._refuse_feeds(graph)
             plan = self._head_plan(graph)
