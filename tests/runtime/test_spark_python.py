@@ -92,3 +92,39 @@ def test_executors_without_distfusion_fail_with_one_short_error(spark, bare_pyth
     assert "During handling" not in printed and "direct cause" not in printed, printed
     assert len(printed.splitlines()) < 40, printed
     assert "Py4JJavaError" not in printed and "at org.apache" not in printed
+
+
+# Run in a process of its own: importing distfusion_spark_daemon patches pyspark.daemon.
+IDLE_WORKER = """
+import os, socket
+os.environ["PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE"] = "1"  # Spark's default
+import pyspark.daemon
+import distfusion_spark_daemon
+
+def closed_by_the_executor():
+    worker_end, executor_end = socket.socketpair(socket.AF_UNIX)
+    executor_end.close()  # Spark closes an idle worker's socket
+    return worker_end
+
+try:  # PySpark's own daemon function: the traceback users saw
+    distfusion_spark_daemon._pyspark_worker(closed_by_the_executor(), True)
+except BrokenPipeError:
+    print("pyspark: BrokenPipeError")
+print("distfusion:", pyspark.daemon.worker(closed_by_the_executor(), True))
+"""
+
+
+def test_an_idle_workers_closed_unix_socket_ends_it_without_a_traceback():
+    """Issue 25: PySpark daemon tracebacks between successful queries (idle workers' sockets)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", IDLE_WORKER], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["pyspark: BrokenPipeError", "distfusion: 1"], proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_embedded_session_runs_the_quiet_daemon(spark):
+    assert (
+        spark.sparkContext.getConf().get("spark.python.daemon.module") == "distfusion_spark_daemon"
+    )

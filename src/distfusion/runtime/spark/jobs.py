@@ -24,6 +24,17 @@ from distfusion.protocol.errors import (
 from distfusion.worker.spark_tasks import ERROR_MARKER, EXECUTORS_SECTION
 
 _MISSING_MODULE = re.compile(r"No module named '(distfusion|datafusion|pyarrow)[^']*'")
+# The embedded session's Python daemon (distfusion_spark_daemon) did not start:
+# Spark reports only that it read no port from it (the ImportError is in its log).
+_MISSING_DAEMON = "port number from distfusion_spark_daemon's stdout"
+
+
+def missing_module(text: str) -> str | None:
+    """The import error of executors lacking distfusion that Spark's error ``text`` shows."""
+    found = _MISSING_MODULE.search(text)
+    if found:
+        return found.group(0)
+    return "No module named 'distfusion_spark_daemon'" if _MISSING_DAEMON in text else None
 
 
 def job_group(query_id: str) -> str:
@@ -98,7 +109,7 @@ def _spark_call(action, check_open, master: str):
     except Exception as exc:
         check_open()
         err = _translate_error(exc, master)
-        if _MISSING_MODULE.search(str(exc)):  # Spark's Java trace adds nothing to it
+        if missing_module(str(exc)):  # Spark's Java trace adds nothing to it
             raise err from None
         raise err from exc
     check_open()
@@ -138,9 +149,9 @@ def _translate_error(exc: Exception, master: str) -> Exception:
             cause += f" (Spark gave up after {r['attempts']} attempts)"
         tb = err.remote_traceback or text
         return TaskError(err.stage_id, err.task_index, err.worker, cause, tb)
-    missing = _MISSING_MODULE.search(text)
+    missing = missing_module(text)
     if missing:
-        return TransportError(_missing_module_message(None, missing.group(0)))
+        return TransportError(_missing_module_message(None, missing))
     last = _last_python_line(text) or text.strip().splitlines()[0] if text.strip() else repr(exc)
     return TransportError(f"Spark job failed on {master}: {last}")
 

@@ -55,7 +55,7 @@ from distfusion.runtime.spark.config import (
     with_local_retries,
 )
 from distfusion.runtime.spark.flight_plane import _SparkFlightQuery
-from distfusion.runtime.spark.jobs import _missing_module_message, _translate_error
+from distfusion.runtime.spark.jobs import _missing_module_message, _translate_error, missing_module
 from distfusion.runtime.spark.session import gateway_ends_with_this_process, stop_session
 from distfusion.runtime.spark.shuffle_plane import _SparkQuery
 from distfusion.stages import StageGraph
@@ -171,6 +171,9 @@ class SparkRuntime:
                     # Unix sockets to the Python workers: no TCP delayed-ACK
                     # stalls; ~40 ms less per Spark task here.
                     "spark.python.unix.domain.socket.enabled": "true",
+                    # PySpark's daemon, quiet when Spark closes an idle worker's
+                    # Unix socket (distfusion_spark_daemon).
+                    "spark.python.daemon.module": "distfusion_spark_daemon",
                     **(conf or {}),
                 }
                 builder = SparkSession.builder.master(
@@ -420,6 +423,9 @@ class SparkRuntime:
                 try:
                     failure = probe.collect()
                 except Exception as exc:  # e.g. a Python PySpark refuses (another version)
+                    missing = missing_module(str(exc))
+                    if missing:  # the embedded session's daemon did not start
+                        raise TransportError(_missing_module_message(python, missing)) from None
                     raise _translate_error(exc, self.sc.master) from None
                 if failure:
                     raise TransportError(_missing_module_message(python, failure[0]))
