@@ -71,6 +71,14 @@ def _running(jobs) -> list:
     return [j for j in jobs if str(j.status()) == "RUNNING"]
 
 
+def _rounds(graph) -> int:
+    """How many rounds of tasks run the stages before the head (a stage's round: its depth)."""
+    depth: dict[int, int] = {}
+    for stage in graph.stages[:-1]:
+        depth[stage.stage_id] = max((depth[i.stage_id] + 1 for i in stage.inputs), default=0)
+    return max(depth.values()) + 1
+
+
 def _leaf(df):
     return next(s for s in df.stage_graph().stages if s.is_leaf and s.num_tasks == 2)
 
@@ -120,10 +128,7 @@ def test_heads_on_the_client_read_the_executors(
     expected = oracle_result(oracle, sql)
     assert_same_result(got.rename_columns(expected.column_names), expected, is_ordered(sql))
     jobs = _jobs(spark_session, connect_session, job_group(graph.query_id))
-    depth: dict[int, int] = {}
-    for stage in graph.stages[:-1]:
-        depth[stage.stage_id] = max((depth[i.stage_id] + 1 for i in stage.inputs), default=0)
-    assert len(jobs) == max(depth.values()) + 1  # a job per round, none for the head
+    assert len(jobs) == _rounds(graph)  # a job per round, none for the head
     _nothing_held(client_runtime)  # the head cancelled the query on every worker, from here
 
 
@@ -146,10 +151,7 @@ def test_the_query_runs_as_tagged_jobs_and_frees_every_output(
     expected = oracle_result(oracle, sql)
     assert_same_result(got.rename_columns(expected.column_names), expected, is_ordered(sql))
     jobs = _jobs(spark_session, connect_session, job_group(graph.query_id))
-    depth: dict[int, int] = {}
-    for stage in graph.stages[:-1]:
-        depth[stage.stage_id] = max((depth[i.stage_id] + 1 for i in stage.inputs), default=0)
-    assert len(jobs) == max(depth.values()) + 1 + 1  # a job per round, one for the head
+    assert len(jobs) == _rounds(graph) + 1  # a job per round, one for the head
     assert all(str(j.status()) == "SUCCEEDED" for j in jobs)
     assert job_group(graph.query_id) not in connect_session.getTags()
     _nothing_held(runtime)  # the head task cancelled the query on every worker
