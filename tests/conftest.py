@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -35,6 +37,7 @@ from datafusion import SessionContext  # noqa: E402
 
 from distfusion import tpch  # noqa: E402
 from distfusion.runtime.registry import runtime_from_name  # noqa: E402
+from distfusion.worker.memory import is_running  # noqa: E402
 from tests.flight_cluster import start_workers, stop_workers  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 
@@ -196,13 +199,26 @@ def pytest_configure(config):
     )
 
 
+SPILL_ROOT = re.compile(r"^distfusion-spill-(\d+)-")
 LEFTOVER_WAIT_S = 30.0
 """How long the session's end waits for processes that are ending to remove their files."""
 
 
 def distfusion_leftovers(root: Path) -> list[str]:
-    """Names under ``root`` (one level) that distfusion made: ``distfusion-*``."""
-    return sorted(p.name for p in root.iterdir() if p.name.startswith("distfusion"))
+    """Names under ``root`` (one level) that distfusion made and nothing will delete.
+
+    Everything named ``distfusion-*``, but the spill roots of processes still
+    running (``distfusion-spill-<pid>-...``): this one's in-process workers'
+    roots are deleted when they are closed or collected, else when it exits.
+    """
+    left = []
+    for path in root.iterdir():
+        owner = SPILL_ROOT.match(path.name)
+        if owner and is_running(int(owner.group(1))):
+            continue
+        if path.name.startswith("distfusion"):
+            left.append(path.name)
+    return sorted(left)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -212,6 +228,7 @@ def pytest_sessionfinish(session, exitstatus):
     for worker processes that are ending (issue 25: nothing distfusion creates
     may outlive the query or the process that made it).
     """
+    gc.collect()  # unreachable runtimes' finalizers delete their spill roots
     deadline = time.monotonic() + LEFTOVER_WAIT_S
     while (left := distfusion_leftovers(SESSION_TMP)) and time.monotonic() < deadline:
         time.sleep(0.5)

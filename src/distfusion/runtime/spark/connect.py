@@ -179,6 +179,16 @@ class _ProgressHandler:
             else:
                 self.inflight[operation_id] = inflight_tasks
 
+    def ended(self, run: _ConnectFlightQuery) -> None:
+        """``run``'s job returned, failed or was interrupted: none of its tasks runs now.
+
+        An interrupted job's last report may still count running tasks (no
+        report says it is done).
+        """
+        with self._lock:
+            for operation_id in run.operations:
+                self.inflight.pop(operation_id, None)
+
 
 class SparkConnectRuntime(SparkRuntime):
     """Runs stage graphs on a Spark Connect session: each round of tasks a DataFrame job.
@@ -732,6 +742,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             raise
         finally:
             self._running = False
+            self.runtime.progress_handler.ended(self)
 
     @contextlib.contextmanager
     def _tagged(self, stage_ids: list[int]):
