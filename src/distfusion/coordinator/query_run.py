@@ -437,10 +437,7 @@ class WorkerQueryRun:
             # should this process die before close() (worker.memory.remove_stale_roots)
             prefix = f"distfusion-spill-{os.getpid()}-head-{self.query_id[:8]}-"
             self._head_spill_dir = tempfile.mkdtemp(prefix=prefix)
-            budget = (
-                graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
-            )
-            memory = TaskMemory(budget, self._head_spill_dir)
+            memory = TaskMemory(self.head_budget(graph), self._head_spill_dir)
 
             def opener(url: str, producer: TaskKey, part: int):
                 return lambda: self.transport.execute_partition(url, producer, part)
@@ -464,6 +461,14 @@ class WorkerQueryRun:
             raise
         finally:
             self.close()
+
+    def head_budget(self, graph: StageGraph) -> int:
+        """The head stage's memory pool, bytes (the one place it is resolved).
+
+        The graph's ``memory_per_task_bytes`` (the query's setting), else
+        ``head_memory_bytes``, else a quarter of the machine's memory.
+        """
+        return graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
 
     @contextlib.contextmanager
     def _closed_on_error(self) -> Iterator[None]:
@@ -538,9 +543,7 @@ class WorkerQueryRun:
         parts = self.head_parts(graph, split)
         if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
             return [fn(0, 0, self.stream_head(graph))]
-        budget = (
-            graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
-        )
+        budget = self.head_budget(graph)
         threads = task_threads(self.target_partitions, len(parts), len(self.urls))
 
         def one(part: HeadPart):

@@ -309,6 +309,14 @@ class SparkRuntime:
             self._memory_per_task_bytes = spark_memory_per_task_bytes(conf, slots)
         return self._memory_per_task_bytes
 
+    def task_memory_bytes(self, graph: StageGraph) -> int:
+        """The memory pool of a task of ``graph`` here, bytes (the one place it is resolved).
+
+        The graph's ``memory_per_task_bytes`` (the query's setting), else
+        :attr:`memory_per_task_bytes`.
+        """
+        return graph.memory_per_task_bytes or self.memory_per_task_bytes
+
     @property
     def broadcast_copies(self) -> int:
         """Copies of a broadcast Spark makes at most: one per task slot's Python worker.
