@@ -83,7 +83,7 @@ def flight_workers_with_gate():
 # 2 gated calls + 3 pulls of the 6 threads of 2 cores (with 2 partitions, all 6).
 @pytest.fixture(params=["local", "flight"])
 def runtime(request, monkeypatch):
-    monkeypatch.setattr(stream_inputs, "STREAM_TASK_INPUTS", True)  # the join stage's too
+    monkeypatch.setenv("DISTFUSION_STREAM_TASK_INPUTS", "1")  # the join stage's too
     if request.param == "local":
         rt = LocalRuntime(workers=2, slots=2, target_partitions=1)
     else:

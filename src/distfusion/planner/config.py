@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+from distfusion.protocol.environment import environment_switches
 
 __all__ = ["DistributedConfig", "PlannerConfig", "RuntimeProfile"]
 
@@ -151,6 +152,18 @@ class DistributedConfig:
             executed plan (0.2-1 ms per task) and the bytes to carry it back;
             ``distfusion bench tpch --peers no-metrics`` measures the
             difference. False: tasks still report time, CPU, rows and bytes.
+        stream_task_inputs: tasks on workers stream their inputs, batch by
+            batch as their producers make them, rather than read them whole
+            first (the head stage always streams; see
+            :mod:`distfusion.worker.stream_inputs`). None (default): the
+            coordinator's ``DISTFUSION_STREAM_TASK_INPUTS`` environment
+            variable when set (``1``: on; anything else: off), read when the
+            query is planned (:meth:`PlannerConfig.for_runtime`), else each
+            worker's own (its ``DISTFUSION_STREAM_TASK_INPUTS``; off when
+            unset). Off by default: it gained nothing on TPC-H
+            (docs/benchmarks.md, "Streamed exchanges"). The setting reaches
+            every task in its plan (``TaskPlan.stream_inputs``), on every
+            runtime.
 
     Raises:
         ValueError: ``memory_per_task_bytes`` is not a positive integer or None.
@@ -167,6 +180,7 @@ class DistributedConfig:
     adaptive_shuffle_bytes: int = 256 * 1024 * 1024
     memory_per_task_bytes: int | None = None
     operator_metrics: bool = True
+    stream_task_inputs: bool | None = None
 
     def __post_init__(self) -> None:
         m = self.memory_per_task_bytes
@@ -228,6 +242,12 @@ class PlannerConfig(DistributedConfig):
     def for_runtime(cls, settings: DistributedConfig, runtime: object) -> PlannerConfig:
         """``settings`` completed with ``runtime``'s workers and :class:`RuntimeProfile`.
 
+        Settings left to the environment are resolved here, once per planning
+        (``stream_task_inputs``:
+        :func:`~distfusion.protocol.environment.environment_switches`); the
+        planner writes them into the stages of the graph it makes, which is
+        what tasks read.
+
         ``runtime``: a :class:`~distfusion.coordinator.query_run.Runtime`
         (``num_workers()``, and ``profile()``: :meth:`RuntimeProfile.of`).
 
@@ -237,6 +257,8 @@ class PlannerConfig(DistributedConfig):
         profile = RuntimeProfile.of(runtime)
         values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(DistributedConfig)}
         values["estimator"] = settings.task_estimator(profile)
+        if settings.stream_task_inputs is None:  # the environment may say (one place)
+            values["stream_task_inputs"] = environment_switches().stream_task_inputs
         return cls(
             **values,
             workers=runtime.num_workers(),
