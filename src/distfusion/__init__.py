@@ -30,6 +30,7 @@ from distfusion.metrics import (
     StageMetrics,
     TaskMetrics,
 )
+from distfusion.planner.config import RuntimeProfile
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.resolver import (
     DynamicWorkerResolver,
@@ -80,6 +81,7 @@ __all__ = [
     "QueryCancelledError",
     "QueryMetrics",
     "Runtime",
+    "RuntimeProfile",
     "SparkRuntime",
     "SparkWorkerResolver",
     "StageGraph",

@@ -156,6 +156,10 @@ class Stage:
             execution recognises a stage that ran when it plans again.
         operator_metrics: its tasks report DataFusion's metrics of every
             operator they ran (``DistributedConfig.operator_metrics``).
+        stream_inputs: its tasks on workers stream their inputs rather than
+            read them whole first (``DistributedConfig.stream_task_inputs``,
+            resolved when the graph was planned); None: each worker's own
+            default (:func:`~distfusion.worker.stream_inputs.streams_task_inputs`).
     """
 
     stage_id: int
@@ -171,6 +175,7 @@ class Stage:
     estimated_max_bytes: float = 0.0
     computation: str = ""
     operator_metrics: bool = True
+    stream_inputs: bool | None = None
 
     @property
     def is_leaf(self) -> bool:

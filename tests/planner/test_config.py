@@ -5,20 +5,67 @@ See tests/planner/helpers.py for the tables and checks these share.
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from distfusion import DistributedConfig
+from distfusion.planner.config import PlannerConfig, RuntimeProfile
+from distfusion.planner.estimate import DefaultTaskEstimator
+
+SPARK_LIKE = RuntimeProfile(
+    bytes_per_task=256 * 2**20, wave_bytes_per_task=2048 * 2**20, shuffle_bytes_per_task=64 * 2**20
+)
 
 
 def test_a_users_bytes_per_task_turns_the_runtimes_sizes_off():
-    class SparkLike:
-        bytes_per_task = 256 * 2**20
-        wave_bytes_per_task = 2048 * 2**20
-        shuffle_bytes_per_task = 64 * 2**20
-
-    runtimes = DistributedConfig().task_estimator(SparkLike())
+    runtimes = DistributedConfig().task_estimator(SPARK_LIKE)
     assert (runtimes.wave_bytes_per_task, runtimes.shuffle_bytes_per_task) == (2**31, 2**26)
-    user = DistributedConfig(bytes_per_task=2**20).task_estimator(SparkLike())
+    user = DistributedConfig(bytes_per_task=2**20).task_estimator(SPARK_LIKE)
     assert (user.bytes_per_task, user.wave_bytes_per_task, user.shuffle_bytes_per_task) == (
         2**20,
         None,
         None,
     )
+
+
+def test_profile_defaults_are_a_runtime_that_declares_nothing():
+    profile = RuntimeProfile()
+    assert profile == RuntimeProfile(
+        bytes_per_task=DefaultTaskEstimator.bytes_per_task,
+        wave_bytes_per_task=None,
+        shuffle_bytes_per_task=None,
+        max_tasks=None,
+        broadcast_copies=None,
+        remote_workers=False,
+        reads_spark_dataframes=False,
+        explain_note="",
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        profile.max_tasks = 3  # type: ignore[misc]
+
+    class Bare:  # a runtime written before profiles: the defaults
+        def num_workers(self) -> int:
+            return 3
+
+    assert RuntimeProfile.of(Bare()) == profile
+    config = PlannerConfig.for_runtime(DistributedConfig(), Bare())
+    assert (config.workers, config.task_cap, config.broadcast_copies) == (3, 3, None)
+    assert not config.remote_workers
+    assert config.estimator == DefaultTaskEstimator()
+
+
+def test_planner_config_takes_the_declared_profile():
+    class Declared:
+        def num_workers(self) -> int:
+            return 2
+
+        def profile(self) -> RuntimeProfile:
+            return dataclasses.replace(
+                SPARK_LIKE, max_tasks=1024, broadcast_copies=2, remote_workers=True
+            )
+
+    config = PlannerConfig.for_runtime(DistributedConfig(), Declared())
+    assert (config.workers, config.task_cap, config.broadcast_copies) == (2, 1024, 2)
+    assert config.remote_workers
+    assert config.estimator == DefaultTaskEstimator(256 * 2**20, None, 2**31, 2**26)

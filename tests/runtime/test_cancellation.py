@@ -30,7 +30,6 @@ import pytest
 from distfusion import DistributedConfig, DistributedContext, QueryCancelled, tpch
 from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
-from distfusion.worker import stream_inputs
 from distfusion.worker.worker import Worker
 from tests.cpu import IDLE_CPU_S, cpu_in, wait_until_idle
 from tests.flight_cluster import start_workers, stop_workers
@@ -161,7 +160,7 @@ def _interrupt_streamed_join(runtime, tpch_dir, pids: list[int], urls: list[str]
 @pytest.fixture(params=["replayed", "streamed"])
 def task_inputs(request, monkeypatch):
     """How tasks in this process read their inputs: replayed from memory (the default) or streamed."""
-    monkeypatch.setattr(stream_inputs, "STREAM_TASK_INPUTS", request.param == "streamed")
+    monkeypatch.setenv("DISTFUSION_STREAM_TASK_INPUTS", "1" if request.param == "streamed" else "0")
 
 
 def test_local_interrupted_join_stops_datafusion_within_seconds(tpch_dir, task_inputs):

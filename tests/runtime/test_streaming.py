@@ -83,7 +83,7 @@ def flight_workers_with_gate():
 # 2 gated calls + 3 pulls of the 6 threads of 2 cores (with 2 partitions, all 6).
 @pytest.fixture(params=["local", "flight"])
 def runtime(request, monkeypatch):
-    monkeypatch.setattr(stream_inputs, "STREAM_TASK_INPUTS", True)  # the join stage's too
+    monkeypatch.setenv("DISTFUSION_STREAM_TASK_INPUTS", "1")  # the join stage's too
     if request.param == "local":
         rt = LocalRuntime(workers=2, slots=2, target_partitions=1)
     else:
@@ -92,13 +92,14 @@ def runtime(request, monkeypatch):
     rt.close()
 
 
-def _context(runtime, tables, tasks: int) -> DistributedContext:
+def _context(runtime, tables, tasks: int, **settings) -> DistributedContext:
     config = DistributedConfig(
         tasks_per_stage=tasks,
         broadcast_threshold_bytes=0,
         max_broadcast_bytes=0,
         replicate_scan_bytes=0,
         adaptive=False,
+        **settings,
     )
     ctx = DistributedContext(runtime=runtime, config=config)
     ctx.register_udf(gated)
@@ -135,9 +136,40 @@ def test_flight_head_streams_without_tokio_threads_beyond_the_cores(
     assert stream_inputs.pull_slots.used == 0
 
 
-def _first_rows_before_the_producer_ends(runtime, tables, tmp_path, sql, stages, tasks) -> None:
+@pytest.fixture(scope="module")
+def flight_workers_told_nothing():
+    """As ``flight_workers_with_gate``, without ``DISTFUSION_STREAM_TASK_INPUTS``."""
+    procs = start_workers(
+        2,
+        "--slots",
+        "2",
+        "--udf",
+        "tests.udf_funcs:STREAMING_UDFS",
+        env={"DISTFUSION_STREAM_TASK_INPUTS": ""},
+    )
+    yield [p.url for p in procs]
+    stop_workers(procs)
+
+
+def test_the_query_setting_reaches_workers_whose_environment_says_nothing(
+    flight_workers_told_nothing, tables, tmp_path, monkeypatch
+):
+    """``stream_task_inputs=True`` travels in the task plans: the join stage's tasks stream."""
+    monkeypatch.delenv("DISTFUSION_STREAM_TASK_INPUTS", raising=False)
+    runtime = FlightRuntime(flight_workers_told_nothing, target_partitions=1)
+    try:
+        _first_rows_before_the_producer_ends(
+            runtime, tables, tmp_path, JOIN_STAGE_READS_PRODUCER, 4, 2, stream_task_inputs=True
+        )
+    finally:
+        runtime.close()
+
+
+def _first_rows_before_the_producer_ends(
+    runtime, tables, tmp_path, sql, stages, tasks, **settings
+) -> None:
     gate = str(tmp_path / "gate")
-    df = _context(runtime, tables, tasks).sql(sql.format(gate=gate))
+    df = _context(runtime, tables, tasks, **settings).sql(sql.format(gate=gate))
     assert len(df.stage_graph().stages) == stages, df.explain()
     rows = 0
     closed_when_first_rows_came = None

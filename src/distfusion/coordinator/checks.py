@@ -14,7 +14,7 @@ import re
 
 from datafusion import DataFrame, SessionContext
 
-from distfusion.coordinator.query_run import Runtime
+from distfusion.coordinator.query_run import Runtime, RuntimeProfile
 from distfusion.errors import PlanningError
 from distfusion.planner.detect_substrait_losses import substrait_losses
 from distfusion.sources import TableSource, sql_name
@@ -76,7 +76,7 @@ def check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
         PlanningError: a stage reads a Spark DataFrame and ``runtime`` is not
             the Spark runtime (names the table and the runtime).
     """
-    if getattr(runtime, "reads_spark_dataframes", False):
+    if RuntimeProfile.of(runtime).reads_spark_dataframes:
         return
     for stage in graph.stages:
         for scan in stage.scans:

@@ -291,7 +291,8 @@ class QueryExecution:
         finally:
             graph = final_graph()
             elapsed = time.perf_counter() - start
-            runtime = getattr(self.context._runtime, "name", "coordinator")
+            started = self.context._runtime
+            runtime = started.name if started is not None else "coordinator"
             if graph is None:
                 graph = coordinator_graph(observer.query_id)
             self._metrics = build_query_metrics(

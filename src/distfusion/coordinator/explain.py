@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from distfusion.coordinator.checks import first_line
 from distfusion.metrics.render import analyzed_text, to_dot, to_html
+from distfusion.planner.config import RuntimeProfile
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.stages import StageGraph
 from distfusion.worker.execute_task import build_dataframe
@@ -141,7 +142,7 @@ class ExplainRendering:
         """Lines after the plan: feed metrics, what the runtime says of how it moves data."""
         feeds = self._feed_text()
         # Spark: its data plane over TLS when Spark encrypts, or why not Flight.
-        note = getattr(self.context.runtime, "explain_note", "")
+        note = RuntimeProfile.of(self.context.runtime).explain_note
         return ("\n" + feeds if feeds else "") + ("\n" + note if note else "")
 
     def _feed_text(self) -> str:

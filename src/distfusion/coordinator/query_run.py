@@ -43,6 +43,7 @@ import pyarrow as pa
 from distfusion.coordinator.feeds import QueryFeeds, has_feeds
 from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.observer import QueryObserver, observer_for
+from distfusion.planner.config import RuntimeProfile
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.stages import Stage, StageGraph
 from distfusion.transport.base import WorkerTransport
@@ -54,6 +55,7 @@ from distfusion.write import WriteSpec, WrittenFile, write_part
 
 __all__ = [
     "Runtime",
+    "RuntimeProfile",
     "QueryRun",
     "StageStats",
     "Routing",
@@ -113,6 +115,15 @@ class QueryRun(Protocol):
     and workers in every later graph of the query, where consumers may read it
     differently than first planned (a shuffle output read as a broadcast, its
     partitions coalesced into fewer tasks, see :attr:`StageInput.groups`).
+
+    Optional methods, for results that stay distributed (``to_spark``,
+    ``write_*``), used when a run has them (as :class:`WorkerQueryRun` does):
+    ``map_head_parts(graph, fn, split)`` runs ``fn(part, attempt, batches)``
+    over the parts of the head stage where its inputs are
+    (:func:`~distfusion.coordinator.results.map_head_parts`; without it the
+    head runs whole on the coordinator, as part 0), and
+    ``write_head_parts(graph, spec)`` writes each part as a task of a write
+    job (without it: ``map_head_parts`` with the writer).
     """
 
     def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
@@ -156,11 +167,25 @@ class Runtime(Protocol):
     :data:`distfusion.runtime.registry.RUNTIMES`, and the contract suite
     (``tests/contract/``) runs on every entry. See docs/architecture.md.
 
+    What a runtime tells the planner and the coordinator beyond these methods
+    (task sizes, a task cap, broadcast copies, remote workers, Spark
+    DataFrame reads, an explain note) it declares in one place,
+    :meth:`profile`, every field with a default.
+
     Attributes:
         name: the registry name (``"local"``, ``"flight"``, ``"spark"``).
     """
 
     name: str
+
+    def profile(self) -> RuntimeProfile:
+        """What this runtime tells the planner and the coordinator (:class:`RuntimeProfile`).
+
+        Asked before each planning. The default: every field's default (a
+        runtime without this method plans with them too,
+        :meth:`RuntimeProfile.of`).
+        """
+        return RuntimeProfile()
 
     def num_workers(self) -> int:
         """Workers available now; caps the tasks per stage during planning.
@@ -412,10 +437,7 @@ class WorkerQueryRun:
             # should this process die before close() (worker.memory.remove_stale_roots)
             prefix = f"distfusion-spill-{os.getpid()}-head-{self.query_id[:8]}-"
             self._head_spill_dir = tempfile.mkdtemp(prefix=prefix)
-            budget = (
-                graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
-            )
-            memory = TaskMemory(budget, self._head_spill_dir)
+            memory = TaskMemory(self.head_budget(graph), self._head_spill_dir)
 
             def opener(url: str, producer: TaskKey, part: int):
                 return lambda: self.transport.execute_partition(url, producer, part)
@@ -439,6 +461,14 @@ class WorkerQueryRun:
             raise
         finally:
             self.close()
+
+    def head_budget(self, graph: StageGraph) -> int:
+        """The head stage's memory pool, bytes (the one place it is resolved).
+
+        The graph's ``memory_per_task_bytes`` (the query's setting), else
+        ``head_memory_bytes``, else a quarter of the machine's memory.
+        """
+        return graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
 
     @contextlib.contextmanager
     def _closed_on_error(self) -> Iterator[None]:
@@ -513,9 +543,7 @@ class WorkerQueryRun:
         parts = self.head_parts(graph, split)
         if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
             return [fn(0, 0, self.stream_head(graph))]
-        budget = (
-            graph.memory_per_task_bytes or self.head_memory_bytes or machine_memory_bytes() // 4
-        )
+        budget = self.head_budget(graph)
         threads = task_threads(self.target_partitions, len(parts), len(self.urls))
 
         def one(part: HeadPart):

@@ -1,10 +1,12 @@
-"""The planner's settings: DistributedConfig, and PlannerConfig derived from it for a runtime.
+"""The planner's settings: DistributedConfig, RuntimeProfile, and PlannerConfig made of both.
 
 :class:`DistributedConfig` is what a user sets (``DistributedContext(config=...)``);
-every setting and its default is written here once. :class:`PlannerConfig` is
-a ``DistributedConfig`` completed with what the runtime says (its workers, task
-cap and broadcast copies) and the task estimator resolved; the planner and
-adaptive execution plan with it. See docs/architecture.md (the planner).
+every setting and its default is written here once. :class:`RuntimeProfile` is
+what a runtime declares about itself (``Runtime.profile()``), every field with
+its default. :class:`PlannerConfig` is a ``DistributedConfig`` completed with the
+runtime's profile (its workers, task cap and broadcast copies) and the task
+estimator resolved; the planner and adaptive execution plan with it. See
+docs/architecture.md (the planner; where to add a runtime).
 """
 
 from __future__ import annotations
@@ -13,8 +15,77 @@ import dataclasses
 from dataclasses import dataclass
 
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+from distfusion.protocol.environment import environment_switches
 
-__all__ = ["DistributedConfig", "PlannerConfig"]
+__all__ = ["DistributedConfig", "PlannerConfig", "RuntimeProfile"]
+
+
+@dataclass(frozen=True)
+class RuntimeProfile:
+    """What a runtime tells the planner and the coordinator about itself.
+
+    ``Runtime.profile()`` returns one (see
+    :class:`~distfusion.coordinator.query_run.Runtime`); a runtime declares only
+    the fields where it differs from these defaults. It is asked again before
+    each planning (a field may follow the workers available then), and read
+    nowhere else: this is the one place a new runtime says what it can do.
+
+    Attributes:
+        bytes_per_task: input bytes per task the default task estimator aims
+            at when ``DistributedConfig.bytes_per_task`` is None. Default 16 MiB
+            (``DefaultTaskEstimator.bytes_per_task``); Spark: 256 MiB
+            (``SparkRuntime.bytes_per_task``). Read by
+            :meth:`DistributedConfig.task_estimator`.
+        wave_bytes_per_task: input bytes per task of a stage that needs more
+            tasks than slots (``DefaultTaskEstimator.wave_bytes_per_task``).
+            Default None (off); Spark's Flight data plane: 2 GiB. Read by
+            :meth:`DistributedConfig.task_estimator`.
+        shuffle_bytes_per_task: input bytes per task of a stage fed by a
+            shuffle (``DefaultTaskEstimator.shuffle_bytes_per_task``). Default
+            None (``bytes_per_task``); Spark's Flight data plane: 64 MiB. Read
+            by :meth:`DistributedConfig.task_estimator`.
+        max_tasks: most tasks a stage gets. Default None (the worker count,
+            ``Runtime.num_workers()``); Spark: 1024, since slots there limit
+            how many tasks run at once, not how many a stage has. Read by
+            :attr:`PlannerConfig.task_cap`.
+        broadcast_copies: copies of a broadcast the runtime makes at most,
+            whatever the probe side's task count. Default None (one per task);
+            Spark: one per executor Python worker. Read by
+            :meth:`PlannerConfig.broadcast_pays`.
+        remote_workers: the workers are other processes. Default False;
+            Flight: True, so a query that would run wholly in the head stage,
+            on the coordinator, has its scans cut into a stage of their own
+            and a worker does the work. Read by the planner
+            (``inject_network_boundaries``).
+        reads_spark_dataframes: leaf stages may read Spark DataFrames
+            (:func:`~distfusion.sources.spark_source`). Default False; Spark:
+            True. Read by :func:`~distfusion.coordinator.checks.check_spark_reads`,
+            which refuses such a query on another runtime.
+        explain_note: a line ``explain()`` adds after the plan about how the
+            runtime moves data. Default "" (none); Spark: its data plane when
+            Spark encrypts (Flight over TLS, or why not Flight). Read by
+            :mod:`distfusion.coordinator.explain`.
+    """
+
+    bytes_per_task: int = DefaultTaskEstimator.bytes_per_task
+    wave_bytes_per_task: int | None = None
+    shuffle_bytes_per_task: int | None = None
+    max_tasks: int | None = None
+    broadcast_copies: int | None = None
+    remote_workers: bool = False
+    reads_spark_dataframes: bool = False
+    explain_note: str = ""
+
+    @classmethod
+    def of(cls, runtime: object) -> RuntimeProfile:
+        """``runtime.profile()``; the defaults for a runtime that declares none.
+
+        A runtime written before profiles existed, or a wrapper forwarding
+        only the :class:`~distfusion.coordinator.query_run.Runtime` methods,
+        plans with the defaults.
+        """
+        profile = getattr(runtime, "profile", None)
+        return profile() if callable(profile) else cls()
 
 
 @dataclass(frozen=True)
@@ -81,6 +152,18 @@ class DistributedConfig:
             executed plan (0.2-1 ms per task) and the bytes to carry it back;
             ``distfusion bench tpch --peers no-metrics`` measures the
             difference. False: tasks still report time, CPU, rows and bytes.
+        stream_task_inputs: tasks on workers stream their inputs, batch by
+            batch as their producers make them, rather than read them whole
+            first (the head stage always streams; see
+            :mod:`distfusion.worker.stream_inputs`). None (default): the
+            coordinator's ``DISTFUSION_STREAM_TASK_INPUTS`` environment
+            variable when set (``1``: on; anything else: off), read when the
+            query is planned (:meth:`PlannerConfig.for_runtime`), else each
+            worker's own (its ``DISTFUSION_STREAM_TASK_INPUTS``; off when
+            unset). Off by default: it gained nothing on TPC-H
+            (docs/benchmarks.md, "Streamed exchanges"). The setting reaches
+            every task in its plan (``TaskPlan.stream_inputs``), on every
+            runtime.
 
     Raises:
         ValueError: ``memory_per_task_bytes`` is not a positive integer or None.
@@ -97,6 +180,7 @@ class DistributedConfig:
     adaptive_shuffle_bytes: int = 256 * 1024 * 1024
     memory_per_task_bytes: int | None = None
     operator_metrics: bool = True
+    stream_task_inputs: bool | None = None
 
     def __post_init__(self) -> None:
         m = self.memory_per_task_bytes
@@ -104,17 +188,21 @@ class DistributedConfig:
             msg = f"memory_per_task_bytes must be a positive number of bytes or None, got {m!r}"
             raise ValueError(msg)
 
-    def task_estimator(self, runtime: object = None) -> TaskEstimator:
-        """The estimator the planner uses for ``runtime`` (see ``bytes_per_task``)."""
+    def task_estimator(self, profile: RuntimeProfile | None = None) -> TaskEstimator:
+        """The estimator the planner uses on a runtime of ``profile`` (see ``bytes_per_task``).
+
+        ``profile``: the runtime's :class:`RuntimeProfile`; None: the defaults.
+        """
         if self.estimator is not None:
             return self.estimator
         if self.bytes_per_task is not None:  # the user's size, as given
             return DefaultTaskEstimator(self.bytes_per_task, self.tasks_per_stage)
+        profile = profile or RuntimeProfile()
         return DefaultTaskEstimator(
-            getattr(runtime, "bytes_per_task", DefaultTaskEstimator.bytes_per_task),
+            profile.bytes_per_task,
             self.tasks_per_stage,
-            getattr(runtime, "wave_bytes_per_task", None),
-            getattr(runtime, "shuffle_bytes_per_task", None),
+            profile.wave_bytes_per_task,
+            profile.shuffle_bytes_per_task,
         )
 
 
@@ -152,20 +240,31 @@ class PlannerConfig(DistributedConfig):
 
     @classmethod
     def for_runtime(cls, settings: DistributedConfig, runtime: object) -> PlannerConfig:
-        """``settings`` completed with what ``runtime`` reports.
+        """``settings`` completed with ``runtime``'s workers and :class:`RuntimeProfile`.
 
-        ``runtime`` gives ``num_workers()`` and, optionally, ``bytes_per_task``,
-        ``max_tasks``, ``broadcast_copies`` and ``remote_workers`` (see
-        :class:`~distfusion.coordinator.query_run.Runtime`).
+        Settings left to the environment are resolved here, once per planning
+        (``stream_task_inputs``:
+        :func:`~distfusion.protocol.environment.environment_switches`); the
+        planner writes them into the stages of the graph it makes, which is
+        what tasks read.
+
+        ``runtime``: a :class:`~distfusion.coordinator.query_run.Runtime`
+        (``num_workers()``, and ``profile()``: :meth:`RuntimeProfile.of`).
+
+        Raises:
+            PlanningError: the runtime has no worker (from ``num_workers()``).
         """
+        profile = RuntimeProfile.of(runtime)
         values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(DistributedConfig)}
-        values["estimator"] = settings.task_estimator(runtime)
+        values["estimator"] = settings.task_estimator(profile)
+        if settings.stream_task_inputs is None:  # the environment may say (one place)
+            values["stream_task_inputs"] = environment_switches().stream_task_inputs
         return cls(
             **values,
             workers=runtime.num_workers(),
-            max_tasks=getattr(runtime, "max_tasks", None),
-            broadcast_copies=getattr(runtime, "broadcast_copies", None),
-            remote_workers=getattr(runtime, "remote_workers", False),
+            max_tasks=profile.max_tasks,
+            broadcast_copies=profile.broadcast_copies,
+            remote_workers=profile.remote_workers,
         )
 
     @property

@@ -224,6 +224,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                     estimated_max_bytes=frag.est.bytes / max(frag.est.kept, 1e-6),
                     computation=computation or self._computation(frag),
                     operator_metrics=self.config.operator_metrics,
+                    stream_inputs=self.config.stream_task_inputs,
                 )
             )
             table = f"__stage_{stage_id}"

@@ -8,6 +8,7 @@ What crosses between the coordinator and its workers, whatever carries it
 ``messages.py``    action names, the partition ticket, the task request, the token
 ``errors.py``      the error codec: a typed error to and from a dict
 ``hashing.py``     the shuffle hashing rule shared by the planner and the workers
+``environment.py`` the ``DISTFUSION_*`` switches, read in one function
 =================  ============================================================
 
 It depends only on the data model (:mod:`distfusion.stages`,

@@ -77,6 +77,9 @@ class TaskPlan:
             own default (see :mod:`distfusion.worker.memory`).
         operator_metrics: report DataFusion's metrics of every operator
             (``Stage.operator_metrics``).
+        stream_inputs: stream the task's inputs rather than read them whole
+            first (``Stage.stream_inputs``); None: the worker's own default
+            (:func:`~distfusion.worker.stream_inputs.streams_task_inputs`).
     """
 
     key: TaskKey
@@ -89,6 +92,7 @@ class TaskPlan:
     keep_output: bool = False
     memory_per_task_bytes: int | None = None
     operator_metrics: bool = True
+    stream_inputs: bool | None = None
 
     @classmethod
     def for_task(
@@ -126,6 +130,7 @@ class TaskPlan:
             keep_output=keep_output,
             memory_per_task_bytes=memory_per_task_bytes,
             operator_metrics=stage.operator_metrics,
+            stream_inputs=stage.stream_inputs,
         )
 
     def input_reads(self, i: int) -> list[tuple[str, TaskKey, int]]:
@@ -181,6 +186,7 @@ class TaskPlan:
                 "keep_output": self.keep_output,
                 "memory_per_task_bytes": self.memory_per_task_bytes,
                 "operator_metrics": self.operator_metrics,
+                "stream_inputs": self.stream_inputs,
             }
         )
 
@@ -230,6 +236,7 @@ class TaskPlan:
                 keep_output=bool(d.get("keep_output", False)),
                 memory_per_task_bytes=_budget(d.get("memory_per_task_bytes")),
                 operator_metrics=bool(d.get("operator_metrics", True)),
+                stream_inputs=_switch(d.get("stream_inputs")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"not a distfusion task plan: {exc}"
@@ -244,6 +251,14 @@ def _budget(value) -> int | None:
         msg = f"memory_per_task_bytes must be a positive integer or null, got {value!r}"
         raise ValueError(msg)
     return value
+
+
+def _switch(value) -> bool | None:
+    """A plan's optional switch: None, True or False (anything else is not a plan)."""
+    if value is None or isinstance(value, bool):
+        return value
+    msg = f"stream_inputs must be true, false or null, got {value!r}"
+    raise ValueError(msg)
 
 
 def _without_units(source: TableSource) -> TableSource:

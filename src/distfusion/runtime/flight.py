@@ -44,6 +44,7 @@ import pyarrow as pa
 from distfusion.coordinator.query_run import (
     QueryRun,
     Routing,
+    RuntimeProfile,
     StageStats,
     WorkerQueryRun,
     round_robin,
@@ -86,7 +87,7 @@ class FlightRuntime:
     fails at once, naming them, and one that does not answer among others
     that do is logged (it is skipped when queries run). A query that would
     run wholly on the coordinator (one task, no stage cut) runs on a worker
-    (``remote_workers``, see :class:`~distfusion.planner.config.PlannerConfig`).
+    (``remote_workers`` in its :meth:`profile`).
 
     Raises:
         ImportError: pyarrow has no Flight support.
@@ -96,8 +97,6 @@ class FlightRuntime:
     """
 
     name = "flight"
-    remote_workers = True
-    """Its workers are other processes: the planner puts every query's scans on them."""
 
     def __init__(
         self,
@@ -161,6 +160,14 @@ class FlightRuntime:
             msg = f"no Flight worker available: {self.resolver!r} returned no URL"
             raise PlanningError(msg)
         return urls
+
+    def profile(self) -> RuntimeProfile:
+        """See :meth:`Runtime.profile`: the defaults, and ``remote_workers``.
+
+        Its workers are other processes: the planner puts every query's scans
+        on them.
+        """
+        return RuntimeProfile(remote_workers=True)
 
     def num_workers(self) -> int:
         """Workers the resolver reports now.

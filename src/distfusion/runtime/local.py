@@ -8,7 +8,13 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from distfusion.coordinator.query_run import Routing, WorkerQueryRun, execute_graph, round_robin
+from distfusion.coordinator.query_run import (
+    Routing,
+    RuntimeProfile,
+    WorkerQueryRun,
+    execute_graph,
+    round_robin,
+)
 from distfusion.stages import StageGraph
 from distfusion.transport.in_memory import InMemoryTransport
 from distfusion.worker.memory import default_memory_per_task_bytes
@@ -75,6 +81,10 @@ class LocalRuntime:
             self.transport.add_worker(worker)
         self.target_partitions = target_partitions
         self.routing = routing
+
+    def profile(self) -> RuntimeProfile:
+        """See :meth:`Runtime.profile`: every default (16 MiB tasks, at most one per worker)."""
+        return RuntimeProfile()
 
     def num_workers(self) -> int:
         """The number of in-process workers."""

@@ -13,6 +13,22 @@ execution never know which transport runs:
 ``stats``              live tasks and bytes a worker holds
 =====================  ======================================================
 
+Optional methods: the coordinator uses them when a transport has them (it
+looks them up on the transport, :class:`~distfusion.coordinator.query_run.WorkerQueryRun`)
+and does without otherwise:
+
+=====================  ======================================================
+``failed_tasks``       failed tasks of a query, polled while it runs; without:
+                       a failure surfaces when a reader reaches its output
+``query_metrics``      (above) without: the query's tasks have no metrics
+``abort_query``        ``abort_query(query_id, error)``: end this process's
+                       reads of the query's streams at once (Flight); without:
+                       they end with ``cancel_query``
+``write_part``         ``write_part(url, body, what)``: a worker writes one
+                       head part of a ``write_*`` (Flight); without: the parts
+                       run in the coordinator's threads
+=====================  ======================================================
+
 Implementations: :class:`~distfusion.transport.in_memory.InMemoryTransport`
 (workers in this process) and the Arrow Flight transport (workers over gRPC).
 """

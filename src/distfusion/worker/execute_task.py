@@ -774,7 +774,7 @@ def run_task_into(
         read_once = _read_once(plan, read_input)
         attempts = memory_attempts(memory)
         binding = InputBinding(cancelled, keep=len(attempts) > 1)
-        streaming = stream_inputs.STREAM_TASK_INPUTS
+        streaming = stream_inputs.streams_task_inputs(plan.stream_inputs)
         try:
             for n, (mem, settings) in enumerate(attempts):
                 try:

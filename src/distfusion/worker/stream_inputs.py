@@ -33,7 +33,8 @@ Three limits of pulling from Python, and what this module does about them:
   runtime starts; the cores when unset). With
   ``DISTFUSION_STREAM_EXCHANGES=1`` (:data:`STREAM_EXCHANGES`), importing
   distfusion sets it to the cores plus :data:`EXTRA_TOKIO_THREADS` when
-  unset, and a task streams an input only
+  unset (at import: tokio reads it once, when DataFusion's runtime starts,
+  which may be before any distfusion object exists), and a task streams an input only
   when its partitions fit in the threads beyond the cores that other streams
   do not hold (:class:`PullSlots`); otherwise it reads the input whole first,
   as before. A process whose DataFusion started before distfusion was
@@ -75,6 +76,7 @@ import pyarrow.dataset as ds
 from substrait.proto import Plan
 
 from distfusion.errors import QueryCancelledError
+from distfusion.protocol.environment import environment_switches
 from distfusion.substrait_plan.walk import children, rel_kind, relations, source_tables
 
 __all__ = [
@@ -84,12 +86,12 @@ __all__ = [
     "InputStreams",
     "PullSlots",
     "STREAM_EXCHANGES",
-    "STREAM_TASK_INPUTS",
     "metered",
     "StreamDataset",
     "StreamPlan",
     "pull_slots",
     "stream_plan",
+    "streams_task_inputs",
 ]
 
 EXTRA_TOKIO_THREADS = 4
@@ -103,8 +105,12 @@ MAX_BUILD_BYTES = 4 * 1024 * 1024
 """A join's probe side is streamed only when its build side, read whole first, is at
 most this many Arrow bytes (see :func:`stream_plan`)."""
 
-STREAM_EXCHANGES = os.environ.get("DISTFUSION_STREAM_EXCHANGES", "") == "1"
-"""Whether importing distfusion gives DataFusion's runtime the threads streamed inputs need.
+STREAM_EXCHANGES = environment_switches().stream_exchanges
+"""Whether importing distfusion gives DataFusion's runtime the threads streamed inputs need
+(``DISTFUSION_STREAM_EXCHANGES=1``, :func:`~distfusion.protocol.environment.environment_switches`).
+
+A process setting, read at import: tokio fixes its threads when DataFusion's
+runtime starts, which may be before any distfusion object exists.
 
 Off by default: the extra tokio threads slow every DataFusion query of the
 process, single-node ones included (docs/benchmarks.md, "Streamed
@@ -114,13 +120,22 @@ runtime's head stage; see :class:`PullSlots`) unless ``TOKIO_WORKER_THREADS``
 is set above the cores by the user; producers still hand out their batches
 as they make them and Flight streams them."""
 
-STREAM_TASK_INPUTS = os.environ.get("DISTFUSION_STREAM_TASK_INPUTS", "") == "1"
-"""Whether tasks on workers stream their inputs (the head stage always does).
 
-Off by default: streaming every task's inputs gained nothing over reading
-them whole (docs/benchmarks.md, "Streamed exchanges"), and with one slot per
-worker a consumer task starts after its producers anyway.
-``DISTFUSION_STREAM_TASK_INPUTS=1`` in a worker's environment turns it on."""
+def streams_task_inputs(setting: bool | None) -> bool:
+    """Whether a task on a worker streams its inputs (the head stage always does).
+
+    ``setting``: the task plan's (``TaskPlan.stream_inputs``, from
+    ``DistributedConfig.stream_task_inputs`` or the coordinator's environment);
+    None: this process's ``DISTFUSION_STREAM_TASK_INPUTS=1``, read now
+    (:func:`~distfusion.protocol.environment.environment_switches`). Off by
+    default: streaming every task's inputs gained nothing over reading them
+    whole (docs/benchmarks.md, "Streamed exchanges"), and with one slot per
+    worker a consumer task starts after its producers anyway.
+    """
+    if setting is not None:
+        return setting
+    return bool(environment_switches().stream_task_inputs)
+
 
 PULL_SECONDS = 0.05
 """How long DataFusion may work on one pulled batch (seconds) before the next pulls

@@ -371,7 +371,7 @@ class _SparkFlightQuery(WorkerQueryRun):
 
         ``access``: :meth:`DataPlaneAccess.plain` (token, and TLS when on).
         """
-        budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
+        budget = self.runtime.task_memory_bytes(graph)
         threads = task_threads(self.target_partitions, len(parts), self.runtime.num_workers())
         return self.runtime.access.plain(), budget, threads
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from distfusion.coordinator.query_run import (
     QueryRun,
+    RuntimeProfile,
     default_target_partitions,
 )
 from distfusion.errors import (
@@ -110,8 +111,6 @@ class SparkRuntime:
     """
 
     name = "spark"
-    reads_spark_dataframes = True
-    """Leaf stages may read Spark DataFrames (:func:`~distfusion.sources.spark_source`)."""
     bytes_per_task = 256 * 1024 * 1024
     """Default input bytes per task (``DistributedConfig.bytes_per_task``).
 
@@ -310,6 +309,14 @@ class SparkRuntime:
             self._memory_per_task_bytes = spark_memory_per_task_bytes(conf, slots)
         return self._memory_per_task_bytes
 
+    def task_memory_bytes(self, graph: StageGraph) -> int:
+        """The memory pool of a task of ``graph`` here, bytes (the one place it is resolved).
+
+        The graph's ``memory_per_task_bytes`` (the query's setting), else
+        :attr:`memory_per_task_bytes`.
+        """
+        return graph.memory_per_task_bytes or self.memory_per_task_bytes
+
     @property
     def broadcast_copies(self) -> int:
         """Copies of a broadcast Spark makes at most: one per task slot's Python worker.
@@ -318,6 +325,26 @@ class SparkRuntime:
         it once, however many tasks of the stage read it.
         """
         return len(self.resolver.get_urls()) or 1
+
+    def profile(self) -> RuntimeProfile:
+        """See :meth:`Runtime.profile`: Spark's task sizes, task cap and broadcast copies.
+
+        :attr:`bytes_per_task`, :attr:`wave_bytes_per_task` and
+        :attr:`shuffle_bytes_per_task` (the last two on the Flight data plane
+        only), :attr:`max_tasks`, :attr:`broadcast_copies` (the workers now);
+        leaf stages may read Spark DataFrames; ``explain()`` notes the data
+        plane when Spark encrypts (:attr:`explain_note`). The Spark Connect
+        runtime declares the same (its own ``broadcast_copies``).
+        """
+        return RuntimeProfile(
+            bytes_per_task=self.bytes_per_task,
+            wave_bytes_per_task=self.wave_bytes_per_task,
+            shuffle_bytes_per_task=self.shuffle_bytes_per_task,
+            max_tasks=self.max_tasks,
+            broadcast_copies=self.broadcast_copies,
+            reads_spark_dataframes=True,
+            explain_note=self.explain_note,
+        )
 
     def num_workers(self) -> int:
         """Task slots of the Spark application (local mode: one per core).

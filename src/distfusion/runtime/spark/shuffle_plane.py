@@ -139,7 +139,7 @@ class _SparkQuery:
         plan = TaskPlan.for_task(
             self.query_id, head, 0, _dummy_workers(head, graph), self.runtime.target_partitions
         )
-        budget = graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
+        budget = self.runtime.task_memory_bytes(graph)
         self._report_metrics()
         yield from stream_head_stage(
             plan,
@@ -333,7 +333,7 @@ class _SparkQuery:
             self.runtime.compression,
             self.acc,
             self.metrics_acc,
-            self.graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes,
+            self.runtime.task_memory_bytes(self.graph),
         )
         tasks = [(stage_id, t) for t in range(stage.num_tasks)]
         if scan is None:
@@ -408,7 +408,7 @@ class _SparkQuery:
         )
         inputs = [self._input_values(i) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
-        budget = self.graph.memory_per_task_bytes or self.runtime.memory_per_task_bytes
+        budget = self.runtime.task_memory_bytes(self.graph)
         with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
             parts = run_task(
                 plan,
