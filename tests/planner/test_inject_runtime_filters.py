@@ -8,6 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from distfusion.planner.estimate import key_share
 from distfusion.stages import BROADCAST, StageGraph
 from tests.planner.helpers import (
     LARGE,
@@ -91,3 +92,43 @@ def test_runtime_filter_through_a_partitioned_join(runtimes):
     assert len(filters) == 2 and len({p for p, _ in filters}) == 1, g.render()
     consumers = [g.stage(c) for _, c in filters]
     assert sorted(scan.source.name for s in consumers for scan in s.scans) == ["f", "g"]
+
+
+# d with four wide text columns: its key (k, 8 bytes) is a small share of a row.
+WIDE_D = pa.table(
+    {
+        "k": pa.array(range(200), pa.int64()),
+        "c": [f"c{i % 10}" for i in range(200)],
+        **{f"s{j}": [f"long text {i} {j}" * 3 for i in range(200)] for j in range(4)},
+    }
+)
+
+
+def test_the_filters_size_is_its_keys_not_the_whole_side(runtimes):
+    """The threshold bounds the keys the filter holds (issue 27: TPC-H Q4 at SF10).
+
+    The filtered side's rows are ~11 times its keys' bytes: at 1,000 bytes its
+    rows exceed ``runtime_filter_bytes`` (no filter before) while its keys do not.
+    """
+    sql = (
+        "SELECT d.c, d.s0, d.s1, d.s2, d.s3, sum(f.x) AS sx FROM f JOIN d ON f.k = d.k "
+        "WHERE d.c = 'c3' GROUP BY 1, 2, 3, 4, 5"
+    )
+    tables = {"f": (F, 500), "d": (WIDE_D, 50)}
+    keys_fit = make_contexts(
+        runtimes[4], tables, runtime_filter_bytes=1000, adaptive=False, **LARGE
+    )
+    g = run(keys_fit, sql)
+    check_well_formed(g)
+    assert len(runtime_filters(g)) == 1, g.render()
+    too_small = make_contexts(
+        runtimes[4], tables, runtime_filter_bytes=200, adaptive=False, **LARGE
+    )
+    assert runtime_filters(run(too_small, sql)) == []
+
+
+def test_key_share_counts_fixed_widths_and_guesses_variable_ones():
+    assert key_share([pa.int64()], [pa.int64(), pa.int32(), pa.string()]) == 8 / 28
+    assert key_share([pa.int32(), pa.date32()], [pa.int32(), pa.date32()]) == 1.0
+    assert key_share([pa.bool_()], [pa.bool_(), pa.int64()]) == 1 / 9
+    assert key_share([], []) == 1.0

@@ -111,12 +111,13 @@ class DistributedConfig:
             totalling at most this many bytes (default 4 MiB: TPC-H's nation,
             region and, at scale factor 1, supplier) gets no stage of its own:
             every probe task reads those tables in full ("broadcast scan").
-        runtime_filter_bytes: a join side with a selective filter whose likely
-            size is at most this many bytes (default 10 MiB, as Spark's
-            ``spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold``)
-            is read as a broadcast by the other side's stage, which keeps only
-            rows whose keys it holds before shuffling them (a semi-join
-            reduction, Spark's runtime filter). The same bound gates the plan
+        runtime_filter_bytes: a join side with a selective filter whose join
+            keys likely take at most this many bytes (default 10 MiB, as
+            Spark's ``spark.sql.optimizer.runtime.bloomFilter.creationSideThreshold``),
+            and the side itself at most ten times that, is read as a broadcast
+            by the other side's stage, which keeps only rows whose keys it
+            holds before shuffling them (a semi-join reduction, Spark's runtime
+            filter). The same bound on the whole side gates the plan
             rewrites that copy or move such a side (a filtered scan below an
             aggregate, a filtered dimension joined first). 0 turns them off.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and

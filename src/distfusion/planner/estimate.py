@@ -66,6 +66,32 @@ fraction of its rows (Spark's runtime filter likewise wants a selective filter
 on the creation side)."""
 REDUCTION_RATIO = 4
 """...and only for a side at least this many times its likely size."""
+REDUCTION_SIDE_FACTOR = 10
+"""...and only when the side is likely at most this many times
+``runtime_filter_bytes`` (every task of the other side reads all of it;
+100 MiB by default, as the largest broadcast, ``max_broadcast_bytes``), its
+keys at most ``runtime_filter_bytes``."""
+
+VARIABLE_WIDTH_BYTES = 16
+"""Bytes assumed for one value of a variable-width type (strings, binary, lists)."""
+
+
+def value_bytes(data_type) -> int:
+    """Bytes one value of Arrow type ``data_type`` likely takes in memory.
+
+    A fixed-width type's own width (a boolean: 1); any other type
+    :data:`VARIABLE_WIDTH_BYTES`. For shares of a row, not for sizes.
+    """
+    try:
+        return max(1, data_type.bit_width // 8)
+    except ValueError:  # pyarrow: no fixed width
+        return VARIABLE_WIDTH_BYTES
+
+
+def key_share(key_types, row_types) -> float:
+    """The share of a row's bytes its key columns take (:func:`value_bytes`), at most 1."""
+    row = sum(value_bytes(t) for t in row_types)
+    return min(1.0, sum(value_bytes(t) for t in key_types) / row) if row else 1.0
 
 
 def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:

@@ -20,7 +20,13 @@ from dataclasses import replace
 import pyarrow as pa
 from substrait.proto import Expression, JoinRel, Rel
 
-from distfusion.planner.estimate import REDUCTION_KEPT, REDUCTION_RATIO, Estimate
+from distfusion.planner.estimate import (
+    REDUCTION_KEPT,
+    REDUCTION_RATIO,
+    REDUCTION_SIDE_FACTOR,
+    Estimate,
+    key_share,
+)
 from distfusion.planner.fragment import Fragment, KeySource
 from distfusion.protocol.hashing import hash_type
 from distfusion.stages import BROADCAST, COALESCE, StageInput
@@ -80,16 +86,30 @@ class RuntimeFilters:
         return self.oracle.schema(probe).types[-len(keys) :]
 
     def _reduction_pays(
-        self, target: Fragment, keys: list[Expression], types: list[pa.DataType], est: Estimate
+        self,
+        target: Fragment,
+        keys: list[Expression],
+        types: list[pa.DataType],
+        est: Estimate,
+        row_types: list[pa.DataType],
     ) -> bool:
         """Whether to filter ``target`` by the keys (of ``types``) of a side estimated ``est``.
 
-        The side must be selective (``kept`` at most :data:`REDUCTION_KEPT`),
-        likely at most ``runtime_filter_bytes``, and ``target`` at least
-        :data:`REDUCTION_RATIO` times larger; the keys must hash alike.
+        The side (its columns of ``row_types``) must be selective (``kept`` at
+        most :data:`REDUCTION_KEPT`), its keys likely at most
+        ``runtime_filter_bytes`` (their :func:`key_share` of its likely bytes:
+        what the filter holds, as Spark's creation side threshold bounds a
+        Bloom filter's keys), the side itself at most
+        :data:`REDUCTION_SIDE_FACTOR` times that (every task of ``target``
+        reads all of it), and ``target`` at least :data:`REDUCTION_RATIO`
+        times larger; the keys must hash alike.
         """
         limit = self.config.runtime_filter_bytes
-        if not limit or est.kept > REDUCTION_KEPT or est.low_bytes > limit:
+        if not limit or est.kept > REDUCTION_KEPT:
+            return False
+        if est.low_bytes * key_share(types, row_types) > limit:
+            return False
+        if est.low_bytes > REDUCTION_SIDE_FACTOR * limit:
             return False
         if target.est.bytes < REDUCTION_RATIO * est.low_bytes:
             return False
@@ -110,7 +130,7 @@ class RuntimeFilters:
             return frag  # already filtered by (or joined with) the source's stage
         schema = source.input.schema
         types = [schema.field(c).type for c in source.columns]
-        if not self._reduction_pays(frag, keys, types, source.est):
+        if not self._reduction_pays(frag, keys, types, source.est, schema.types):
             return frag
         arity = len(self.oracle.schema(frag.rel))
         condition = self.registry.conjunction(
@@ -162,7 +182,8 @@ class RuntimeFilters:
         if any(is_field_ref(k) is None for k in probe_keys):
             return None
         types = self._key_types(probe.rel, probe_keys)
-        if not self._reduction_pays(build, build_keys, types, probe.est):
+        row_types = self.oracle.schema(probe.rel).types
+        if not self._reduction_pays(build, build_keys, types, probe.est, row_types):
             return None
         pread, pinp = self.seal(probe, COALESCE)
         reduced = self._reduce(build, build_keys, self._key_source(probe, pinp, probe_keys))
