@@ -249,7 +249,9 @@ import os, sys
 os.environ["PYSPARK_PYTHON"] = sys.argv[1]
 from distfusion import DistributedConfig, DistributedContext, TaskError, TransportError, tpch
 from distfusion.runtime.spark import SparkRuntime
-runtime = SparkRuntime(master="local[2]")
+# PySpark's own daemon, as on a session the user made: distfusion's (the embedded
+# session's) cannot start on such executors at all, so no task would run.
+runtime = SparkRuntime(master="local[2]", conf={"spark.python.daemon.module": "pyspark.daemon"})
 ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=2))
 tpch.register_tpch(ctx, sys.argv[2])
 df = ctx.sql("SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1")
