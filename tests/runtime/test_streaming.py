@@ -63,18 +63,23 @@ def tables(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def flight_workers_with_gate():
+def _gated_workers(stream_task_inputs: str):
+    """Two Flight workers (2 slots) with the gate UDFs; their ``DISTFUSION_STREAM_TASK_INPUTS``."""
     procs = start_workers(
         2,
         "--slots",
         "2",
         "--udf",
         "tests.udf_funcs:STREAMING_UDFS",
-        env={"DISTFUSION_STREAM_TASK_INPUTS": "1"},
+        env={"DISTFUSION_STREAM_TASK_INPUTS": stream_task_inputs},
     )
     yield [p.url for p in procs]
     stop_workers(procs)
+
+
+@pytest.fixture(scope="module")
+def flight_workers_with_gate():
+    yield from _gated_workers("1")
 
 
 # One DataFusion partition per task: a gated call holds a tokio thread while it
@@ -139,16 +144,7 @@ def test_flight_head_streams_without_tokio_threads_beyond_the_cores(
 @pytest.fixture(scope="module")
 def flight_workers_told_nothing():
     """As ``flight_workers_with_gate``, without ``DISTFUSION_STREAM_TASK_INPUTS``."""
-    procs = start_workers(
-        2,
-        "--slots",
-        "2",
-        "--udf",
-        "tests.udf_funcs:STREAMING_UDFS",
-        env={"DISTFUSION_STREAM_TASK_INPUTS": ""},
-    )
-    yield [p.url for p in procs]
-    stop_workers(procs)
+    yield from _gated_workers("")
 
 
 def test_the_query_setting_reaches_workers_whose_environment_says_nothing(
