@@ -15,6 +15,7 @@ docs/architecture.md (the planner).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
@@ -91,11 +92,12 @@ class RuntimeFilters:
         keys: list[Expression],
         types: list[pa.DataType],
         est: Estimate,
-        row_types: list[pa.DataType],
+        row_types: Callable[[], list[pa.DataType]],
     ) -> bool:
         """Whether to filter ``target`` by the keys (of ``types``) of a side estimated ``est``.
 
-        The side (its columns of ``row_types``) must be selective (``kept`` at
+        The side (its columns of the types ``row_types()`` gives, asked last)
+        must be selective (``kept`` at
         most :data:`REDUCTION_KEPT`), its keys likely at most
         ``runtime_filter_bytes`` (their :func:`key_share` of its likely bytes:
         what the filter holds, as Spark's creation side threshold bounds a
@@ -107,11 +109,11 @@ class RuntimeFilters:
         limit = self.config.runtime_filter_bytes
         if not limit or est.kept > REDUCTION_KEPT:
             return False
-        if est.low_bytes * key_share(types, row_types) > limit:
-            return False
         if est.low_bytes > REDUCTION_SIDE_FACTOR * limit:
             return False
         if target.est.bytes < REDUCTION_RATIO * est.low_bytes:
+            return False
+        if est.low_bytes * key_share(types, row_types()) > limit:
             return False
         mine = self._key_types(target.rel, keys)
         return all(hash_type(a) == hash_type(b) for a, b in zip(mine, types, strict=True))
@@ -130,7 +132,7 @@ class RuntimeFilters:
             return frag  # already filtered by (or joined with) the source's stage
         schema = source.input.schema
         types = [schema.field(c).type for c in source.columns]
-        if not self._reduction_pays(frag, keys, types, source.est, schema.types):
+        if not self._reduction_pays(frag, keys, types, source.est, lambda: schema.types):
             return frag
         arity = len(self.oracle.schema(frag.rel))
         condition = self.registry.conjunction(
@@ -182,8 +184,9 @@ class RuntimeFilters:
         if any(is_field_ref(k) is None for k in probe_keys):
             return None
         types = self._key_types(probe.rel, probe_keys)
-        row_types = self.oracle.schema(probe.rel).types
-        if not self._reduction_pays(build, build_keys, types, probe.est, row_types):
+        if not self._reduction_pays(
+            build, build_keys, types, probe.est, lambda: self.oracle.schema(probe.rel).types
+        ):
             return None
         pread, pinp = self.seal(probe, COALESCE)
         reduced = self._reduce(build, build_keys, self._key_source(probe, pinp, probe_keys))
