@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -37,7 +36,7 @@ from datafusion import SessionContext  # noqa: E402
 
 from distfusion import tpch  # noqa: E402
 from distfusion.runtime.registry import runtime_from_name  # noqa: E402
-from distfusion.worker.memory import is_running  # noqa: E402
+from distfusion.worker.memory import is_running, root_owner  # noqa: E402
 from tests.flight_cluster import start_workers, stop_workers  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 
@@ -199,7 +198,6 @@ def pytest_configure(config):
     )
 
 
-SPILL_ROOT = re.compile(r"^distfusion-spill-(\d+)-")
 LEFTOVER_WAIT_S = 30.0
 """How long the session's end waits for processes that are ending to remove their files."""
 
@@ -213,8 +211,8 @@ def distfusion_leftovers(root: Path) -> list[str]:
     """
     left = []
     for path in root.iterdir():
-        owner = SPILL_ROOT.match(path.name)
-        if owner and is_running(int(owner.group(1))):
+        owner = root_owner(path.name)
+        if owner is not None and is_running(owner):
             continue
         if path.name.startswith("distfusion"):
             left.append(path.name)

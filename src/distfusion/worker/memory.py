@@ -42,9 +42,11 @@ __all__ = [
     "SpillDirs",
     "TaskMemory",
     "default_memory_per_task_bytes",
+    "is_running",
     "machine_memory_bytes",
     "parse_bytes",
     "remove_stale_roots",
+    "root_owner",
     "spark_memory_per_task_bytes",
 ]
 
@@ -268,6 +270,12 @@ def is_running(pid: int) -> bool:
     return True
 
 
+def root_owner(name: str) -> int | None:
+    """The pid in a spill root's name (``distfusion-spill-<pid>-...``); None: not a root."""
+    m = _ROOT.match(name)
+    return int(m.group(1)) if m else None
+
+
 def remove_stale_roots(parent: str) -> list[str]:
     """Delete the spill roots in ``parent`` whose process no longer runs.
 
@@ -283,8 +291,8 @@ def remove_stale_roots(parent: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        m = _ROOT.match(name)
-        if m and not is_running(int(m.group(1))):
+        owner = root_owner(name)
+        if owner is not None and not is_running(owner):
             path = os.path.join(parent, name)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
