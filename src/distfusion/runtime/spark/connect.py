@@ -65,7 +65,12 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from distfusion.coordinator.feeds import has_feeds
-from distfusion.coordinator.query_run import QueryRun, default_target_partitions, task_threads
+from distfusion.coordinator.query_run import (
+    QueryRun,
+    WorkerQueryRun,
+    default_target_partitions,
+    task_threads,
+)
 from distfusion.errors import (
     DistfusionError,
     PlanningError,
@@ -371,7 +376,8 @@ class SparkConnectRuntime(SparkRuntime):
 
     def start_query(self, query_id: str) -> QueryRun:
         """Start query ``query_id`` (a :class:`~distfusion.coordinator.query_run.QueryRun`)."""
-        return _ConnectFlightQuery(self, query_id)
+        query = _ConnectClientHeadQuery if self.head_on_client else _ConnectFlightQuery
+        return query(self, query_id)
 
     def executor_worker_args(self) -> tuple[str, str | None, tuple, int, None]:
         """``(bind host, advertised host, access, task memory, None)`` for executor workers.
@@ -598,11 +604,8 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         return sum(d for d, _ in ops), sum(t for _, t in ops)
 
     def _cancel_on_workers(self, urls: list[str]) -> None:
-        """Told now when heads run here, else noted: one job tells them all (:meth:`_forget`)."""
-        if self.runtime.head_on_client:
-            super()._cancel_on_workers(urls)
-        else:
-            self._to_cancel.update(urls)
+        """Noted: one job tells them all when the run is forgotten (:meth:`_forget`)."""
+        self._to_cancel.update(urls)
 
     def _forget(self) -> None:
         super()._forget()
@@ -624,17 +627,10 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         return False
 
     def _before_head(self) -> None:
-        """As on a classic session when heads run here; else nothing asked (a failed head says)."""
-        if self.runtime.head_on_client:
-            super()._before_head()
+        """Nothing asked: outputs lost since they ran are found when the head fails."""
 
     def _lost_workers(self) -> set[str]:
-        """Workers holding outputs of this query that no longer answer.
-
-        Asked from here when heads run here, else by one Spark job.
-        """
-        if self.runtime.head_on_client:
-            return super()._lost_workers()
+        """Workers holding outputs of this query that no longer answer (one Spark job)."""
         urls = sorted(set(self.placement.values()))
         if not urls:
             return set()
@@ -653,9 +649,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
         batches come back through the Connect client as they are sent; once
         the last one is out, it cancels the query on every worker. Before its
         first batch, a head that failed because outputs it reads were lost
-        runs again after they were computed again. Ends the query. With
-        ``head_on_client``, the head runs here instead, reading the executors
-        (:meth:`WorkerQueryRun.stream_head`).
+        runs again after they were computed again. Ends the query.
 
         Raises:
             PlanningError: the graph reads a work unit feed.
@@ -663,14 +657,6 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             TaskError: a task or the head failed.
             TransportError: Spark failed a job.
         """
-        if self.runtime.head_on_client:
-            try:
-                self._refuse_feeds(graph)
-            except PlanningError:
-                self.close()
-                raise
-            yield from super().stream_head(graph)
-            return
         try:
             self._refuse_feeds(graph)
             plan = self._head_plan(graph)
@@ -945,6 +931,35 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             self._recoveries += 1
             self._run_lost_again(lost)
             part = head_parts(self._head_plan(graph), graph.head, split=False)[0]
+
+
+class _ConnectClientHeadQuery(_ConnectFlightQuery):
+    """A Connect query whose head runs on this client (``head_on_client``).
+
+    Its rounds of tasks are Connect jobs as for any Connect query; the head
+    reads the executors' outputs from here, and the client asks and frees
+    the executors' workers directly, as on a classic session: no Spark job
+    for the head, for lost outputs or for the cleanup.
+    """
+
+    _before_head = _SparkFlightQuery._before_head
+    _lost_workers = _SparkFlightQuery._lost_workers
+    _cancel_on_workers = WorkerQueryRun._cancel_on_workers
+
+    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+        """:meth:`WorkerQueryRun.stream_head` here; a graph reading a work unit feed is refused.
+
+        Raises:
+            PlanningError: the graph reads a work unit feed.
+            QueryCancelledError: the run was closed.
+            TaskError: a task or the head failed.
+        """
+        try:
+            self._refuse_feeds(graph)
+        except PlanningError:
+            self.close()
+            raise
+        yield from WorkerQueryRun.stream_head(self, graph)
 
 
 def _gave_up(err: TaskError, attempts: int) -> TaskError:
