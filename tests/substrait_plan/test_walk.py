@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from substrait.proto import Rel
+import pytest
+from substrait.proto import Expression, Rel
 
 from distfusion.substrait_plan.walk import (
     children,
     contains,
     field_refs,
+    find,
     is_subquery,
     own_subqueries,
+    read_rels,
     rel_kind,
     relations,
     set_children,
     source_tables,
     walk,
 )
+from distfusion.tpch import query
 from tests.planner.helpers import consumed, substrait_of
 
 SUBQUERY = "SELECT k FROM t WHERE v > (SELECT avg(k) FROM u) ORDER BY k"
@@ -62,3 +66,30 @@ def test_field_refs_of_a_filter_condition(ctx):
     conditions += [r.filter.condition for r in relations(root(plan)) if rel_kind(r) == "filter"]
     assert set().union(*(field_refs(c) for c in conditions)) == {1, 2}  # v and s of t(k, v, s)
     assert consumed(ctx, plan).startswith("Projection: t.k")
+
+
+WINDOW = (
+    "SELECT l_orderkey, rank() OVER (PARTITION BY l_suppkey ORDER BY l_quantity) AS r "
+    "FROM lineitem WHERE l_quantity > (SELECT avg(l_quantity) FROM lineitem)"
+)
+
+
+@pytest.mark.parametrize("target", [Rel, Expression.Subquery, Expression.WindowFunction])
+def test_find_yields_what_walk_yields(oracle, target):
+    """``find`` skips only fields that cannot hold ``target``: same messages, same order.
+
+    Over TPC-H's queries (Q15 is a view and three statements) and one with a
+    window function.
+    """
+    found = 0
+    for sql in [query(q) for q in range(1, 23) if q != 15] + [WINDOW]:
+        plan, _ = substrait_of(oracle, sql)
+        expected = [m for m in walk(plan) if isinstance(m, target)]
+        assert list(find(plan, target)) == expected, sql
+        outermost = walk(plan, stop=lambda m: isinstance(m, target))
+        expected_outermost = [m for m in outermost if isinstance(m, target)]
+        assert list(find(plan, target, outermost=True)) == expected_outermost, sql
+        found += len(expected)
+        if target is Rel:
+            assert list(read_rels(plan)) == [m for m in expected if rel_kind(m) == "read"]
+    assert found > 0

@@ -35,9 +35,8 @@ from distfusion.substrait_plan.build import (
 )
 from distfusion.substrait_plan.walk import (
     children,
-    contains,
     field_refs,
-    is_subquery,
+    has_subquery,
     set_children,
     source_tables,
 )
@@ -325,7 +324,7 @@ def _equi_keys(
         if registry.name(fn.function_reference) not in _KEY_FUNCTIONS or len(fn.arguments) != 2:
             continue
         a, b = fn.arguments[0].value, fn.arguments[1].value
-        if contains(a, is_subquery) or contains(b, is_subquery):
+        if has_subquery(a) or has_subquery(b):
             continue
         ra, rb = field_refs(a), field_refs(b)
         if not ra or not rb:

@@ -19,7 +19,7 @@ from substrait.proto import Rel
 
 from distfusion.planner.estimate import Estimate
 from distfusion.stages import Stage, StageInput
-from distfusion.substrait_plan.walk import rel_kind, walk
+from distfusion.substrait_plan.walk import read_rels, rel_kind
 
 __all__ = ["Fragment", "KeySource", "MaterializedStage", "canonical_reads", "through_emit"]
 
@@ -115,11 +115,10 @@ class Fragment:
         rel = Rel()
         rel.CopyFrom(self.rel)
         reads: dict[str, list] = {t: [] for t in repeated}
-        for m in walk(rel):
-            if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
-                names = m.read.named_table.names
-                if len(names) == 1 and names[0] in reads:
-                    reads[names[0]].append(m.read.named_table)
+        for m in read_rels(rel):
+            names = m.read.named_table.names
+            if len(names) == 1 and names[0] in reads:
+                reads[names[0]].append(m.read.named_table)
         taken = {i.table for i in self.inputs}
         renamed: dict[str, list[str]] = {}
         for table in repeated:
@@ -182,11 +181,10 @@ def canonical_reads(rel: Rel, inputs: list[StageInput]) -> tuple[Rel, tuple]:
         names.setdefault(i.table, f"#{i.stage_id}.{i.boundary}.{i.partitions}.{seen[key]}")
     out = Rel()
     out.CopyFrom(rel)
-    for m in walk(out) if names else ():  # a leaf fragment reads no stage
-        if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
-            table = m.read.named_table.names
-            if len(table) == 1 and table[0] in names:
-                table[0] = names[table[0]]
+    for m in read_rels(out) if names else ():  # a leaf fragment reads no stage
+        table = m.read.named_table.names
+        if len(table) == 1 and table[0] in names:
+            table[0] = names[table[0]]
     return out, tuple(identity)
 
 

@@ -56,7 +56,6 @@ from distfusion.planner.estimate import Estimate, filter_selectivity
 from distfusion.planner.fragment import Fragment, MaterializedStage, canonical_reads, through_emit
 from distfusion.planner.plan_subqueries import (
     SubqueryPlanning,
-    has_own_subquery,
     pipelines_subqueries,
 )
 from distfusion.planner.prune_partitions import prune_partitions
@@ -89,10 +88,12 @@ from distfusion.substrait_plan.rewrite import SchemaOracle
 from distfusion.substrait_plan.walk import (
     children,
     field_refs,
+    find,
+    own_has_subquery,
+    read_rels,
     rel_kind,
     set_children,
     source_tables,
-    walk,
 )
 from distfusion.work_unit_feed import filters
 
@@ -315,7 +316,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         method = getattr(self, f"visit_{rel_kind(rel)}", None)
         if method is None:
             return self.visit_single(rel)
-        if has_own_subquery(rel) and not pipelines_subqueries(rel):
+        if own_has_subquery(rel) and not pipelines_subqueries(rel):
             return self.visit_single(rel)
         return method(rel)
 
@@ -382,7 +383,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
     def _pipeline(self, rel: Rel, factor: float = 1.0) -> Fragment:
         (child,) = children(rel)
         frag = self.visit(child)
-        if has_own_subquery(rel):
+        if own_has_subquery(rel):
             rel, inputs = self._plan_subqueries(rel, frag)
             frag = replace(frag, inputs=frag.inputs + inputs)
         part = frag.partitioning
@@ -419,10 +420,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # Only this projection's own expressions: a projection above a window
         # pipelines on the window's partitioning, it does not shuffle again.
         windows = [
-            m
-            for expr in rel.project.expressions
-            for m in walk(expr)
-            if isinstance(m, Expression.WindowFunction)
+            m for expr in rel.project.expressions for m in find(expr, Expression.WindowFunction)
         ]
         if not windows:
             return self._pipeline(rel)
@@ -572,12 +570,8 @@ def _spark_columns(plan: Plan, sources: dict[str, TableSource]) -> dict[str, lis
     first. Read before the walk moves projections out of the reads.
     """
     found: dict[str, set[int] | None] = {}
-    for m in walk(plan):
-        if not (
-            isinstance(m, Rel)
-            and m.WhichOneof("rel_type") == "read"
-            and m.read.WhichOneof("read_type") == "named_table"
-        ):
+    for m in read_rels(plan):
+        if m.read.WhichOneof("read_type") != "named_table":
             continue
         name = m.read.named_table.names[-1]
         source = sources.get(name)

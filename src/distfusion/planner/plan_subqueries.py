@@ -17,13 +17,12 @@ from distfusion.planner.fragment import Fragment
 from distfusion.stages import BROADCAST, StageInput
 from distfusion.substrait_plan.walk import (
     contains,
-    is_subquery,
     own_contains,
     own_subqueries,
     rel_kind,
 )
 
-__all__ = ["SubqueryPlanning", "has_own_subquery", "pipelines_subqueries"]
+__all__ = ["SubqueryPlanning", "pipelines_subqueries"]
 
 
 class SubqueryPlanning:
@@ -55,11 +54,6 @@ class SubqueryPlanning:
             sub.scalar.input.CopyFrom(read)
             inputs.append(inp)
         return new, inputs
-
-
-def has_own_subquery(rel: Rel) -> bool:
-    """True if ``rel``'s own expressions (not its inputs) contain a subquery."""
-    return own_contains(rel, is_subquery)
 
 
 def pipelines_subqueries(rel: Rel) -> bool:

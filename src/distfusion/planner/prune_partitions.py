@@ -27,7 +27,7 @@ from distfusion.sources import TableSource, sql_name
 from distfusion.substrait_plan.build import FunctionRegistry, conjuncts, field_ref, named_struct
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.substrait_plan.rewrite import SchemaOracle
-from distfusion.substrait_plan.walk import contains, field_refs, is_subquery
+from distfusion.substrait_plan.walk import field_refs, has_subquery
 
 __all__ = ["prune_partitions", "pruned_read"]
 
@@ -61,7 +61,7 @@ def prune_partitions(
     usable = [
         c
         for c in conds
-        if field_refs(c) and field_refs(c) <= partition_fields and not contains(c, is_subquery)
+        if field_refs(c) and field_refs(c) <= partition_fields and not has_subquery(c)
     ]
     if not usable:
         return rel, source

@@ -36,8 +36,7 @@ from distfusion.substrait_plan.rewrite import RelRewrite, SchemaOracle
 from distfusion.substrait_plan.walk import (
     children,
     field_refs,
-    is_subquery,
-    own_contains,
+    own_has_subquery,
     rel_kind,
     set_children,
 )
@@ -57,7 +56,7 @@ def _is_plain(rel: Rel) -> bool:
         return False
     if kind not in ("project", "join", "cross"):
         return False
-    if own_contains(rel, is_subquery):
+    if own_has_subquery(rel):
         return False
     return all(_is_plain(c) for c in children(rel))
 

@@ -32,11 +32,10 @@ from substrait.proto import (
 from distfusion.errors import NotDistributableError
 from distfusion.substrait_plan.walk import (
     children,
-    is_subquery,
-    own_contains,
+    own_has_subquery,
+    read_rels,
     rel_kind,
     root_field_refs,
-    walk,
 )
 
 __all__ = [
@@ -148,7 +147,7 @@ def filtered_read(rel: Rel, registry: FunctionRegistry) -> tuple[Rel, list[str |
     names: list[str | None] = []
     node = rel
     while rel_kind(node) in ("project", "filter"):
-        if own_contains(node, is_subquery):
+        if own_has_subquery(node):
             return None
         if rel_kind(node) == "filter":
             names.extend(conjunct_names(node.filter.condition, registry))
@@ -333,11 +332,9 @@ def unproject_source_reads(msg, source_names: set[str]) -> None:
     """
     # Reverse pre-order: a read inside a subquery of a read's filter is
     # rewritten before the read that holds it is replaced.
-    for m in reversed(list(walk(msg))):
+    for m in reversed(list(read_rels(msg))):
         if (
-            isinstance(m, Rel)
-            and m.WhichOneof("rel_type") == "read"
-            and m.read.WhichOneof("read_type") == "named_table"
+            m.read.WhichOneof("read_type") == "named_table"
             and m.read.named_table.names[-1] in source_names
         ):
             new = unproject_read(m)

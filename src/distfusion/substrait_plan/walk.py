@@ -6,7 +6,10 @@ table of child fields. Every search of a
 plan goes through :func:`walk`: it yields a protobuf message and every message
 nested in it (expressions, nested relations, subqueries), depth first in field
 order, and stops descending where the caller says. :func:`own_messages` is the
-same walk over a relation's own fields (its expressions), not its inputs. The
+same walk over a relation's own fields (its expressions), not its inputs.
+:func:`find` is the walk for messages of one type: it descends only into fields
+whose type can hold one (not into types, literals or schemas), which makes the
+searches for reads, subqueries and window functions several times cheaper. The
 searches the planner needs (:func:`contains`, :func:`own_contains`,
 :func:`own_subqueries`, :func:`source_tables`, :func:`field_refs`) are built on
 them. See docs/architecture.md (the planner).
@@ -15,21 +18,31 @@ them. See docs/architecture.md (the planner).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import cache
+from typing import TypeVar
 
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 from substrait.proto import Expression, Rel
 
 from distfusion.errors import PlanningError
+
+T = TypeVar("T", bound=Message)
 
 __all__ = [
     "child_fields",
     "children",
     "contains",
     "field_refs",
+    "find",
     "is_subquery",
+    "has_subquery",
     "own_contains",
+    "own_find",
+    "own_has_subquery",
     "own_messages",
     "own_subqueries",
+    "read_rels",
     "rel_kind",
     "relations",
     "root_field_refs",
@@ -142,6 +155,69 @@ def walk(msg: Message, stop: Callable[[Message], bool] | None = None) -> Iterato
         stack.extend(reversed(nested))
 
 
+@cache
+def _fields_toward(root: Descriptor, target: Descriptor) -> dict[str, frozenset[int]]:
+    """For every message type nested in ``root``: its fields that can hold a ``target``.
+
+    Keyed by the type's full name; a field is listed when its type is
+    ``target`` or has a field listed (the types of a Substrait plan nest
+    recursively, so this is a fixed point over the types reachable from ``root``).
+    """
+    edges: dict[str, list[tuple[int, str]]] = {}
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if d.full_name in edges:
+            continue
+        nested = [f for f in d.fields if f.message_type is not None]
+        edges[d.full_name] = [(f.number, f.message_type.full_name) for f in nested]
+        stack.extend(f.message_type for f in nested)
+    holds = {target.full_name}
+    grew = True
+    while grew:
+        grew = False
+        for name, fields in edges.items():
+            if name not in holds and any(t in holds for _, t in fields):
+                holds.add(name)
+                grew = True
+    return {name: frozenset(n for n, t in fields if t in holds) for name, fields in edges.items()}
+
+
+def find(msg: Message, cls: type[T], outermost: bool = False) -> Iterator[T]:
+    """Every message of type ``cls`` in ``msg`` (``msg`` included), in :func:`walk`'s order.
+
+    Descends only into fields whose type can hold a ``cls``. With
+    ``outermost``, a found message is not descended into. The caller may
+    change a message it was given, as with :func:`walk`.
+    """
+    toward = _fields_toward(msg.DESCRIPTOR, cls.DESCRIPTOR)
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        if isinstance(m, cls):
+            yield m
+            if outermost:
+                continue
+        fields = toward[m.DESCRIPTOR.full_name]
+        if not fields:
+            continue
+        nested: list[Message] = []
+        for fd, value in m.ListFields():
+            if fd.number in fields:
+                if fd.is_repeated:
+                    nested.extend(value)
+                else:
+                    nested.append(value)
+        stack.extend(reversed(nested))
+
+
+def read_rels(msg: Message) -> Iterator[Rel]:
+    """Every read relation in ``msg`` (``msg`` included, subqueries too), in walk order."""
+    for m in find(msg, Rel):
+        if m.WhichOneof("rel_type") == "read":
+            yield m
+
+
 def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
     """:func:`walk` over ``rel``'s own fields (its expressions), not its inputs."""
     kind = rel_kind(rel)
@@ -151,6 +227,17 @@ def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Ite
             continue
         for v in value if fd.is_repeated else [value]:
             yield from walk(v, stop)
+
+
+def own_find(rel: Rel, cls: type[T], outermost: bool = False) -> Iterator[T]:
+    """:func:`find` over ``rel``'s own fields (its expressions), not its inputs."""
+    kind = rel_kind(rel)
+    inputs = child_fields(kind)
+    for fd, value in getattr(rel, kind).ListFields():
+        if fd.name in inputs or fd.message_type is None:
+            continue
+        for v in value if fd.is_repeated else [value]:
+            yield from find(v, cls, outermost)
 
 
 def contains(msg: Message, predicate: Callable[[Message], bool]) -> bool:
@@ -170,17 +257,26 @@ def is_subquery(m: Message) -> bool:
 
 def own_subqueries(rel: Rel) -> list[Expression.Subquery]:
     """The subquery expressions of ``rel``'s own expressions, outermost only."""
-    return [m for m in own_messages(rel, stop=is_subquery) if is_subquery(m)]
+    return list(own_find(rel, Expression.Subquery, outermost=True))
+
+
+def has_subquery(msg: Message) -> bool:
+    """Whether ``msg`` is or holds a subquery expression."""
+    return next(find(msg, Expression.Subquery, outermost=True), None) is not None
+
+
+def own_has_subquery(rel: Rel) -> bool:
+    """Whether ``rel``'s own expressions (not its inputs) hold a subquery expression."""
+    return next(own_find(rel, Expression.Subquery, outermost=True), None) is not None
 
 
 def source_tables(rel: Rel, names) -> list[str]:
     """Tables among ``names`` that ``rel`` reads anywhere (subqueries included), in order."""
     found: list[str] = []
-    for m in walk(rel):
-        if isinstance(m, Rel) and m.WhichOneof("rel_type") == "read":
-            t = m.read.named_table.names
-            if len(t) and t[-1] in names and t[-1] not in found:
-                found.append(t[-1])
+    for m in read_rels(rel):
+        t = m.read.named_table.names
+        if len(t) and t[-1] in names and t[-1] not in found:
+            found.append(t[-1])
     return found
 
 
