@@ -162,6 +162,28 @@ def test_memory_per_task_reaches_the_settings(tpch_dir, tmp_path):
     assert doc["settings"]["memory_per_task_bytes"] == 64 * 1024 * 1024
 
 
+def test_no_warmup_times_the_first_run_as_one_of_the_runs(tpch_dir, tmp_path, monkeypatch):
+    runs = []  # every distfusion run of a query, the first (probe) one included
+    call, probe = bench.DistfusionRunner.__call__, bench.DistfusionRunner.probe
+    monkeypatch.setattr(
+        bench.DistfusionRunner, "__call__", lambda r, sql: runs.append(sql) or call(r, sql)
+    )
+    monkeypatch.setattr(
+        bench.DistfusionRunner, "probe", lambda r, sql: runs.append(sql) or probe(r, sql)
+    )
+    doc = _bench(tpch_dir, tmp_path, "--runs", "2", "--no-warmup")
+    assert doc["settings"]["warmup"] is False
+    # two queries, two distfusion engines (distfusion, local), two runs each: no extra warm-up
+    assert len(runs) == 2 * 2 * 2
+    for q in doc["queries"].values():
+        assert q["answers_differ"] == []
+        for engine in q["engines"].values():
+            assert len(engine["runs_s"]) == 2 and all(t > 0 for t in engine["runs_s"])
+    runs.clear()
+    doc = _bench(tpch_dir, tmp_path, "--runs", "2")
+    assert doc["settings"]["warmup"] is True and len(runs) == 3 * 2 * 2
+
+
 def test_no_metrics_peer_runs_the_same_plans_without_operator_metrics(tpch_dir, tmp_path):
     doc = _bench(tpch_dir, tmp_path, "--peers", "datafusion,no-metrics")
     for q in doc["queries"].values():

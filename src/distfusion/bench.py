@@ -2,9 +2,10 @@
 
 For every query, each engine runs once to warm up (file caches, JIT-free but
 allocator and OS caches), then ``runs`` timed runs, interleaved engine by engine
-so that machine noise hits all of them alike. Reported: the median wall time
-(seconds) per query and engine with the machine's peak extra memory during
-its timed runs (:class:`PeakMemory`), the sum of medians as the total, and each
+so that machine noise hits all of them alike (``--no-warmup``: that first run
+is timed, as the first of ``runs``, for long runs at scale). Reported: the
+median wall time (seconds) per query and engine with the machine's peak extra
+memory during its timed runs (:class:`PeakMemory`), the sum of medians as the total, and each
 peer's ratio to distfusion (``ratio = distfusion / peer``; below 1 means
 distfusion is faster).
 
@@ -170,21 +171,25 @@ class DistfusionRunner:
         """Run ``sql`` to completion; returns the result."""
         return self.ctx.sql(sql).to_arrow_table()
 
-    def probe(self, sql: str) -> tuple[pa.Table, dict, list[str]]:
-        """Run ``sql`` once, untimed.
+    def probe(self, sql: str) -> tuple[pa.Table, dict, list[str], float]:
+        """Run ``sql`` once, and read what it did.
 
         Returns:
-            ``(result, shape, decisions)``: see :func:`shape_of` (with
+            ``(result, shape, decisions, elapsed)``: see :func:`shape_of` (with
             ``spilled_bytes``: what the tasks' DataFusion operators spilled,
-            from ``df.metrics()``) and :func:`adaptive_decisions`.
+            from ``df.metrics()``) and :func:`adaptive_decisions`; ``elapsed``:
+            wall seconds from the query's start to its result (its plan
+            explained on the way), not the reading after.
         """
+        start = time.perf_counter()
         df = self.ctx.sql(sql)
         before = _explain(df)
         result = df.to_arrow_table()
+        elapsed = time.perf_counter() - start
         shape = shape_of(df.stage_graph())
         metrics = df.metrics()
         shape["spilled_bytes"] = sum(s.spilled_bytes for s in metrics.stages) if metrics else 0
-        return result, shape, adaptive_decisions(df, before)
+        return result, shape, adaptive_decisions(df, before), elapsed
 
 
 def static_config():
@@ -558,6 +563,7 @@ def _settings(args, queries: list[int], peers: list[str], runtime) -> dict:
         "num_workers": runtime.num_workers(),
         "master": getattr(args, "master", None),
         "runs": args.runs,
+        "warmup": not getattr(args, "no_warmup", False),
         "queries": queries,
         "peers": peers,
         "memory_per_task_bytes": getattr(args, "memory_per_task", None),
@@ -730,13 +736,15 @@ def _measure_query(
     console: Console,
     idle_bytes: int | None = None,
     server=None,
+    warmup: bool = True,
 ) -> dict:
     """Warm up every engine on query ``q``, then ``runs`` interleaved timed runs.
 
-    The warm-up results are checked: every engine's row count, and each
-    DataFusion-based engine's answer against single-node DataFusion's
-    (:func:`answer_digest`; a difference is printed in red and listed under
-    ``answers_differ``).
+    Without ``warmup``, that first run of each engine is timed too and counts
+    as the first of the ``runs``. The first run's results are checked: every
+    engine's row count, and each DataFusion-based engine's answer against
+    single-node DataFusion's (:func:`answer_digest`; a difference is printed
+    in red and listed under ``answers_differ``).
 
     Returns:
         ``{"rows": n, "answers_differ": [engine, ...],
@@ -750,13 +758,21 @@ def _measure_query(
     """
     sql = tpch.query(q)
     results, shapes, decisions, requests = {}, {}, {}, {}
-    for e, run in engines.items():  # warm-up
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    peaks: dict[str, list[PeakMemory]] = {e: [] for e in engines}
+    for e, run in engines.items():  # the first run: warm-up, or timed without one
         if server is not None:
             server.clear_requests()
-        if isinstance(run, DistfusionRunner):
-            results[e], shapes[e], decisions[e] = run.probe(sql)
-        else:
-            results[e] = run(sql)
+        with PeakMemory(idle_bytes=idle_bytes) as peak:
+            start = time.perf_counter()
+            if isinstance(run, DistfusionRunner):
+                results[e], shapes[e], decisions[e], elapsed = run.probe(sql)
+            else:
+                results[e] = run(sql)
+                elapsed = time.perf_counter() - start
+        if not warmup:
+            times[e].append(elapsed)
+            peaks[e].append(peak)
         if server is not None:
             requests[e] = request_counts(server.requests())
     rows = {e: t.num_rows for e, t in results.items()}
@@ -766,9 +782,7 @@ def _measure_query(
     differ = _answers_differ(results)
     if differ:
         console.print(f"[bold red]Q{q}: answers differ from single-node DataFusion: {differ}[/]")
-    times: dict[str, list[float]] = {e: [] for e in engines}
-    peaks: dict[str, list[PeakMemory]] = {e: [] for e in engines}
-    for _ in range(runs):
+    for _ in range(runs - len(times["distfusion"])):
         for e, run in engines.items():
             elapsed, peak = _time(run, sql, idle_bytes)
             times[e].append(elapsed)
@@ -884,7 +898,16 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
             f"{args.runs} timed runs per query, medians in seconds"
         )
         per_query = {
-            str(q): _measure_query(q, engines, args.runs, console, idle, server) for q in queries
+            str(q): _measure_query(
+                q,
+                engines,
+                args.runs,
+                console,
+                idle,
+                server,
+                warmup=not getattr(args, "no_warmup", False),
+            )
+            for q in queries
         }
     totals = {e: sum(r["engines"][e]["median_s"] for r in per_query.values()) for e in engines}
     doc = {

@@ -370,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--queries", default="", help="comma-separated query numbers, e.g. 1,3,5 (default: all 22)"
     )
     b.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="time each engine's first run of a query (it counts as the first of --runs) "
+        "instead of warming up with it: for runs at scale",
+    )
+    b.add_argument(
         "--peers",
         default=None,
         help="comma-separated engines measured next to distfusion: datafusion (single-node), "
