@@ -115,3 +115,36 @@ def test_the_pass_filters_the_aggregate_input_by_the_selective_side(runtimes):
         lambda plan, oracle: reduce_aggregate_inputs(plan, oracle, contexts[0].sources, 0),
     )
     assert unchanged == before
+
+
+def test_a_copy_over_the_bound_applies_while_broadcasting_it_pays(runtimes):
+    """The copied scan grows with the data.
+
+    TPC-H Q17 at SF30: ``part``'s 0.1% is estimated at 12 MiB (the selectivity
+    is floored at 5%); without the copy the query aggregated all of lineitem,
+    6x slower. Over ``runtime_filter_bytes`` the copy is made while broadcasting it pays
+    (``PlannerConfig.broadcast_pays``), up to ten times the bound.
+    """
+    sql = (
+        "SELECT d.c, a.s FROM d JOIN (SELECT k, sum(x) AS s FROM f GROUP BY k) a ON a.k = d.k "
+        "WHERE d.c = 'c3'"
+    )
+    tables = {"f": (F, 500), "d": (D, 50), "g": (G, 500)}
+
+    def copied(runtime_filter_bytes: int, max_broadcast_bytes: int) -> bool:
+        contexts = make_contexts(
+            runtimes[4],
+            tables,
+            runtime_filter_bytes=runtime_filter_bytes,
+            broadcast_threshold_bytes=0,
+            max_broadcast_bytes=max_broadcast_bytes,
+        )
+        g = run(contexts, sql)
+        check_well_formed(g)
+        return "LeftSemi Join: f" in "".join(s.plan_text for s in g.stages)
+
+    # d's filtered scan is estimated between 160 and 320 bytes.
+    assert copied(320, 0)  # within the bound: always
+    assert not copied(80, 0)  # over it, and broadcasting never pays
+    assert copied(80, 1_000_000)
+    assert not copied(10, 1_000_000)  # over ten times the bound

@@ -119,7 +119,10 @@ class DistributedConfig:
             holds before shuffling them (a semi-join reduction, Spark's runtime
             filter). The same bound on the whole side gates the plan
             rewrites that copy or move such a side (a filtered scan below an
-            aggregate, a filtered dimension joined first). 0 turns them off.
+            aggregate, a filtered dimension joined first). Keys, or a copied
+            scan, over the bound still qualify while broadcasting the side
+            pays (:meth:`broadcast_pays`), up to ten times the bound: such
+            sides grow with the data. 0 turns them off.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
         adaptive: plan the rest of a query again over the measured output of

@@ -25,6 +25,7 @@ __all__ = [
     "FILTER_SELECTIVITY",
     "filter_selectivity",
     "is_selective_scan",
+    "selective_scan_bytes",
     "REDUCTION_KEPT",
     "REDUCTION_RATIO",
 ]
@@ -94,29 +95,42 @@ def key_share(key_types, row_types) -> float:
     return min(1.0, sum(value_bytes(t) for t in key_types) / row) if row else 1.0
 
 
-def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
-    """Whether ``rel`` is a small, selective filtered scan.
+def selective_scan_bytes(rel, registry, sources: dict) -> float | None:
+    """The estimated output bytes of ``rel`` if it is a selective filtered scan; else None.
 
     That is projections and filters over one source read (see
-    :func:`~distfusion.substrait_plan.build.filtered_read`), whose filters keep at
-    most :data:`REDUCTION_KEPT` of the table (:func:`filter_selectivity`) and
-    whose output is estimated at most ``limit_bytes`` (projected bytes times
-    that fraction; 0: never). Spark's runtime filter asks the same of its
-    creation side (``isSelectiveFilterOverScan``, ``creationSideThreshold``).
+    :func:`~distfusion.substrait_plan.build.filtered_read`) whose filters keep at
+    most :data:`REDUCTION_KEPT` of the table (:func:`filter_selectivity`); the
+    estimate is the projected bytes times that fraction. Spark's runtime filter
+    asks the same of its creation side (``isSelectiveFilterOverScan``).
     """
     found = filtered_read(rel, registry)
-    if found is None or not found[1] or limit_bytes <= 0:
-        return False
+    if found is None or not found[1]:
+        return None
     read, names = found
     source = sources.get(read.read.named_table.names[-1])
     if source is None or source.streamed:  # read once, by its own leaf stage
-        return False
+        return None
     fraction = filter_selectivity(names)
+    if fraction > REDUCTION_KEPT:
+        return None
     columns = None
     if read.read.HasField("projection"):
         all_names = list(source.schema.names)
         columns = [all_names[i.field] for i in read.read.projection.select.struct_items]
-    return fraction <= REDUCTION_KEPT and source.projected_bytes(columns) * fraction <= limit_bytes
+    return source.projected_bytes(columns) * fraction
+
+
+def is_selective_scan(rel, registry, sources: dict, limit_bytes: int) -> bool:
+    """Whether ``rel`` is a selective filtered scan of at most ``limit_bytes`` (0: never).
+
+    See :func:`selective_scan_bytes`; Spark's ``creationSideThreshold`` bounds
+    its runtime filters' creation side likewise.
+    """
+    if limit_bytes <= 0:
+        return False
+    estimated = selective_scan_bytes(rel, registry, sources)
+    return estimated is not None and estimated <= limit_bytes
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,13 @@ def plan_stages(
     oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
     push_semi_joins(plan, oracle)
     push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
-    reduce_aggregate_inputs(plan, oracle, sources, config.runtime_filter_bytes)
+    reduce_aggregate_inputs(
+        plan,
+        oracle,
+        sources,
+        config.runtime_filter_bytes,
+        lambda copy, read: config.broadcast_pays(copy, read, config.task_cap),
+    )
     return inject_network_boundaries(
         plan, sources, config, oracle, materialized, query_id, first_stage_id
     )
