@@ -138,7 +138,7 @@ def test_keys_over_the_bound_still_filter_while_broadcasting_their_side_pays(run
     """A selective side's keys outgrow ``runtime_filter_bytes`` at scale.
 
     TPC-H Q4 at SF30 has 13 MiB of order keys; without the filter lineitem is
-    shuffled whole, 2x slower. Over the bound, the filter applies while copying the side to the other side's
+    shuffled whole, 3x slower. Over the bound, the filter applies while copying the side to the other side's
     tasks pays (``PlannerConfig.broadcast_pays``), never for a side over ten times it.
     """
     sql = (
