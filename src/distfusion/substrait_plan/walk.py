@@ -218,26 +218,26 @@ def read_rels(msg: Message) -> Iterator[Rel]:
             yield m
 
 
-def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
-    """:func:`walk` over ``rel``'s own fields (its expressions), not its inputs."""
+def _own_fields(rel: Rel) -> Iterator[Message]:
+    """The messages in ``rel``'s own fields (its expressions, ...), not its inputs."""
     kind = rel_kind(rel)
     inputs = child_fields(kind)
     for fd, value in getattr(rel, kind).ListFields():
         if fd.name in inputs or fd.message_type is None:
             continue
-        for v in value if fd.is_repeated else [value]:
-            yield from walk(v, stop)
+        yield from value if fd.is_repeated else [value]
+
+
+def own_messages(rel: Rel, stop: Callable[[Message], bool] | None = None) -> Iterator[Message]:
+    """:func:`walk` over ``rel``'s own fields (its expressions), not its inputs."""
+    for v in _own_fields(rel):
+        yield from walk(v, stop)
 
 
 def own_find(rel: Rel, cls: type[T], outermost: bool = False) -> Iterator[T]:
     """:func:`find` over ``rel``'s own fields (its expressions), not its inputs."""
-    kind = rel_kind(rel)
-    inputs = child_fields(kind)
-    for fd, value in getattr(rel, kind).ListFields():
-        if fd.name in inputs or fd.message_type is None:
-            continue
-        for v in value if fd.is_repeated else [value]:
-            yield from find(v, cls, outermost)
+    for v in _own_fields(rel):
+        yield from find(v, cls, outermost)
 
 
 def contains(msg: Message, predicate: Callable[[Message], bool]) -> bool:
