@@ -69,3 +69,17 @@ def test_planner_config_takes_the_declared_profile():
     assert (config.workers, config.task_cap, config.broadcast_copies) == (2, 1024, 2)
     assert config.remote_workers
     assert config.estimator == DefaultTaskEstimator(256 * 2**20, None, 2**31, 2**26)
+
+
+def test_a_broadcast_over_the_classic_bound_must_be_small_next_to_its_probe():
+    """Over 100 MiB, a broadcast's copies take at most a quarter of the probe's bytes.
+
+    Every copy builds a hash table of the side; below 100 MiB, moving fewer
+    bytes than a shuffle is enough.
+    """
+    mib, gib = 2**20, 2**30
+    config = PlannerConfig(workers=2, max_broadcast_bytes=gib)
+    assert config.broadcast_pays(200 * mib, 10 * gib, probe_tasks=2)  # TPC-H Q5 at SF30
+    assert not config.broadcast_pays(200 * mib, 1 * gib, probe_tasks=2)  # 400 MiB > 256 MiB
+    assert config.broadcast_pays(90 * mib, 200 * mib, probe_tasks=2)  # within 100 MiB
+    assert not config.broadcast_pays(2 * gib, 100 * gib, probe_tasks=2)  # over the bound

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from distfusion.planner.config import PlannerConfig, RuntimeProfile
+from distfusion import DistributedConfig
+from distfusion.planner.config import MAX_BROADCAST_BYTES, PlannerConfig, RuntimeProfile
 from distfusion.runtime.registry import RUNTIMES
 
 
-def test_local_runtime_declares_the_defaults(runtime_for):
-    assert runtime_for("local", 2).profile() == RuntimeProfile()
+def test_local_runtime_declares_the_defaults_and_its_task_memory(runtime_for):
+    runtime = runtime_for("local", 2)
+    assert runtime.profile() == RuntimeProfile(task_memory_bytes=runtime.memory_per_task_bytes)
+
+
+def test_the_default_broadcast_bound_follows_the_task_memory(runtime_for):
+    """None: the larger of 100 MiB and a sixteenth of a task's memory budget."""
+    local = runtime_for("local", 2)
+
+    def bound(runtime, **settings) -> int:
+        return PlannerConfig.for_runtime(DistributedConfig(**settings), runtime).max_broadcast_bytes
+
+    assert bound(local) == max(MAX_BROADCAST_BYTES, local.memory_per_task_bytes // 16)
+    assert bound(local, memory_per_task_bytes=8 * 2**30) == 512 * 2**20  # the query's budget
+    assert bound(local, memory_per_task_bytes=256 * 2**20) == MAX_BROADCAST_BYTES
+    assert bound(local, max_broadcast_bytes=0) == 0  # as set
+    assert bound(runtime_for("flight", 2)) == MAX_BROADCAST_BYTES  # workers' memory unknown
+    assert PlannerConfig(workers=1).max_broadcast_bytes == MAX_BROADCAST_BYTES
 
 
 def test_flight_runtime_declares_remote_workers(runtime_for):
@@ -27,6 +44,7 @@ def test_spark_runtime_declares_its_task_sizes_and_spark_reads(runtime_for):
         broadcast_copies=runtime.broadcast_copies,
         reads_spark_dataframes=True,
         explain_note=runtime.explain_note,
+        task_memory_bytes=runtime.memory_per_task_bytes,
     )
     config = PlannerConfig.for_runtime(PlannerConfig(workers=1), runtime)
     assert (config.task_cap, config.broadcast_copies) == (1024, runtime.broadcast_copies)

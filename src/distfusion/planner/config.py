@@ -17,7 +17,26 @@ from dataclasses import dataclass
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
 from distfusion.protocol.environment import environment_switches
 
-__all__ = ["DistributedConfig", "PlannerConfig", "RuntimeProfile"]
+__all__ = [
+    "BROADCAST_MEMORY_SHARE",
+    "LARGE_BROADCAST_SHARE",
+    "MAX_BROADCAST_BYTES",
+    "DistributedConfig",
+    "PlannerConfig",
+    "RuntimeProfile",
+]
+
+MAX_BROADCAST_BYTES = 100 * 1024 * 1024
+"""The least default ``max_broadcast_bytes`` (Trino's ``join-max-broadcast-table-size``)."""
+
+LARGE_BROADCAST_SHARE = 0.25
+"""The hash tables of a broadcast over :data:`MAX_BROADCAST_BYTES`, one per copy,
+take at most this share of the probe side's bytes (:meth:`PlannerConfig.broadcast_pays`)."""
+
+BROADCAST_MEMORY_SHARE = 16
+"""The default ``max_broadcast_bytes`` is at least this fraction (1/16) of a task's
+memory budget: a hash join's table takes about twice its input, and a task may
+hold a few at once (TPC-H Q8 joins seven tables)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,11 @@ class RuntimeProfile:
             runtime moves data. Default "" (none); Spark: its data plane when
             Spark encrypts (Flight over TLS, or why not Flight). Read by
             :mod:`distfusion.coordinator.explain`.
+        task_memory_bytes: the memory budget of a task whose query sets none
+            (``DistributedConfig.memory_per_task_bytes``), bytes. Default None
+            (unknown: the Flight runtime's worker processes); the local and
+            Spark runtimes: theirs. Read by :meth:`PlannerConfig.for_runtime`
+            (the default ``max_broadcast_bytes`` grows with it).
     """
 
     bytes_per_task: int = DefaultTaskEstimator.bytes_per_task
@@ -75,6 +99,7 @@ class RuntimeProfile:
     remote_workers: bool = False
     reads_spark_dataframes: bool = False
     explain_note: str = ""
+    task_memory_bytes: int | None = None
 
     @classmethod
     def of(cls, runtime: object) -> RuntimeProfile:
@@ -103,10 +128,18 @@ class DistributedConfig:
         broadcast_threshold_bytes: a join side estimated below this many bytes is
             broadcast instead of shuffled (default 10 MiB, Spark's
             ``spark.sql.autoBroadcastJoinThreshold``).
-        max_broadcast_bytes: a larger side (up to this size, default 100 MiB as
-            Trino's ``join-max-broadcast-table-size``) is still broadcast when
-            copying it to every probe task moves fewer bytes than shuffling
-            both sides.
+        max_broadcast_bytes: a larger side (up to this size) is still
+            broadcast when copying it to every probe task moves fewer bytes
+            than shuffling both sides. None (default): the larger of
+            :data:`MAX_BROADCAST_BYTES` (100 MiB, as Trino's
+            ``join-max-broadcast-table-size``) and a
+            :data:`BROADCAST_MEMORY_SHARE`-th of a task's memory budget
+            (``memory_per_task_bytes``, else the runtime's), as every task
+            builds a hash table of the side: about 380 MiB on this project's 24 GiB
+            machine with 2 workers. A fixed bound stops broadcasts that grow
+            with the data: at TPC-H SF30, Q5's customer-orders side measures
+            104 MiB, and shuffling lineitem instead took 4x the time and
+            +12 GiB of memory (docs/benchmarks.md, "TPC-H growth").
         replicate_scan_bytes: a broadcast side that only reads source tables
             totalling at most this many bytes (default 4 MiB: TPC-H's nation,
             region and, at scale factor 1, supplier) gets no stage of its own:
@@ -176,7 +209,7 @@ class DistributedConfig:
     bytes_per_task: int | None = None
     tasks_per_stage: int | None = None
     broadcast_threshold_bytes: int = 10 * 1024 * 1024
-    max_broadcast_bytes: int = 100 * 1024 * 1024
+    max_broadcast_bytes: int | None = None
     replicate_scan_bytes: int = 4 * 1024 * 1024
     runtime_filter_bytes: int = 10 * 1024 * 1024
     estimator: TaskEstimator | None = None
@@ -215,8 +248,9 @@ class PlannerConfig(DistributedConfig):
     """A :class:`DistributedConfig` completed for one runtime: what the planner plans with.
 
     Made by :meth:`for_runtime` on the coordinator before each planning;
-    ``estimator`` is always set (the settings' :meth:`task_estimator` when not
-    given).
+    ``estimator`` and ``max_broadcast_bytes`` are always set (the settings'
+    :meth:`task_estimator` when not given; the bound from the task memory
+    budget, see :class:`DistributedConfig`).
 
     Attributes:
         workers: the runtime's worker count; caps the tasks of a stage.
@@ -241,6 +275,8 @@ class PlannerConfig(DistributedConfig):
         super().__post_init__()
         if self.estimator is None:
             object.__setattr__(self, "estimator", self.task_estimator())
+        if self.max_broadcast_bytes is None:  # made without a runtime: no memory known
+            object.__setattr__(self, "max_broadcast_bytes", MAX_BROADCAST_BYTES)
 
     @classmethod
     def for_runtime(cls, settings: DistributedConfig, runtime: object) -> PlannerConfig:
@@ -261,6 +297,11 @@ class PlannerConfig(DistributedConfig):
         profile = RuntimeProfile.of(runtime)
         values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(DistributedConfig)}
         values["estimator"] = settings.task_estimator(profile)
+        if settings.max_broadcast_bytes is None:
+            memory = settings.memory_per_task_bytes or profile.task_memory_bytes or 0
+            values["max_broadcast_bytes"] = max(
+                MAX_BROADCAST_BYTES, memory // BROADCAST_MEMORY_SHARE
+            )
         if settings.stream_task_inputs is None:  # the environment may say (one place)
             values["stream_task_inputs"] = environment_switches().stream_task_inputs
         return cls(
@@ -282,10 +323,19 @@ class PlannerConfig(DistributedConfig):
         Always under ``broadcast_threshold_bytes`` (Spark's rule); up to
         ``max_broadcast_bytes`` when replicating the build side costs fewer bytes
         than shuffling both sides (Trino's cost-based ``AUTOMATIC`` join
-        distribution, whose ``join-max-broadcast-table-size`` is 100 MB).
+        distribution, whose ``join-max-broadcast-table-size`` is 100 MB). A
+        side over :data:`MAX_BROADCAST_BYTES` must also be small next to the
+        probe side: every copy builds its hash table, and all of them together
+        must take at most :data:`LARGE_BROADCAST_SHARE` of the probe's bytes
+        (TPC-H Q5 at SF30 broadcasts 104 MiB against 5 GiB of lineitem; Q18 at
+        SF10 took twice its time broadcasting its orders side to lineitem).
         """
         if build_bytes <= self.broadcast_threshold_bytes:
             return True
         copies = min(probe_tasks, self.broadcast_copies or probe_tasks)
         replicated = build_bytes * max(copies - 1, 0)
+        if build_bytes > MAX_BROADCAST_BYTES and build_bytes * copies > (
+            probe_bytes * LARGE_BROADCAST_SHARE
+        ):
+            return False
         return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes

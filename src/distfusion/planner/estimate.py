@@ -70,8 +70,8 @@ REDUCTION_RATIO = 4
 REDUCTION_SIDE_FACTOR = 10
 """...and only when the side is likely at most this many times
 ``runtime_filter_bytes`` (every task of the other side reads all of it;
-100 MiB by default, as the largest broadcast, ``max_broadcast_bytes``), its
-keys at most ``runtime_filter_bytes``."""
+100 MiB by default, the least default ``max_broadcast_bytes``), its keys at
+most ``runtime_filter_bytes`` unless broadcasting the side pays."""
 
 VARIABLE_WIDTH_BYTES = 16
 """Bytes assumed for one value of a variable-width type (strings, binary, lists)."""

@@ -83,8 +83,8 @@ class LocalRuntime:
         self.routing = routing
 
     def profile(self) -> RuntimeProfile:
-        """See :meth:`Runtime.profile`: every default (16 MiB tasks, at most one per worker)."""
-        return RuntimeProfile()
+        """See :meth:`Runtime.profile`: the defaults, and its tasks' memory budget."""
+        return RuntimeProfile(task_memory_bytes=self.memory_per_task_bytes)
 
     def num_workers(self) -> int:
         """The number of in-process workers."""

@@ -333,8 +333,9 @@ class SparkRuntime:
         :attr:`shuffle_bytes_per_task` (the last two on the Flight data plane
         only), :attr:`max_tasks`, :attr:`broadcast_copies` (the workers now);
         leaf stages may read Spark DataFrames; ``explain()`` notes the data
-        plane when Spark encrypts (:attr:`explain_note`). The Spark Connect
-        runtime declares the same (its own ``broadcast_copies``).
+        plane when Spark encrypts (:attr:`explain_note`); its tasks' memory
+        budget (:attr:`memory_per_task_bytes`). The Spark Connect runtime
+        declares the same (its own ``broadcast_copies`` and memory budget).
         """
         return RuntimeProfile(
             bytes_per_task=self.bytes_per_task,
@@ -344,6 +345,7 @@ class SparkRuntime:
             broadcast_copies=self.broadcast_copies,
             reads_spark_dataframes=True,
             explain_note=self.explain_note,
+            task_memory_bytes=self.memory_per_task_bytes,
         )
 
     def num_workers(self) -> int:
