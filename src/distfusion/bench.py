@@ -782,7 +782,7 @@ def _measure_query(
     differ = _answers_differ(results)
     if differ:
         console.print(f"[bold red]Q{q}: answers differ from single-node DataFusion: {differ}[/]")
-    for _ in range(runs - len(times["distfusion"])):
+    for _ in range(runs if warmup else runs - 1):
         for e, run in engines.items():
             elapsed, peak = _time(run, sql, idle_bytes)
             times[e].append(elapsed)

@@ -12,9 +12,10 @@ docs/architecture.md (the planner; where to add a runtime).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
+from distfusion.planner.estimate import REDUCTION_SIDE_FACTOR, DefaultTaskEstimator, TaskEstimator
 from distfusion.protocol.environment import environment_switches
 
 __all__ = [
@@ -154,8 +155,9 @@ class DistributedConfig:
             rewrites that copy or move such a side (a filtered scan below an
             aggregate, a filtered dimension joined first). Keys, or a copied
             scan, over the bound still qualify while broadcasting the side
-            pays (:meth:`broadcast_pays`), up to ten times the bound: such
-            sides grow with the data. 0 turns them off.
+            pays, up to ten times the bound
+            (:meth:`PlannerConfig.reduction_fits`): such sides grow with the
+            data. 0 turns them off.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
         adaptive: plan the rest of a query again over the measured output of
@@ -339,3 +341,28 @@ class PlannerConfig(DistributedConfig):
         ):
             return False
         return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes
+
+    def reduction_fits(
+        self,
+        side_bytes: float,
+        target_bytes: float,
+        target_tasks: int,
+        held_bytes: Callable[[], float] | None = None,
+    ) -> bool:
+        """Whether a semi-join reduction's side is small enough to filter a target with.
+
+        The side (``side_bytes``; every task of the target reads all of it) at
+        most :data:`~distfusion.planner.estimate.REDUCTION_SIDE_FACTOR` times
+        ``runtime_filter_bytes``, and what the reduction holds (``held_bytes()``,
+        asked only then: its keys; default the side) at most
+        ``runtime_filter_bytes``, or else broadcasting the side to the
+        target's ``target_tasks`` tasks pays (:meth:`broadcast_pays`): a side
+        that grows with the data still qualifies at scale (TPC-H Q4's 13 MiB
+        of order keys and Q17's 12 MiB copy of ``part`` at SF30). Used by the
+        runtime filters and the copies below aggregates; 0 turns both off.
+        """
+        limit = self.runtime_filter_bytes
+        if not limit or side_bytes > REDUCTION_SIDE_FACTOR * limit:
+            return False
+        held = side_bytes if held_bytes is None else held_bytes()
+        return held <= limit or self.broadcast_pays(side_bytes, target_bytes, target_tasks)

@@ -24,7 +24,6 @@ from substrait.proto import Expression, JoinRel, Rel
 from distfusion.planner.estimate import (
     REDUCTION_KEPT,
     REDUCTION_RATIO,
-    REDUCTION_SIDE_FACTOR,
     Estimate,
     key_share,
 )
@@ -97,28 +96,20 @@ class RuntimeFilters:
         """Whether to filter ``target`` by the keys (of ``types``) of a side estimated ``est``.
 
         The side (its columns of the types ``row_types()`` gives, asked last)
-        must be selective (``kept`` at
-        most :data:`REDUCTION_KEPT`), its keys likely at most
-        ``runtime_filter_bytes`` (their :func:`key_share` of its likely bytes:
-        what the filter holds, as Spark's creation side threshold bounds a
-        Bloom filter's keys) or else the side small enough to broadcast to
-        ``target``'s tasks (:meth:`PlannerConfig.broadcast_pays`: copying it to
-        them moves fewer bytes than ``target`` has, so a filter that scales
-        with the data still applies at scale: TPC-H Q4's 1.6 M order keys at
-        SF30 take 13 MiB), the side itself at most
-        :data:`REDUCTION_SIDE_FACTOR` times ``runtime_filter_bytes`` (every
-        task of ``target`` reads all of it), and ``target`` at least
-        :data:`REDUCTION_RATIO` times larger; the keys must hash alike.
+        must be selective (``kept`` at most :data:`REDUCTION_KEPT`), ``target``
+        at least :data:`REDUCTION_RATIO` times larger, and the side small
+        enough (:meth:`PlannerConfig.reduction_fits`; what the filter holds is
+        its keys, their :func:`key_share` of its likely bytes, as Spark's
+        creation side threshold bounds a Bloom filter's keys); the keys must
+        hash alike.
         """
-        limit = self.config.runtime_filter_bytes
-        if not limit or est.kept > REDUCTION_KEPT:
+        if est.kept > REDUCTION_KEPT or target.est.bytes < REDUCTION_RATIO * est.low_bytes:
             return False
-        if est.low_bytes > REDUCTION_SIDE_FACTOR * limit:
-            return False
-        if target.est.bytes < REDUCTION_RATIO * est.low_bytes:
-            return False
-        if est.low_bytes * key_share(types, row_types()) > limit and not (
-            self.config.broadcast_pays(est.low_bytes, target.est.bytes, target.tasks)
+        if not self.config.reduction_fits(
+            est.low_bytes,
+            target.est.bytes,
+            target.tasks,
+            lambda: est.low_bytes * key_share(types, row_types()),
         ):
             return False
         mine = self._key_types(target.rel, keys)

@@ -128,7 +128,7 @@ def plan_stages(
         oracle,
         sources,
         config.runtime_filter_bytes,
-        lambda copy, read: config.broadcast_pays(copy, read, config.task_cap),
+        lambda copy, read: config.reduction_fits(copy, read, config.task_cap),
     )
     return inject_network_boundaries(
         plan, sources, config, oracle, materialized, query_id, first_stage_id

@@ -30,12 +30,11 @@ keys (``a = b`` carries the restriction from ``b`` to ``a``). The copied scan
 must keep at most :data:`~distfusion.planner.estimate.REDUCTION_KEPT` of its
 table, the aggregate's input tables must be at least
 :data:`~distfusion.planner.estimate.REDUCTION_RATIO` times larger, and the
-copy must be estimated at most ``runtime_filter_bytes``, or at most
-:data:`~distfusion.planner.estimate.REDUCTION_SIDE_FACTOR` times that when
-broadcasting it to the aggregate's input moves fewer bytes than that input
-has (``broadcast_pays``): the copy grows with the data, and a fixed bound
-would stop the rewrite at scale (TPC-H Q17 at SF30: the 0.1% of ``part`` is
-estimated at 12 MiB, the filter's selectivity being floored at 5%).
+copy must be estimated at most ``runtime_filter_bytes``, or fit as a runtime
+filter's side does (``PlannerConfig.reduction_fits``): the copy grows with
+the data, and a fixed bound would stop the rewrite at scale (TPC-H Q17 at
+SF30: the 0.1% of ``part`` is estimated at 12 MiB, the filter's selectivity
+being floored at 5%).
 """
 
 from __future__ import annotations
@@ -87,12 +86,12 @@ class _Reducer(RelRewrite):
         oracle: SchemaOracle,
         sources: dict[str, TableSource],
         limit: int,
-        broadcast_pays: Callable[[float, float], bool] | None,
+        fits: Callable[[float, float], bool] | None,
     ) -> None:
         super().__init__(plan, oracle)
         self.sources = sources
         self.limit = limit
-        self.broadcast_pays = broadcast_pays
+        self.fits = fits
 
     def rewrite(self, rel: Rel) -> Rel:
         if rel_kind(rel) == "join" and rel.join.type in _BOTH_MATCHED:
@@ -178,15 +177,10 @@ class _Reducer(RelRewrite):
         return None
 
     def _selective_scan(self, rel: Rel) -> bool:
-        """Whether ``rel`` may be the copied scan: selective, and within the larger bound."""
-        estimated = self._scan_bytes(rel)
-        bound = self.limit * (REDUCTION_SIDE_FACTOR if self.broadcast_pays else 1)
-        return estimated is not None and estimated <= bound
-
-    def _scan_bytes(self, rel: Rel) -> float | None:
-        if self.limit <= 0:
-            return None
-        return selective_scan_bytes(rel, self.registry, self.sources)
+        """Whether ``rel`` may be the copied scan: selective, within the bound ``fits`` allows."""
+        estimated = selective_scan_bytes(rel, self.registry, self.sources)
+        bound = self.limit * (REDUCTION_SIDE_FACTOR if self.fits else 1)
+        return self.limit > 0 and estimated is not None and estimated <= bound
 
     # ------------------------------------------------------------------ aggregate side
     def below_aggregate(self, rel: Rel, column: int, creation: Rel, key: int) -> Rel | None:
@@ -221,17 +215,14 @@ class _Reducer(RelRewrite):
     def _pays(self, agg_input: Rel, creation: Rel) -> bool:
         """Whether the aggregate reads at least REDUCTION_RATIO times the creation side's table.
 
-        And, for a copy estimated over ``runtime_filter_bytes``, whether
-        broadcasting it to the aggregate's input pays.
+        And whether the copy fits (``fits``; without it, at most ``runtime_filter_bytes``).
         """
         read = sum(self.sources[t].size_bytes for t in source_tables(agg_input, self.sources))
         table = sum(self.sources[t].size_bytes for t in source_tables(creation, self.sources))
         if read < REDUCTION_RATIO * table:
             return False
-        estimated = self._scan_bytes(creation)
-        if estimated is None or estimated <= self.limit:
-            return True
-        return self.broadcast_pays is not None and self.broadcast_pays(estimated, read)
+        estimated = selective_scan_bytes(creation, self.registry, self.sources) or 0.0
+        return self.fits(estimated, read) if self.fits else estimated <= self.limit
 
 
 def reduce_aggregate_inputs(
@@ -239,7 +230,7 @@ def reduce_aggregate_inputs(
     oracle: SchemaOracle,
     sources: dict[str, TableSource],
     runtime_filter_bytes: int,
-    broadcast_pays: Callable[[float, float], bool] | None = None,
+    fits: Callable[[float, float], bool] | None = None,
 ) -> Plan:
     """Rewrite ``plan`` in place: aggregates joined on their keys read only matching rows.
 
@@ -249,10 +240,10 @@ def reduce_aggregate_inputs(
         sources: every registered table, by name (sizes for the estimates).
         runtime_filter_bytes: the largest estimated creation side (bytes); 0 turns
             the rewrite off.
-        broadcast_pays: ``(copy bytes, aggregate input bytes) -> bool``: whether
-            broadcasting a larger copy (up to ``REDUCTION_SIDE_FACTOR`` times
-            ``runtime_filter_bytes``) pays (``PlannerConfig.broadcast_pays``);
-            None: no copy over ``runtime_filter_bytes``.
+        fits: ``(copy bytes, aggregate input bytes) -> bool``, whether a copy
+            fits (``PlannerConfig.reduction_fits``; it may allow up to
+            ``REDUCTION_SIDE_FACTOR`` times ``runtime_filter_bytes``); None: a
+            copy of at most ``runtime_filter_bytes``.
 
     Returns:
         ``plan``, modified.
@@ -260,4 +251,4 @@ def reduce_aggregate_inputs(
     Raises:
         PlanningError: DataFusion cannot consume a subtree (from ``oracle``).
     """
-    return _Reducer(plan, oracle, sources, runtime_filter_bytes, broadcast_pays).apply()
+    return _Reducer(plan, oracle, sources, runtime_filter_bytes, fits).apply()
