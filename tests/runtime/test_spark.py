@@ -131,6 +131,30 @@ def test_flight_plane_runs_a_small_one_task_stage_on_the_drivers_worker(
     assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
 
 
+def test_flight_plane_runs_small_one_task_leaf_stages_on_the_driver(
+    runtime, tpch_dir, spark_session, oracle
+):
+    # Q9's partsupp and orders sides read a few MiB of files each: as one-task
+    # leaf stages of one round they run on the driver's worker, both at once,
+    # with no Spark job; lineitem's tasks run on the executors.
+    assert runtime.data_plane == "flight"
+    config = DistributedConfig(bytes_per_task=4 * 2**20)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    sql = tpch.query(9)
+    df = ctx.sql(sql)
+    assert_same_result(df.to_arrow_table(), oracle_result(oracle, sql), is_ordered(sql))
+    ran = df.last_run.final
+    small = [s for s in ran.stages if s.scans and s.num_tasks == 1 and s is not ran.head]
+    big = [s for s in ran.stages if s.scans and s.num_tasks > 1]
+    assert len(small) >= 2 and big
+    where = {(t.stage_id, t.worker) for t in df.metrics().tasks()}
+    driver = runtime.driver_worker().url
+    assert {(s.stage_id, driver) for s in small} <= where
+    assert all(w != driver for sid, w in where if sid in {s.stage_id for s in big})
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
+
+
 def test_flight_plane_computes_outputs_lost_with_their_worker_again(
     ctx, runtime, spark_session, oracle
 ):

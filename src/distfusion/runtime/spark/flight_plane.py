@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from distfusion.coordinator.feeds import QueryFeeds, has_feeds
 from distfusion.coordinator.query_run import (
@@ -168,7 +169,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         """Run ``stages`` round by round, each round a Spark job, and wait for them.
 
         A small one-task stage (:meth:`_small`) runs on the driver's Flight
-        worker instead, before its round's Spark job.
+        worker instead, while its round's Spark job runs.
         """
         self._memory = graph.memory_per_task_bytes
         pending = list(stages)
@@ -183,19 +184,52 @@ class _SparkFlightQuery(WorkerQueryRun):
                 self._started[stage.stage_id] = time.monotonic()
             self._rounds.append([s.stage_id for s in ready])
             small = [s for s in ready if self._small(s)]
-            for stage in small:
-                self._run_on_driver(stage)
             rest = [s for s in ready if s not in small]
-            self._run_tasks([(s.stage_id, t) for s in rest for t in range(s.num_tasks)])
+            self._run_round(small, [(s.stage_id, t) for s in rest for t in range(s.num_tasks)])
             for stage in ready:
                 self._delivered[stage.stage_id] = stage.num_tasks
             pending = [s for s in pending if s not in ready]
 
+    def _run_round(self, small: list[Stage], tasks: list[tuple[int, int]]) -> None:
+        """Run the ``small`` stages on the driver while the Spark job runs ``tasks``.
+
+        The driver's stages run at once, each in a thread of its own; the
+        round ends when all of them and the job have, and raises the first
+        error (the job's first).
+
+        Raises:
+            TaskError, TaskPanicked, QueryCancelledError, TransportError: as
+                :meth:`_run_on_driver` and :meth:`_run_tasks`.
+        """
+        if len(small) <= 1 and not tasks:
+            for stage in small:
+                self._run_on_driver(stage)
+            return
+        with ThreadPoolExecutor(max(1, len(small)), "distfusion-driver-stage") as pool:
+            running = [pool.submit(self._run_on_driver, stage) for stage in small]
+            try:
+                self._run_tasks(tasks)
+            finally:
+                errors = [f.exception() for f in running]
+        for err in errors:
+            if err is not None:
+                raise err
+
     def _small(self, stage: Stage) -> bool:
-        """One task, no table read, and inputs of at most ``driver_stage_bytes`` in all."""
+        """Whether one-task ``stage`` runs on the driver (:attr:`SparkRuntime.driver_stage_bytes`).
+
+        One task; no Spark table or feed read, and files of at most
+        ``driver_scan_bytes`` in all; inputs of at most ``driver_stage_bytes``.
+        """
         limit = self.runtime.driver_stage_bytes
-        if stage.num_tasks != 1 or stage.scans or not limit:
+        if stage.num_tasks != 1 or not limit:
             return False
+        if stage.scans:
+            if spark_scan(stage) is not None or has_feeds(stage):
+                return False
+            files = sum(u.size_bytes for s in stage.scans for u in s.task_units[0])
+            if files > self.runtime.driver_scan_bytes:
+                return False
         held = 0
         for inp in stage.inputs:
             for (sid, _), (_, nbytes) in self._task_stats.items():

@@ -541,11 +541,20 @@ class SparkRuntime:
             return self._feed_endpoint
 
     driver_stage_bytes = 16 * 1024 * 1024
-    """On the Flight data plane, a one-task stage that reads no table and at most
-    this many bytes of inputs runs on the driver's own Flight worker
+    """On the Flight data plane, a one-task stage that reads no table (or few
+    files, :attr:`driver_scan_bytes`) and at most this many bytes of inputs runs on the driver's own Flight worker
     (:meth:`driver_worker`) instead of as a Spark job: a job with one Python
     task costs ~60-130 ms here, the stage itself (a final aggregate or join
     over a few KiB, say) milliseconds. 0 turns it off."""
+
+    driver_scan_bytes = 64 * 1024 * 1024
+    """A one-task leaf stage reading files of at most this many bytes in all
+    (and inputs within :attr:`driver_stage_bytes`) runs on the driver too, at
+    the same time as the rest of its round: DataFusion reads that much Parquet
+    in about the time a Spark job takes to start (the small dimension sides
+    of a TPC-H SF1 join, which a broadcast brings through the driver in Spark
+    SQL anyway). The driver must reach the files, as it does for a query run
+    in place."""
 
     def driver_worker(self):
         """This runtime's Flight worker in the driver process (started on first use).
