@@ -206,3 +206,32 @@ def test_runtime_filter_survives_planning_again_over_its_measured_source(
     (lineitem,) = _scans(final, "lineitem")
     assert (lineitem.stage_id, orders.stage_id) in _readers(final, BROADCAST), final.render()
     assert df.last_run.stats[lineitem.stage_id].rows < df.last_run.stats[orders.stage_id].rows * 4
+
+
+def test_runtime_filter_keys_come_from_the_smallest_stage_upstream(runtime_for, tpch_dir, oracle):
+    # TPC-H Q10: lineitem joins customer x filtered orders on the order key.
+    # That side (customer's wide columns) is too large to filter lineitem
+    # with, but its order keys pass unchanged from the filtered orders stage,
+    # a few KiB: lineitem's tasks read that stage as a broadcast, in the
+    # static plan and in the plan made again once orders' stage ran.
+    config = DistributedConfig(
+        tasks_per_stage=2,
+        broadcast_threshold_bytes=16 * KiB,
+        max_broadcast_bytes=16 * KiB,
+        runtime_filter_bytes=512 * KiB,
+        adaptive_shuffle_bytes=0,
+    )
+    ctx = DistributedContext(runtime=runtime_for("local", 2), config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    df = ctx.sql(tpch.query(10))
+    (orders,) = _scans(df.stage_graph(), "orders")
+    (lineitem,) = _scans(df.stage_graph(), "lineitem")
+    assert lineitem.inputs and all(i.stage_id == orders.stage_id for i in lineitem.inputs)
+
+    got = df.to_arrow_table()
+    assert_same_result(got, oracle.sql(tpch.query(10)).to_arrow_table(), ordered=True)
+    final = df.last_run.final
+    (lineitem,) = _scans(final, "lineitem")
+    assert (lineitem.stage_id, orders.stage_id) in _readers(final, BROADCAST), final.render()
+    orders_rows = sum(df.last_run.stats[orders.stage_id].partition_rows)
+    assert sum(df.last_run.stats[lineitem.stage_id].partition_rows) < orders_rows * 4

@@ -250,7 +250,9 @@ class JoinDistribution(RuntimeFilters):
             kept, moved = (left, right) if side == "left" else (right, left)
             moved_keys = [k[1] if side == "left" else k[0] for k in pairs]
             if reducible and join_type in (REDUCE_RIGHT if side == "left" else REDUCE_LEFT):
-                moved = self._reduce(moved, moved_keys, kept.key_source)
+                kept_keys = [k[0] if side == "left" else k[1] for k in pairs]
+                source = self._smallest_key_source(kept, kept.key_source, kept_keys)
+                moved = self._reduce(moved, moved_keys, source)
             read, inp = self.seal(moved, SHUFFLE, partitions=kept.tasks, keys=moved_keys)
             part = self._join_partitioning(rel, join_type, pairs)
             # The output's keys are the kept side's key values when they are its own
@@ -264,12 +266,16 @@ class JoinDistribution(RuntimeFilters):
             creator = self._creation_side(join_type, left, right) if reducible else None
             if creator == "right":
                 rread, rinp = self.exchange(right, n, rkeys)
-                left = self._reduce(left, lkeys, self._key_source(right, rinp, rkeys))
+                source = self._key_source(right, rinp, rkeys)
+                source = self._smallest_key_source(right, source, rkeys)
+                left = self._reduce(left, lkeys, source)
                 lread, linp = self.exchange(left, n, lkeys)
             else:
                 lread, linp = self.exchange(left, n, lkeys)
                 if creator == "left":
-                    right = self._reduce(right, rkeys, self._key_source(left, linp, lkeys))
+                    source = self._key_source(left, linp, lkeys)
+                    source = self._smallest_key_source(left, source, lkeys)
+                    right = self._reduce(right, rkeys, source)
                 rread, rinp = self.exchange(right, n, rkeys)
             part = self._join_partitioning(rel, join_type, keys) if n > 1 else None
             source = self._key_source(left, linp, lkeys) if part else None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pyarrow as pa
-from substrait.proto import Expression, JoinRel, Rel
+from substrait.proto import Expression, JoinRel, Plan, Rel
 
 from distfusion.planner.estimate import (
     REDUCTION_KEPT,
@@ -29,7 +29,7 @@ from distfusion.planner.estimate import (
 )
 from distfusion.planner.fragment import Fragment, KeySource
 from distfusion.protocol.hashing import hash_type
-from distfusion.stages import BROADCAST, COALESCE, StageInput
+from distfusion.stages import BROADCAST, COALESCE, Stage, StageInput
 from distfusion.substrait_plan.build import (
     boolean_type,
     field_ref,
@@ -38,6 +38,7 @@ from distfusion.substrait_plan.build import (
     named_struct,
     stage_read,
 )
+from distfusion.substrait_plan.lineage import read_column
 from distfusion.substrait_plan.walk import set_children
 
 __all__ = ["REDUCE_LEFT", "REDUCE_RIGHT", "RuntimeFilters"]
@@ -77,6 +78,70 @@ class RuntimeFilters:
         if any(c is None for c in columns):  # computed keys are not kept in the output
             return None
         return KeySource(inp, tuple(columns), frag.est)
+
+    def _smallest_key_source(
+        self, frag: Fragment, own: KeySource | None, keys: list[Expression]
+    ) -> KeySource | None:
+        """The smallest stage holding every value ``keys`` take in ``frag``.
+
+        ``own`` (``frag``'s own output, or None), or a stage upstream whose
+        columns reach ``keys`` unchanged (:meth:`_traced_key_source`): TPC-H
+        Q10's filtered ``orders`` (9 MiB at SF10) rather than its join with
+        ``customer`` (102 MiB), whose order keys are a subset of them.
+        """
+        traced = self._traced_key_source(frag, keys)
+        if own is None or (traced is not None and traced.est.low_bytes < own.est.low_bytes):
+            return traced
+        return own
+
+    def _traced_key_source(self, frag: Fragment, keys: list[Expression]) -> KeySource | None:
+        """The smallest stage upstream of ``frag`` whose columns hold every value of ``keys``.
+
+        Each key must be a column that reaches ``frag``'s output unchanged from
+        one read of a stage (:func:`read_column`), followed on into that
+        stage's fragment, and so on: every stage on the way is a candidate.
+        None when a key is computed, or the keys come from different reads or
+        from a source table.
+        """
+        columns = [is_field_ref(k) for k in keys]
+        if any(c is None for c in columns):
+            return None
+        best = None
+        rel, inputs = frag.rel, list(frag.inputs)
+        while True:
+            traced = [read_column(rel, c) for c in columns]
+            tables = {found[0] if found else None for found in traced}
+            inp = next((i for i in inputs if i.table in tables), None)
+            if len(tables) != 1 or inp is None:
+                return best
+            columns = [c for _, c in traced]
+            found = self._key_stage(inp)
+            if found is None:
+                return best
+            stage, est, inp = found
+            if best is None or est.low_bytes < best.est.low_bytes:
+                best = KeySource(inp, tuple(columns), est)
+            plan = Plan()
+            plan.ParseFromString(stage.fragment)
+            rel, inputs = plan.relations[0].root.input, list(stage.inputs)
+
+    def _key_stage(self, inp: StageInput) -> tuple[Stage, Estimate, StageInput] | None:
+        """The stage ``inp`` reads, its output's estimate and an input reading it here.
+
+        A stage that ran: measured, and read as it ran (:meth:`_read_ran`).
+        None for a stage this plan does not know.
+        """
+        for m in self.materialized.values():
+            if m.stage.stage_id == inp.stage_id:
+                stage = m.stage
+                kept = stage.estimated_bytes / max(stage.estimated_max_bytes, 1e-9)
+                _, read = self._read_ran(m, BROADCAST, 1, ())
+                return stage, Estimate(m.rows, m.bytes, min(kept, 1.0)), read
+        stage = next((s for s in self.stages if s.stage_id == inp.stage_id), None)
+        if stage is None:
+            return None
+        kept = stage.estimated_bytes / max(stage.estimated_max_bytes, 1e-9)
+        return stage, Estimate(stage.estimated_rows, stage.estimated_bytes, min(kept, 1.0)), inp
 
     def _key_types(self, rel: Rel, keys: list[Expression]) -> list[pa.DataType]:
         """The Arrow types of ``keys`` evaluated over ``rel``'s output."""

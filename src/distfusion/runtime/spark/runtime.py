@@ -542,8 +542,9 @@ class SparkRuntime:
 
     driver_stage_bytes = 16 * 1024 * 1024
     """On the Flight data plane, a one-task stage that reads no table (or few
-    files, :attr:`driver_scan_bytes`) and at most this many bytes of inputs runs on the driver's own Flight worker
-    (:meth:`driver_worker`) instead of as a Spark job: a job with one Python
+    files, :attr:`driver_scan_bytes`) and at most this many bytes of inputs
+    runs on the driver's own Flight worker (:meth:`driver_worker`) instead of
+    as a Spark job: a job with one Python
     task costs ~60-130 ms here, the stage itself (a final aggregate or join
     over a few KiB, say) milliseconds. 0 turns it off."""
 
