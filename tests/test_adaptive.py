@@ -235,3 +235,22 @@ def test_runtime_filter_keys_come_from_the_smallest_stage_upstream(runtime_for, 
     assert (lineitem.stage_id, orders.stage_id) in _readers(final, BROADCAST), final.render()
     orders_rows = sum(df.last_run.stats[orders.stage_id].partition_rows)
     assert sum(df.last_run.stats[lineitem.stage_id].partition_rows) < orders_rows * 4
+
+
+def test_planning_again_keeps_every_stage_that_ran(runtime_for, tpch_dir, oracle):
+    # TPC-H Q11 reads supplier alone (its subquery) and joined with nation
+    # (its main branch), in stages of one task. Planned again once they ran,
+    # the main branch must still read its supplier x nation stage, not cut
+    # itself anew over the subquery's supplier stage and scan partsupp again.
+    config = DistributedConfig(
+        bytes_per_task=2**20, adaptive_shuffle_bytes=0, replicate_scan_bytes=0
+    )
+    ctx = DistributedContext(runtime=runtime_for("local", 2), config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    df = ctx.sql(tpch.query(11))
+    got = df.to_arrow_table()
+    assert_same_result(got, oracle.sql(tpch.query(11)).to_arrow_table(), ordered=True)
+    final = df.last_run.final
+    assert len(df.last_run.graphs) > 1  # planned again
+    assert set(df.last_run.stats) <= {s.stage_id for s in final.stages}, final.render()
+    assert len(_scans(final, "partsupp")) == 2

@@ -99,9 +99,21 @@ class ExchangeReuse:
         Like Spark AQE's query stages: the rest of the query is planned over
         the stage's actual output (its rows, bytes, task count and hash
         partitioning) instead of the estimate of what it would be.
+
+        A one-task fragment that reads only source tables stays itself, sized
+        as measured: a one-task parent may still take it into its own task,
+        as the plan that ran did (TPC-H Q11 read ``supplier`` alone for its
+        subquery and joined with ``nation`` for its main branch; reading the
+        first in place of the second cut the main branch anew, and ran its
+        ``partsupp`` stage a second time). Sealed, it is still read where it
+        ran (:meth:`_seal_ran`).
         """
         m = self.materialized.get(self._computation(frag))
-        return frag if m is None else self._passthrough(m, frag.est.kept)
+        if m is None:
+            return frag
+        if frag.tasks == 1 and not frag.inputs:
+            return replace(frag, est=Estimate(m.rows, m.bytes, frag.est.kept))
+        return self._passthrough(m, frag.est.kept)
 
     def _passthrough(self, m: MaterializedStage, kept: float) -> Fragment:
         """A fragment that only reads stage ``m`` that ran, sized as measured.
