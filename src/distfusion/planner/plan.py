@@ -39,6 +39,7 @@ from __future__ import annotations
 from substrait.proto import Plan
 
 from distfusion.errors import PlanningError
+from distfusion.planner.aggregate_before_join import aggregate_before_joins
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import inject_network_boundaries
@@ -123,6 +124,7 @@ def plan_stages(
     oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
     push_semi_joins(plan, oracle)
     push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
+    aggregate_before_joins(plan, oracle, sources)
     reduce_aggregate_inputs(
         plan,
         oracle,
