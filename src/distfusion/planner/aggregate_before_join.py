@@ -124,8 +124,11 @@ class _Eager(RelRewrite):
             fn = c.scalar_function if c.WhichOneof("rex_type") == "scalar_function" else None
             if fn is None or self.registry.name(fn.function_reference) != "equal":
                 return None
-            refs = sorted(is_field_ref(a.value) for a in fn.arguments if len(fn.arguments) == 2)
-            if len(refs) != 2 or None in refs or not refs[0] < left_width <= refs[1]:
+            refs = [is_field_ref(a.value) for a in fn.arguments]
+            if len(refs) != 2 or None in refs:
+                return None
+            refs.sort()
+            if not refs[0] < left_width <= refs[1]:
                 return None
             pairs.append((refs[0], refs[1] - left_width))
         left_rows, right_rows = self._rows(join.left), self._rows(join.right)
