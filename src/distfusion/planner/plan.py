@@ -17,9 +17,11 @@ optimized logical plan) goes through two phases, both on the coordinator::
       |                             execution plans again over stages that ran)
       |    3. push_semi_joins                semi joins below inner joins
       |    4. push_dimension_joins           filtered dimensions joined first
-      |    5. reduce_aggregate_inputs        an aggregate's input filtered by
+      |    5. aggregate_before_joins         the many side of a join counted
+      |                                      per key before it (eager aggregation)
+      |    6. reduce_aggregate_inputs        an aggregate's input filtered by
       |                                      a selective join side
-      |    6. inject_network_boundaries      the walk: cut stages at shuffle,
+      |    7. inject_network_boundaries      the walk: cut stages at shuffle,
       |         coalesce and broadcast boundaries, with distribute_joins,
       |         inject_runtime_filters, reuse_exchanges, plan_subqueries,
       |         decompose_aggregate, prune_partitions, scan_filters and
@@ -87,13 +89,14 @@ def plan_stages(
     query_id: str | None = None,
     first_stage_id: int = 1,
 ) -> StageGraph:
-    """Passes 3-6: cut a query's Substrait plan into a :class:`StageGraph`.
+    """Passes 3-7: cut a query's Substrait plan into a :class:`StageGraph`.
 
     The plan is first rewritten in place by the join rules of
     :mod:`~distfusion.planner.push_semi_joins`,
-    :mod:`~distfusion.planner.push_dimension_joins` and
-    :mod:`~distfusion.planner.reduce_aggregate_inputs` (the last two only when
-    ``config.runtime_filter_bytes`` is not 0), then cut into stages by
+    :mod:`~distfusion.planner.push_dimension_joins`,
+    :mod:`~distfusion.planner.aggregate_before_join` and
+    :mod:`~distfusion.planner.reduce_aggregate_inputs` (the second and the
+    last only when ``config.runtime_filter_bytes`` is not 0), then cut into stages by
     :mod:`~distfusion.planner.inject_network_boundaries`.
 
     Args:

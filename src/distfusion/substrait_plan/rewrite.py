@@ -89,7 +89,8 @@ class RelRewrite:
     """A rewrite of a plan's relation tree, inputs first (``rewrite`` each relation).
 
     The base of the Substrait passes that run before stages are cut
-    (``push_semi_joins``, ``push_dimension_joins``, ``reduce_aggregate_inputs``).
+    (``push_semi_joins``, ``push_dimension_joins``, ``aggregate_before_joins``,
+    ``reduce_aggregate_inputs``).
     A relation none of whose inputs changed is not copied.
     """
 
