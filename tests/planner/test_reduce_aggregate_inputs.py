@@ -148,3 +148,29 @@ def test_a_copy_over_the_bound_applies_while_broadcasting_it_pays(runtimes):
     assert not copied(80, 0)  # over it, and broadcasting never pays
     assert copied(80, 1_000_000)
     assert not copied(10, 1_000_000)  # over ten times the bound
+
+
+def test_the_copy_filters_the_table_with_the_key_below_the_aggregates_joins(runtimes):
+    # TPC-H Q2's shape: the aggregate reads f joined with a filtered g; the
+    # copy of d's 10% goes down to f's scan, before f's rows meet g (which
+    # would keep most of them), not above that join.
+    contexts = make_contexts(runtimes[4], {"f": (F, 500), "d": (D, 50), "g": (G, 500)}, **SMALL)
+    sql = (
+        "SELECT d.c, a.s FROM d JOIN (SELECT f.k, sum(f.x) AS s FROM f JOIN g ON f.x = g.y "
+        "WHERE g.y > 100 GROUP BY f.k) a ON a.k = d.k WHERE d.c = 'c3'"
+    )
+    config = contexts[0].config
+    _, after = apply_pass(
+        contexts,
+        sql,
+        lambda plan, oracle: reduce_aggregate_inputs(
+            plan, oracle, contexts[0].sources, config.runtime_filter_bytes
+        ),
+    )
+    lines = after.splitlines()
+    (semi,) = [i for i, line in enumerate(lines) if "LeftSemi Join: f.k = d.k" in line]
+    below = lines[semi + 1 :]
+    assert "Join" not in below[0] and ("f.x" in below[0] or "TableScan: f" in below[0]), after
+    assert lines.index(next(line for line in lines if "Inner Join: f.x = g.y" in line)) < semi, (
+        after
+    )

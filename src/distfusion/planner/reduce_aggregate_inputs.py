@@ -48,6 +48,7 @@ from distfusion.planner.estimate import (
     REDUCTION_SIDE_FACTOR,
     selective_scan_bytes,
 )
+from distfusion.planner.push_semi_joins import push_semi_join
 from distfusion.sources import TableSource
 from distfusion.substrait_plan.build import (
     before_emit,
@@ -210,7 +211,8 @@ class _Reducer(RelRewrite):
             field_ref(self.arity(agg_input) + key),
             output_type=boolean_type(),
         )
-        return set_children(rel, [join_rel(agg_input, creation, equal, _J.JOIN_TYPE_LEFT_SEMI)])
+        semi = join_rel(agg_input, creation, equal, _J.JOIN_TYPE_LEFT_SEMI)
+        return set_children(rel, [push_semi_join(semi, self.plan, self.oracle)])
 
     def _pays(self, agg_input: Rel, creation: Rel) -> bool:
         """Whether the aggregate reads at least REDUCTION_RATIO times the creation side's table.
