@@ -66,8 +66,8 @@ REDUCE_LEFT = {
 class RuntimeFilters:
     """The planner's runtime filters (a mixin of the planner's walk).
 
-    Uses the planner's ``config``, ``oracle``, ``registry``, ``stages`` and its
-    ``seal``.
+    Uses the planner's ``config``, ``oracle``, ``registry``, ``stages``,
+    ``materialized``, ``ran``, ``tables``, its ``seal`` and ``_include``.
     """
 
     def _key_source(
@@ -115,33 +115,29 @@ class RuntimeFilters:
             if len(tables) != 1 or inp is None:
                 return best
             columns = [c for _, c in traced]
-            found = self._key_stage(inp)
+            found = self._key_stage(inp.stage_id)
             if found is None:
                 return best
-            stage, est, inp = found
+            stage, est = found
             if best is None or est.low_bytes < best.est.low_bytes:
                 best = KeySource(inp, tuple(columns), est)
             plan = Plan()
             plan.ParseFromString(stage.fragment)
             rel, inputs = plan.relations[0].root.input, list(stage.inputs)
 
-    def _key_stage(self, inp: StageInput) -> tuple[Stage, Estimate, StageInput] | None:
-        """The stage ``inp`` reads, its output's estimate and an input reading it here.
+    def _key_stage(self, stage_id: int) -> tuple[Stage, Estimate] | None:
+        """Stage ``stage_id`` and its output's estimate: measured when it ran, else planned.
 
-        A stage that ran: measured, and read as it ran (:meth:`_read_ran`).
         None for a stage this plan does not know.
         """
-        for m in self.materialized.values():
-            if m.stage.stage_id == inp.stage_id:
-                stage = m.stage
-                kept = stage.estimated_bytes / max(stage.estimated_max_bytes, 1e-9)
-                _, read = self._read_ran(m, BROADCAST, 1, ())
-                return stage, Estimate(m.rows, m.bytes, min(kept, 1.0)), read
-        stage = next((s for s in self.stages if s.stage_id == inp.stage_id), None)
+        ran = next((m for m in self.materialized.values() if m.stage.stage_id == stage_id), None)
+        stage = ran.stage if ran else next((s for s in self.stages if s.stage_id == stage_id), None)
         if stage is None:
             return None
-        kept = stage.estimated_bytes / max(stage.estimated_max_bytes, 1e-9)
-        return stage, Estimate(stage.estimated_rows, stage.estimated_bytes, min(kept, 1.0)), inp
+        kept = min(1.0, stage.estimated_bytes / max(stage.estimated_max_bytes, 1e-9))
+        if ran:
+            return stage, Estimate(ran.rows, ran.bytes, kept)
+        return stage, Estimate(stage.estimated_rows, stage.estimated_bytes, kept)
 
     def _key_types(self, rel: Rel, keys: list[Expression]) -> list[pa.DataType]:
         """The Arrow types of ``keys`` evaluated over ``rel``'s output."""
@@ -196,6 +192,11 @@ class RuntimeFilters:
         types = [schema.field(c).type for c in source.columns]
         if not self._reduction_pays(frag, keys, types, source.est, lambda: schema.types):
             return frag
+        if not any(s.stage_id == source.input.stage_id for s in self.stages):
+            self._include(self.ran[source.input.stage_id])  # traced to a stage that ran
+        if source.input.table not in self.tables:  # read here under the name a stage read it
+            self.tables.add(source.input.table)
+            self.oracle.register_empty(source.input.table, schema)
         arity = len(self.oracle.schema(frag.rel))
         condition = self.registry.conjunction(
             [
