@@ -119,18 +119,9 @@ class _Eager(RelRewrite):
         groups, args = columns[: len(groups)], columns[len(groups) :]
         if any(c >= left_width for c in groups) or any(c < left_width for c in args):
             return None
-        pairs = []
-        for c in conjuncts(join.expression, self.registry):
-            fn = c.scalar_function if c.WhichOneof("rex_type") == "scalar_function" else None
-            if fn is None or self.registry.name(fn.function_reference) != "equal":
-                return None
-            refs = [is_field_ref(a.value) for a in fn.arguments]
-            if len(refs) != 2 or None in refs:
-                return None
-            refs.sort()
-            if not refs[0] < left_width <= refs[1]:
-                return None
-            pairs.append((refs[0], refs[1] - left_width))
+        pairs = self.key_pairs(inp)
+        if len(pairs) != len(conjuncts(join.expression, self.registry)):
+            return None  # a condition beyond the keys
         left_rows, right_rows = self._rows(join.left), self._rows(join.right)
         if not pairs or left_rows is None or right_rows is None:
             return None

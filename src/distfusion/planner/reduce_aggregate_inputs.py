@@ -53,7 +53,6 @@ from distfusion.sources import TableSource
 from distfusion.substrait_plan.build import (
     before_emit,
     boolean_type,
-    conjuncts,
     field_ref,
     is_field_ref,
     join_rel,
@@ -100,32 +99,11 @@ class _Reducer(RelRewrite):
         return rel
 
     # ------------------------------------------------------------------ the join
-    def _key_pairs(self, join: Rel) -> list[tuple[int, int]]:
-        """(left column, right column) of the join's ``left = right`` conjuncts."""
-        if not join.join.HasField("expression"):
-            return []
-        width = self.arity(join.join.left)
-        pairs = []
-        for c in conjuncts(join.join.expression, self.registry):
-            if c.WhichOneof("rex_type") != "scalar_function":
-                continue
-            fn = c.scalar_function
-            if self.registry.name(fn.function_reference) != "equal" or len(fn.arguments) != 2:
-                continue
-            a, b = (is_field_ref(arg.value) for arg in fn.arguments)
-            if a is None or b is None:
-                continue
-            if a < width <= b:
-                pairs.append((a, b - width))
-            elif b < width <= a:
-                pairs.append((b, a - width))
-        return pairs
-
     def reduce(self, join: Rel) -> Rel:
         """``join`` with an aggregate side's input filtered by the other side's keys."""
         if not any(_under_projections(side) == "aggregate" for side in children(join)):
             return join  # nothing to reduce: skip tracing the keys (a deep join is costly)
-        for a, b in self._key_pairs(join):
+        for a, b in self.key_pairs(join):
             for agg_side, key, other, other_key in (
                 ("right", b, join.join.left, a),
                 ("left", a, join.join.right, b),
@@ -163,7 +141,7 @@ class _Reducer(RelRewrite):
         if kind != "join" or rel.join.type not in _BOTH_MATCHED:
             return None
         width = self.arity(rel.join.left)
-        pairs = self._key_pairs(rel)
+        pairs = self.key_pairs(rel)
         if pre < width:
             options = [(rel.join.left, pre)] + [(rel.join.right, b) for a, b in pairs if a == pre]
         else:

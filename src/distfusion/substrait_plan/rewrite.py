@@ -16,7 +16,7 @@ from substrait.proto import Plan, PlanRel, Rel, RelRoot
 from distfusion import udfs
 from distfusion.errors import NotDistributableError
 from distfusion.sources import sql_name
-from distfusion.substrait_plan.build import FunctionRegistry, before_emit, is_field_ref
+from distfusion.substrait_plan.build import FunctionRegistry, before_emit, conjuncts, is_field_ref
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.substrait_plan.walk import children, set_children
 
@@ -117,6 +117,31 @@ class RelRewrite:
                 return None
             out[c] = source
         return out
+
+    def key_pairs(self, join: Rel) -> list[tuple[int, int]]:
+        """(left column, right column) of the join's ``left = right`` conjuncts.
+
+        The right column counts from the right input's first; other conjuncts
+        are left out.
+        """
+        if not join.join.HasField("expression"):
+            return []
+        width = self.arity(join.join.left)
+        pairs = []
+        for c in conjuncts(join.join.expression, self.registry):
+            if c.WhichOneof("rex_type") != "scalar_function":
+                continue
+            fn = c.scalar_function
+            if self.registry.name(fn.function_reference) != "equal" or len(fn.arguments) != 2:
+                continue
+            a, b = (is_field_ref(arg.value) for arg in fn.arguments)
+            if a is None or b is None:
+                continue
+            if a < width <= b:
+                pairs.append((a, b - width))
+            elif b < width <= a:
+                pairs.append((b, a - width))
+        return pairs
 
     def rewrite(self, rel: Rel) -> Rel:
         """``rel`` (inputs already rewritten), rewritten; the default keeps it."""
