@@ -193,9 +193,10 @@ class _SparkFlightQuery(WorkerQueryRun):
     def _run_round(self, small: list[Stage], tasks: list[tuple[int, int]]) -> None:
         """Run the ``small`` stages on the driver while the Spark job runs ``tasks``.
 
-        The driver's stages run at once, each in a thread of its own; the
-        round ends when all of them and the job have, and raises the first
-        error (the job's first).
+        The driver's stages run at once, each in a thread of its own. One that
+        fails fails the query at once (:meth:`fail`: the job is cancelled, and
+        its wait raises that error), as a panic on an executor does; else the
+        round ends when all of them and the job have.
 
         Raises:
             TaskError, TaskPanicked, QueryCancelledError, TransportError: as
@@ -205,10 +206,18 @@ class _SparkFlightQuery(WorkerQueryRun):
             for stage in small:
                 self._run_on_driver(stage)
             return
+
+        def failed(future) -> None:
+            err = future.exception()
+            if isinstance(err, TaskError):
+                self.fail(err)
+
         with ThreadPoolExecutor(max(1, len(small)), "distfusion-driver-stage") as pool:
             running = [pool.submit(self._run_on_driver, stage) for stage in small]
+            for future in running:
+                future.add_done_callback(failed)
             try:
-                self._run_tasks(tasks)
+                self._run_tasks(tasks)  # failed by a driver stage: raises (the caller says why)
             finally:
                 errors = [f.exception() for f in running]
         for err in errors:
