@@ -26,7 +26,7 @@ $(SF1)/.complete: | $(VENV)/.installed-run
 	touch $@
 
 run: $(VENV)/.installed-run $(SF1)/.complete
-	$(BIN)/distfusion query --file src/distfusion/tpch/queries/q5.sql --tpch $(SF1) --explain --runtime spark
+	$(BIN)/distfusion query --file src/distfusion/tpch/queries/q5.sql --tpch $(SF1) --explain --runtime spark --in-place-bytes 0
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

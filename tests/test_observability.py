@@ -303,6 +303,8 @@ def test_cli_explain_analyze_and_dot(tpch_dir, tmp_path, capsys):
             "--explain-analyze",
             "--dot",
             str(dot),
+            "--in-place-bytes",  # planned and distributed, however small
+            "0",
         ]
     )
     out = capsys.readouterr().out

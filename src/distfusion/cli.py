@@ -5,6 +5,7 @@ distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--udf module:n
                  [--runtime spark|local|flight] [--workers N] [--master spark://host:7077] [--explain]
                  [--output out.parquet|out.csv|DIR/ [--output-format parquet|csv] [--overwrite]]
                  [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
+                 [--in-place-bytes BYTES]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
                  [--queries 1,3,5] [--runs 5] [--peers datafusion,spark-sql,local,flight,static,no-metrics]
@@ -139,7 +140,9 @@ def cmd_query(args) -> int:
         print("error: give the SQL as an argument or with --file", file=sys.stderr)
         return 2
     config = DistributedConfig(
-        tasks_per_stage=args.tasks_per_stage, memory_per_task_bytes=args.memory_per_task
+        tasks_per_stage=args.tasks_per_stage,
+        memory_per_task_bytes=args.memory_per_task,
+        in_place_bytes=args.in_place_bytes,
     )
     try:
         for reference in args.udf:
@@ -182,9 +185,11 @@ def cmd_query(args) -> int:
             with open(args.dot, "w") as f:
                 f.write(df.explain(format="dot"))
             print(f"wrote the plan graph to {args.dot} (render: dot -Tsvg {args.dot} -o plan.svg)")
-        print(
-            f"elapsed: {elapsed:.3f} s ({args.runtime} runtime, {ctx.runtime.num_workers()} workers)"
-        )
+        metrics = df.metrics()
+        where = f"{args.runtime} runtime, {ctx.runtime.num_workers()} workers"
+        if metrics is not None and not metrics.stages:  # small: no stage, no task
+            where += "; ran in place, as single-node DataFusion here (--in-place-bytes)"
+        print(f"elapsed: {elapsed:.3f} s ({where})")
     return 0
 
 
@@ -338,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory --output that has files is emptied first (else it is an error)",
     )
     q.add_argument("--limit", type=int, default=50, help="rows to print (default: %(default)s)")
+    q.add_argument(
+        "--in-place-bytes",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="run in place (single-node DataFusion here, unplanned) when the scans read at most "
+        "this many bytes; default: the runtime's (320 MiB a core when the workers share this "
+        "machine's cores); 0: always plan and distribute",
+    )
     q.add_argument("--tasks-per-stage", type=int, default=None, help=argparse.SUPPRESS)
     _add_runtime_args(q)
     q.set_defaults(func=cmd_query)

@@ -5,13 +5,21 @@ from __future__ import annotations
 import pytest
 
 from distfusion import DistributedConfig
-from distfusion.planner.config import MAX_BROADCAST_BYTES, PlannerConfig, RuntimeProfile
+from distfusion.planner.config import (
+    MAX_BROADCAST_BYTES,
+    PlannerConfig,
+    RuntimeProfile,
+    in_place_bytes,
+)
 from distfusion.runtime.registry import RUNTIMES
 
 
 def test_local_runtime_declares_the_defaults_and_its_task_memory(runtime_for):
     runtime = runtime_for("local", 2)
-    assert runtime.profile() == RuntimeProfile(task_memory_bytes=runtime.memory_per_task_bytes)
+    assert runtime.profile() == RuntimeProfile(
+        task_memory_bytes=runtime.memory_per_task_bytes,
+        in_place_bytes=in_place_bytes(),  # its workers share this process's cores
+    )
 
 
 def test_the_default_broadcast_bound_follows_the_task_memory(runtime_for):
@@ -44,6 +52,7 @@ def test_spark_runtime_declares_its_task_sizes_and_spark_reads(runtime_for):
         broadcast_copies=runtime.broadcast_copies,
         reads_spark_dataframes=True,
         explain_note=runtime.explain_note,
+        in_place_bytes=in_place_bytes(2),  # local[2]: 2 slots on the driver's own cores
         task_memory_bytes=runtime.memory_per_task_bytes,
     )
     config = PlannerConfig.for_runtime(PlannerConfig(workers=1), runtime)

@@ -91,14 +91,41 @@ def check_spark_reads(graph: StageGraph, runtime: Runtime) -> None:
                 raise PlanningError(msg)
 
 
+_SCAN = re.compile(r"TableScan: ([^\s]+)(?: projection=\[([^\]]*)\])?")
+
+
 def tables_read(df: DataFrame, names) -> list[str]:
     """The tables of ``names`` that ``df``'s plan scans (from its rendered logical plan)."""
-    names = list(names)
-    if not names:
-        return []
-    text = df.optimized_logical_plan().display_indent()
-    scanned = set(re.findall(r"TableScan: ([^\s]+)", text))
-    return [n for n in names if n in scanned or sql_name(n) in scanned]
+    return list(scanned_bytes(df, dict.fromkeys(names)))
+
+
+def scanned_bytes(df: DataFrame, sources: dict) -> dict[str, int]:
+    """Bytes each table of ``sources`` that ``df``'s plan scans reads, in its plan's order.
+
+    ``sources``: table name -> :class:`~distfusion.sources.TableSource` (or
+    None, to learn only which tables are scanned: 0 bytes each). The bytes
+    are the uncompressed bytes of the columns each scan projects
+    (:meth:`TableSource.projected_bytes`), summed over the table's scans,
+    read from the rendered optimized logical plan (``TableScan: name
+    projection=[...]``); a scan without a projection reads every column.
+    """
+    if not sources:
+        return {}
+    by_name = {}
+    for name in sources:
+        by_name[name] = by_name[sql_name(name)] = name
+    read: dict[str, int] = {}
+    for scan in _SCAN.finditer(df.optimized_logical_plan().display_indent()):
+        table, projection = scan.groups()
+        name = by_name.get(table)
+        if name is None:
+            continue
+        source = sources[name]
+        columns = None
+        if projection is not None:
+            columns = [c.strip() for c in projection.split(",") if c.strip()]
+        read[name] = read.get(name, 0) + (0 if source is None else source.projected_bytes(columns))
+    return read
 
 
 def check_coordinator_reads(

@@ -28,11 +28,10 @@ from distfusion.coordinator.checks import (
     check_spark_reads,
     first_line,
     lost_in_substrait,
-    tables_read,
+    scanned_bytes,
 )
 from distfusion.coordinator.explain import coordinator_graph
 from distfusion.coordinator.in_place import (
-    IN_PLACE_BYTES,
     on_coordinator,
     run_in_place,
     runs_in_place,
@@ -44,7 +43,7 @@ from distfusion.display import with_progress
 from distfusion.errors import NotDistributableError, PlanningError
 from distfusion.metrics.observer import QueryObserver, observing
 from distfusion.metrics.query import build_query_metrics
-from distfusion.planner.config import PlannerConfig
+from distfusion.planner.config import PlannerConfig, RuntimeProfile
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.plan import plan_stages, prepare_substrait
 from distfusion.stages import StageGraph
@@ -122,8 +121,10 @@ class QueryExecution:
     def _small_in_place(self) -> list[str] | None:
         """The tables of a query small enough to run in place, without planning; else None.
 
-        A query over at most :data:`IN_PLACE_BYTES` of files and memory tables
-        (every leaf stage would get one task) runs as single-node DataFusion on
+        A query whose scans of files and memory tables read at most
+        ``in_place_bytes`` (uncompressed bytes of the columns they project;
+        ``DistributedConfig.in_place_bytes``, else the runtime's
+        ``RuntimeProfile.in_place_bytes``) runs as single-node DataFusion on
         the coordinator's context: no Substrait round trip, no planning, no
         task (the fixed cost of a small query is DataFusion's). Not when the
         config forces task counts, sizes or budgets (``tasks_per_stage``,
@@ -137,18 +138,25 @@ class QueryExecution:
         if self._small is None:
             config = self.context.config
             sources = self.context.sources
-            read = tables_read(self.df, sources) if sources else []
             fits = (
                 config.tasks_per_stage is None
                 and config.bytes_per_task is None
                 and config.estimator is None
                 and config.memory_per_task_bytes is None
                 and not writes(self.df)
-                and not any(sources[n].streamed for n in read)
-                and not any(n in self.context._not_on_coordinator for n in read)
-                and sum(sources[n].size_bytes for n in read) <= IN_PLACE_BYTES
             )
-            self._small = (fits, read)
+            read = scanned_bytes(self.df, sources) if sources and fits else {}
+            if fits:
+                limit = config.in_place_bytes
+                if limit is None:
+                    limit = RuntimeProfile.of(self.context.runtime).in_place_bytes
+                fits = (
+                    not any(sources[n].streamed for n in read)
+                    and not any(n in self.context._not_on_coordinator for n in read)
+                    and limit > 0
+                    and sum(read.values()) <= limit
+                )
+            self._small = (fits, list(read))
         fits, read = self._small
         return read if fits else None
 

@@ -1,6 +1,6 @@
 """Queries run in place: single-node DataFusion on the coordinator's own context.
 
-A query small enough (:data:`IN_PLACE_BYTES` of sources), or planned as one
+A query small enough (``RuntimeProfile.in_place_bytes`` of scans), or planned as one
 stage reading files and memory tables (:func:`runs_in_place`), runs as the
 coordinator's DataFusion planned it, with no Substrait round trip and no task
 (:func:`run_in_place`); a query that cannot be distributed runs whole here
@@ -50,12 +50,6 @@ def runs_in_place(graph: StageGraph, config: DistributedConfig) -> bool:
         and not any(s.source.streamed for s in graph.head.scans)
         and config.memory_per_task_bytes is None
     )
-
-
-IN_PLACE_BYTES = 16 * 1024 * 1024
-"""A query reading at most this many bytes of sources runs in place, as single-node
-DataFusion on the coordinator (the local runtime's bytes per task: every leaf
-stage would get one task), unless the config forces task counts or budgets."""
 
 
 def run_in_place(

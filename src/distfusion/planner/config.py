@@ -12,6 +12,7 @@ docs/architecture.md (the planner; where to add a runtime).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,39 @@ BROADCAST_MEMORY_SHARE = 16
 """The default ``max_broadcast_bytes`` is at least this fraction (1/16) of a task's
 memory budget: a hash join's table takes about twice its input, and a task may
 hold a few at once (TPC-H Q8 joins seven tables)."""
+
+
+IN_PLACE_BYTES = 16 * 1024 * 1024
+"""A query whose scans read at most this many bytes (uncompressed, of the
+columns it projects) runs in place, as single-node DataFusion on the
+coordinator, on a runtime whose workers add cores (Flight workers, a Spark
+cluster larger than its driver): the default task size of the local
+runtime, so every leaf stage would get one task anyway."""
+
+IN_PLACE_BYTES_PER_CORE = 320 * 1024 * 1024
+"""Bytes of a query's scans per coordinator core under which it runs in place
+when the workers share the coordinator's cores (the local runtime, Spark
+``local[N]``): distributing then adds no core, only its fixed cost -- planning,
+Substrait round trips, one round per stage boundary (about 0.3 s on Spark) --
+in which DataFusion decodes about this much Parquet per core (TPC-H SF1 Q1:
+572 MiB of projected columns in 0.35 s on 2 cores). Larger queries still
+distribute: there the planner's rewrites (runtime filters, eager aggregation)
+and per-task memory budgets pay (docs/benchmarks.md)."""
+
+
+def in_place_bytes(slots: int | None = None) -> int:
+    """The bytes a query reads at most to run in place (``RuntimeProfile.in_place_bytes``).
+
+    ``slots``: None for workers in this process (they share its cores). When
+    that, or when ``slots`` is at most the coordinator's cores (those this
+    process may run on), the workers add no core:
+    :data:`IN_PLACE_BYTES_PER_CORE` times the cores. Else
+    :data:`IN_PLACE_BYTES`.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    shared = slots is None or slots <= cores
+    return IN_PLACE_BYTES_PER_CORE * cores if shared else IN_PLACE_BYTES
 
 
 @dataclass(frozen=True)
@@ -85,6 +119,14 @@ class RuntimeProfile:
             runtime moves data. Default "" (none); Spark: its data plane when
             Spark encrypts (Flight over TLS, or why not Flight). Read by
             :mod:`distfusion.coordinator.explain`.
+        in_place_bytes: a query whose scans read at most this many bytes
+            (uncompressed, projected columns) runs in place, as single-node
+            DataFusion on the coordinator, unplanned, unless
+            ``DistributedConfig.in_place_bytes`` says otherwise. Default
+            :data:`IN_PLACE_BYTES` (16 MiB); the local runtime and Spark:
+            :func:`in_place_bytes` of their slots (with 2 cores shared, 640
+            MiB). Read by the coordinator
+            (``DistributedDataFrame._small_in_place``).
         task_memory_bytes: the memory budget of a task whose query sets none
             (``DistributedConfig.memory_per_task_bytes``), bytes. Default None
             (unknown: the Flight runtime's worker processes); the local and
@@ -100,6 +142,7 @@ class RuntimeProfile:
     remote_workers: bool = False
     reads_spark_dataframes: bool = False
     explain_note: str = ""
+    in_place_bytes: int = IN_PLACE_BYTES
     task_memory_bytes: int | None = None
 
     @classmethod
@@ -191,6 +234,14 @@ class DistributedConfig:
             executed plan (0.2-1 ms per task) and the bytes to carry it back;
             ``distfusion bench tpch --peers no-metrics`` measures the
             difference. False: tasks still report time, CPU, rows and bytes.
+        in_place_bytes: a query whose scans read at most this many bytes
+            (uncompressed, of the columns it projects) runs in place: single-node
+            DataFusion on the coordinator, unplanned, no task (see
+            docs/execution.md, "Small queries run in place"). None (default):
+            the runtime's (``RuntimeProfile.in_place_bytes``: 16 MiB where
+            workers add cores; 320 MiB per core where they share the
+            coordinator's, as the local runtime's and Spark ``local[N]``'s do).
+            0: only queries planned as one stage run in place.
         stream_task_inputs: tasks on workers stream their inputs, batch by
             batch as their producers make them, rather than read them whole
             first (the head stage always streams; see
@@ -205,7 +256,8 @@ class DistributedConfig:
             runtime.
 
     Raises:
-        ValueError: ``memory_per_task_bytes`` is not a positive integer or None.
+        ValueError: ``memory_per_task_bytes`` is not a positive integer or None,
+            or ``in_place_bytes`` is negative or not an integer.
     """
 
     bytes_per_task: int | None = None
@@ -220,11 +272,16 @@ class DistributedConfig:
     memory_per_task_bytes: int | None = None
     operator_metrics: bool = True
     stream_task_inputs: bool | None = None
+    in_place_bytes: int | None = None
 
     def __post_init__(self) -> None:
         m = self.memory_per_task_bytes
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
             msg = f"memory_per_task_bytes must be a positive number of bytes or None, got {m!r}"
+            raise ValueError(msg)
+        b = self.in_place_bytes
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0):
+            msg = f"in_place_bytes must be a number of bytes (0 or more) or None, got {b!r}"
             raise ValueError(msg)
 
     def task_estimator(self, profile: RuntimeProfile | None = None) -> TaskEstimator:

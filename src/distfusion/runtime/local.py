@@ -15,6 +15,7 @@ from distfusion.coordinator.query_run import (
     execute_graph,
     round_robin,
 )
+from distfusion.planner.config import in_place_bytes
 from distfusion.stages import StageGraph
 from distfusion.transport.in_memory import InMemoryTransport
 from distfusion.worker.memory import default_memory_per_task_bytes
@@ -83,8 +84,16 @@ class LocalRuntime:
         self.routing = routing
 
     def profile(self) -> RuntimeProfile:
-        """See :meth:`Runtime.profile`: the defaults, and its tasks' memory budget."""
-        return RuntimeProfile(task_memory_bytes=self.memory_per_task_bytes)
+        """See :meth:`Runtime.profile`: its tasks' memory budget; in place up to 320 MiB a core.
+
+        Its workers are threads of this process, sharing its cores: a query
+        reading at most :func:`~distfusion.planner.config.in_place_bytes` runs
+        in place, as single-node DataFusion (distributing it would add no core,
+        only its fixed cost).
+        """
+        return RuntimeProfile(
+            task_memory_bytes=self.memory_per_task_bytes, in_place_bytes=in_place_bytes()
+        )
 
     def num_workers(self) -> int:
         """The number of in-process workers."""

@@ -43,6 +43,7 @@ from distfusion.errors import (
     TransportError,
     WorkerUnavailableError,
 )
+from distfusion.planner.config import in_place_bytes
 from distfusion.protocol.errors import (
     error_from_dict,
 )
@@ -334,8 +335,12 @@ class SparkRuntime:
         only), :attr:`max_tasks`, :attr:`broadcast_copies` (the workers now);
         leaf stages may read Spark DataFrames; ``explain()`` notes the data
         plane when Spark encrypts (:attr:`explain_note`); its tasks' memory
-        budget (:attr:`memory_per_task_bytes`). The Spark Connect runtime
-        declares the same (its own ``broadcast_copies`` and memory budget).
+        budget (:attr:`memory_per_task_bytes`); the query size that runs in
+        place on the driver (:func:`~distfusion.planner.config.in_place_bytes`
+        of the slots: 320 MiB per driver core in ``local[N]`` mode or on a
+        cluster with no more slots than the driver has cores). The Spark
+        Connect runtime declares the same (its own ``broadcast_copies`` and
+        memory budget).
         """
         return RuntimeProfile(
             bytes_per_task=self.bytes_per_task,
@@ -345,6 +350,7 @@ class SparkRuntime:
             broadcast_copies=self.broadcast_copies,
             reads_spark_dataframes=True,
             explain_note=self.explain_note,
+            in_place_bytes=in_place_bytes(self.num_workers()),
             task_memory_bytes=self.memory_per_task_bytes,
         )
 

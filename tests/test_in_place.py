@@ -1,0 +1,93 @@
+"""Queries small enough run in place: single-node DataFusion on the coordinator, unplanned.
+
+The bound is the bytes a query's scans read (projected columns,
+``scanned_bytes``), against ``DistributedConfig.in_place_bytes`` or the
+runtime's ``RuntimeProfile.in_place_bytes`` (320 MiB a core where the workers
+share the coordinator's cores). Real DataFusion, the local runtime, TPC-H SF0.1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from distfusion import DistributedConfig, DistributedContext
+from distfusion.cli import main as cli_main
+from distfusion.coordinator.checks import scanned_bytes
+from distfusion.planner.config import (
+    IN_PLACE_BYTES,
+    IN_PLACE_BYTES_PER_CORE,
+    RuntimeProfile,
+    in_place_bytes,
+)
+from distfusion.runtime.local import LocalRuntime
+from distfusion.tpch import query, register_tpch
+from tests.compare import assert_same_result
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _context(tpch_dir, **config):
+    ctx = DistributedContext(runtime=LocalRuntime(workers=2), config=DistributedConfig(**config))
+    register_tpch(ctx, str(tpch_dir))
+    return ctx
+
+
+def test_scanned_bytes_are_the_projected_columns_of_every_scan(tpch_dir):
+    ctx = _context(tpch_dir)
+    lineitem, orders = ctx.sources["lineitem"], ctx.sources["orders"]
+    df = ctx.sql(
+        "SELECT l_orderkey FROM lineitem WHERE l_quantity > 49 "
+        "UNION ALL SELECT l_orderkey FROM lineitem"
+    )
+    read = scanned_bytes(df.df, ctx.sources)
+    one = lineitem.projected_bytes(["l_orderkey", "l_quantity"])
+    two = lineitem.projected_bytes(["l_orderkey"])
+    assert read == {"lineitem": one + two}, "both scans, each its own columns"
+    assert 0 < two < one < lineitem.size_bytes
+    read = scanned_bytes(ctx.sql("SELECT * FROM orders").df, ctx.sources)
+    assert read == {"orders": orders.projected_bytes(orders.schema.names)}, "every column"
+
+
+def test_the_bound_follows_the_cores_the_workers_share():
+    assert in_place_bytes() == IN_PLACE_BYTES_PER_CORE * CORES  # threads of this process
+    assert in_place_bytes(CORES) == IN_PLACE_BYTES_PER_CORE * CORES  # Spark local[cores]
+    assert in_place_bytes(CORES + 1) == IN_PLACE_BYTES  # a cluster adds cores
+    assert RuntimeProfile().in_place_bytes == IN_PLACE_BYTES
+    assert LocalRuntime(workers=2).profile().in_place_bytes == in_place_bytes()
+
+
+def test_a_query_within_the_bound_runs_in_place_and_answers_as_datafusion(tpch_dir, oracle):
+    # Q9 at SF0.1 reads ~47 MiB of projected columns: within the local runtime's
+    # bound, over the 16 MiB of a runtime whose workers add cores.
+    ctx = _context(tpch_dir)
+    df = ctx.sql(query(9))
+    assert IN_PLACE_BYTES < sum(scanned_bytes(df.df, ctx.sources).values()) <= in_place_bytes()
+    assert_same_result(df.to_arrow_table(), oracle.sql(query(9)).to_arrow_table(), True)
+    assert df.coordinator_only() is None, "a query that distributes"
+    assert df.metrics().stages == (), "yet no stage ran: it was never planned"
+
+
+@pytest.mark.parametrize("config", [{"in_place_bytes": IN_PLACE_BYTES}, {"in_place_bytes": 0}])
+def test_a_query_over_the_configured_bound_is_distributed(tpch_dir, oracle, config):
+    ctx = _context(tpch_dir, **config)
+    df = ctx.sql(query(9))
+    assert_same_result(df.to_arrow_table(), oracle.sql(query(9)).to_arrow_table(), True)
+    stages = df.metrics().stages  # head first
+    assert len(stages) > 1, "planned into stages"
+    assert "coordinator" not in {t.worker for s in stages[1:] for t in s.tasks}
+
+
+def test_a_negative_bound_is_refused():
+    with pytest.raises(ValueError, match="in_place_bytes must be"):
+        DistributedConfig(in_place_bytes=-1)
+
+
+@pytest.mark.parametrize("bound", [None, "0"])
+def test_the_cli_says_when_a_query_ran_in_place(tpch_dir, capsys, bound):
+    args = ["query", query(9), "--tpch", str(tpch_dir), "--runtime", "local", "--workers", "2"]
+    code = cli_main(args + (["--in-place-bytes", bound] if bound else []))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("ran in place" in out) == (bound is None), out.splitlines()[-1]
