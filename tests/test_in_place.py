@@ -53,6 +53,7 @@ def test_scanned_bytes_are_the_projected_columns_of_every_scan(tpch_dir):
 def test_the_bound_follows_the_cores_the_workers_share():
     assert in_place_bytes() == IN_PLACE_BYTES_PER_CORE * CORES  # threads of this process
     assert in_place_bytes(CORES) == IN_PLACE_BYTES_PER_CORE * CORES  # Spark local[cores]
+    assert in_place_bytes(1) == IN_PLACE_BYTES_PER_CORE  # local[1]: one core's worth
     assert in_place_bytes(CORES + 1) == IN_PLACE_BYTES  # a cluster adds cores
     assert RuntimeProfile().in_place_bytes == IN_PLACE_BYTES
     assert LocalRuntime(workers=2).profile().in_place_bytes == in_place_bytes()

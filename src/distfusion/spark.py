@@ -200,7 +200,7 @@ class SparkDataFrame(DistributedDataFrame):
           one partition per task of the stage it reads;
         - any other head (an aggregate without keys, a global ``ORDER BY``,
           a ``LIMIT``) is one partition, in the query's order; when its
-          inputs hold at most ``SparkRuntime.driver_stage_bytes`` (16 MiB) it
+          inputs hold at most ``SparkRuntime.driver_stage_bytes`` (64 MiB) it
           runs on the driver instead, and the result is handed to
           ``spark.createDataFrame`` (as for a query run on the coordinator
           only, or on the ``shuffle`` data plane).

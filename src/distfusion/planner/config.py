@@ -62,16 +62,18 @@ and per-task memory budgets pay (docs/benchmarks.md)."""
 def in_place_bytes(slots: int | None = None) -> int:
     """The bytes a query reads at most to run in place (``RuntimeProfile.in_place_bytes``).
 
-    ``slots``: None for workers in this process (they share its cores). When
-    that, or when ``slots`` is at most the coordinator's cores (those this
-    process may run on), the workers add no core:
-    :data:`IN_PLACE_BYTES_PER_CORE` times the cores. Else
+    ``slots``: the runtime's task slots; None for workers in this process
+    (they share its cores). When that, or when ``slots`` is at most the
+    coordinator's cores (those this process may run on), the workers add no
+    core: :data:`IN_PLACE_BYTES_PER_CORE` times the cores a distributed run
+    would have (the slots, or this process's cores). Else
     :data:`IN_PLACE_BYTES`.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
-    shared = slots is None or slots <= cores
-    return IN_PLACE_BYTES_PER_CORE * cores if shared else IN_PLACE_BYTES
+    if slots is None:
+        return IN_PLACE_BYTES_PER_CORE * cores
+    return IN_PLACE_BYTES_PER_CORE * slots if slots <= cores else IN_PLACE_BYTES
 
 
 @dataclass(frozen=True)

@@ -546,13 +546,15 @@ class SparkRuntime:
                     self._feed_endpoint = FeedEndpoint("0.0.0.0", advertise_host=host, tls=self.tls)
             return self._feed_endpoint
 
-    driver_stage_bytes = 16 * 1024 * 1024
+    driver_stage_bytes = 64 * 1024 * 1024
     """On the Flight data plane, a one-task stage that reads no table (or few
     files, :attr:`driver_scan_bytes`) and at most this many bytes of inputs
     runs on the driver's own Flight worker (:meth:`driver_worker`) instead of
-    as a Spark job: a job with one Python
-    task costs ~60-130 ms here, the stage itself (a final aggregate or join
-    over a few KiB, say) milliseconds. 0 turns it off."""
+    as a Spark job: a job with one Python task costs ~60-130 ms here, the
+    stage itself (a final aggregate or join over a few MiB, say) little more.
+    Larger stages run beside the round's Spark tasks on the same cores and
+    slow both (docs/benchmarks.md, "Small queries in place on shared cores").
+    0 turns it off."""
 
     driver_scan_bytes = 64 * 1024 * 1024
     """A one-task leaf stage reading files of at most this many bytes in all
