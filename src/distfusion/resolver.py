@@ -147,9 +147,7 @@ class DynamicWorkerResolver:
                 self.last_error = None
             except Exception as exc:  # keep the last good list
                 self.last_error = exc
-                log.warning(
-                    "worker resolver refresh failed, keeping %d URLs: %s", len(self._urls), exc
-                )
+                log.warning("worker resolver refresh failed, keeping %d URLs: %s", len(self._urls), exc)
             self._first.set()
             self._wake.wait(self.interval_s)
             self._wake.clear()
