@@ -228,3 +228,14 @@ def apply_pass(contexts, sql: str, rewrite) -> tuple[str, str]:
     got = session.create_dataframe_from_logical_plan(lp).to_arrow_table()
     assert_same_result(got, session.sql(sql).to_arrow_table(), ordered=False)
     return before, after
+
+
+def apply_reduction(contexts, sql: str, rule) -> tuple[str, str]:
+    """:func:`apply_pass` of a reduction pass ``rule(plan, oracle, sources, bound)``.
+
+    ``sources`` and ``bound`` (``runtime_filter_bytes``) are the distributed
+    context's, as the planner passes them.
+    """
+    ctx, _ = contexts
+    bound = ctx.config.runtime_filter_bytes
+    return apply_pass(contexts, sql, lambda plan, oracle: rule(plan, oracle, ctx.sources, bound))

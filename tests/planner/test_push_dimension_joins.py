@@ -17,7 +17,7 @@ from tests.planner.helpers import (
     D,
     F,
     G,
-    apply_pass,
+    apply_reduction,
     check_well_formed,
     make_contexts,
     run,
@@ -68,14 +68,7 @@ def test_the_pass_joins_the_filtered_dimension_first(runtimes):
         "SELECT d.c, count(*) AS n FROM f JOIN g ON f.x = g.y JOIN d ON f.k = d.k "
         "WHERE d.c = 'c3' GROUP BY d.c"
     )
-    config = contexts[0].config
-    before, after = apply_pass(
-        contexts,
-        sql,
-        lambda plan, oracle: push_dimension_joins(
-            plan, oracle, contexts[0].sources, config.runtime_filter_bytes
-        ),
-    )
+    before, after = apply_reduction(contexts, sql, push_dimension_joins)
     assert before == textwrap.dedent(
         """\
         Projection: d.c, count(Int64(1)) AS n

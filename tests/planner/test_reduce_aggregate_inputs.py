@@ -18,6 +18,7 @@ from tests.planner.helpers import (
     F,
     G,
     apply_pass,
+    apply_reduction,
     check_well_formed,
     make_contexts,
     run,
@@ -87,14 +88,7 @@ def test_the_pass_filters_the_aggregate_input_by_the_selective_side(runtimes):
         "SELECT d.c, a.s FROM d JOIN (SELECT k, sum(x) AS s FROM f GROUP BY k) a ON a.k = d.k "
         "WHERE d.c = 'c3'"
     )
-    config = contexts[0].config
-    _, after = apply_pass(
-        contexts,
-        sql,
-        lambda plan, oracle: reduce_aggregate_inputs(
-            plan, oracle, contexts[0].sources, config.runtime_filter_bytes
-        ),
-    )
+    _, after = apply_reduction(contexts, sql, reduce_aggregate_inputs)
     assert after == textwrap.dedent(
         """\
         Projection: d.c, sum(f.x) AS s
@@ -159,14 +153,7 @@ def test_the_copy_filters_the_table_with_the_key_below_the_aggregates_joins(runt
         "SELECT d.c, a.s FROM d JOIN (SELECT f.k, sum(f.x) AS s FROM f JOIN g ON f.x = g.y "
         "WHERE g.y > 100 GROUP BY f.k) a ON a.k = d.k WHERE d.c = 'c3'"
     )
-    config = contexts[0].config
-    _, after = apply_pass(
-        contexts,
-        sql,
-        lambda plan, oracle: reduce_aggregate_inputs(
-            plan, oracle, contexts[0].sources, config.runtime_filter_bytes
-        ),
-    )
+    _, after = apply_reduction(contexts, sql, reduce_aggregate_inputs)
     lines = after.splitlines()
     (semi,) = [i for i, line in enumerate(lines) if "LeftSemi Join: f.k = d.k" in line]
     below = lines[semi + 1 :]
