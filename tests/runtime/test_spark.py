@@ -155,6 +155,37 @@ def test_flight_plane_runs_small_one_task_leaf_stages_on_the_driver(
     assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
 
 
+@pytest.mark.parametrize(("lone_bytes", "jobs"), [(None, 1), (0, 2)])
+def test_flight_plane_runs_a_lone_one_task_stage_on_the_driver_where_cores_are_shared(
+    runtime, tpch_dir, spark_session, oracle, monkeypatch, lone_bytes, jobs
+):
+    # Q19's part side is a one-task leaf stage alone in the first round, and
+    # reads more files than driver_scan_bytes: in local[2] (the executors add
+    # no core) it runs on the driver's worker, and lineitem's stage is the
+    # one Spark job; with no lone bound (a cluster whose executors add
+    # cores), it is a Spark job of its own.
+    assert runtime.data_plane == "flight"
+    assert runtime.lone_stage_bytes() == 2 * 320 * 2**20  # in_place_bytes of 2 slots
+    monkeypatch.setattr(runtime, "driver_scan_bytes", 1)
+    if lone_bytes is not None:
+        monkeypatch.setattr(runtime, "lone_stage_bytes", lambda: lone_bytes)
+    config = DistributedConfig(in_place_bytes=0, bytes_per_task=4 * 2**20, replicate_scan_bytes=0)
+    ctx = DistributedContext(runtime=runtime, config=config)
+    tpch.register_tpch(ctx, tpch_dir)
+    sql = tpch.query(19)
+    df = ctx.sql(sql)
+    assert_same_result(df.to_arrow_table(), oracle_result(oracle, sql), is_ordered(sql))
+    ran = df.last_run.final
+    part = ran.stages[0]
+    assert ([s.source.name for s in part.scans], part.num_tasks) == (["part"], 1), ran.render()
+    assert all(part.stage_id in {i.stage_id for i in s.inputs} for s in ran.stages[1:-1])
+    group = job_group(ran.query_id)
+    assert len(spark_session.sparkContext.statusTracker().getJobIdsForGroup(group)) == jobs
+    where = {t.worker for t in df.metrics().tasks() if t.stage_id == part.stage_id}
+    assert (where == {runtime.driver_worker().url}) == (jobs == 1)
+    assert all(s["live_tasks"] == 0 and s["bytes_held"] == 0 for s in runtime.stats().values())
+
+
 def test_flight_plane_computes_outputs_lost_with_their_worker_again(
     ctx, runtime, spark_session, oracle
 ):

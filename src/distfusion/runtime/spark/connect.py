@@ -622,7 +622,7 @@ class _ConnectFlightQuery(_SparkFlightQuery):
                 except Exception as exc:  # the session stopped, or the job failed
                     log.debug("keepalive of query %s failed: %s", self.query_id[:8], exc)
 
-    def _small(self, stage: Stage) -> bool:
+    def _small(self, stage: Stage, alone: bool = False) -> bool:
         """Never: a stage run here would be read by executors, which cannot reach the client."""
         return False
 

@@ -169,7 +169,8 @@ class _SparkFlightQuery(WorkerQueryRun):
         """Run ``stages`` round by round, each round a Spark job, and wait for them.
 
         A small one-task stage (:meth:`_small`) runs on the driver's Flight
-        worker instead, while its round's Spark job runs.
+        worker instead, while its round's Spark job runs; so does a larger
+        one alone in its round, where the executors share the driver's cores.
         """
         self._memory = graph.memory_per_task_bytes
         pending = list(stages)
@@ -183,7 +184,7 @@ class _SparkFlightQuery(WorkerQueryRun):
                 self._stages[stage.stage_id] = stage
                 self._started[stage.stage_id] = time.monotonic()
             self._rounds.append([s.stage_id for s in ready])
-            small = [s for s in ready if self._small(s)]
+            small = [s for s in ready if self._small(s, alone=len(ready) == 1)]
             rest = [s for s in ready if s not in small]
             self._run_round(small, [(s.stage_id, t) for s in rest for t in range(s.num_tasks)])
             for stage in ready:
@@ -224,20 +225,28 @@ class _SparkFlightQuery(WorkerQueryRun):
             if err is not None:
                 raise err
 
-    def _small(self, stage: Stage) -> bool:
+    def _small(self, stage: Stage, alone: bool = False) -> bool:
         """Whether one-task ``stage`` runs on the driver (:attr:`SparkRuntime.driver_stage_bytes`).
 
         One task; no Spark table or feed read, and files of at most
         ``driver_scan_bytes`` in all; inputs of at most ``driver_stage_bytes``.
+        A stage ``alone`` in its round may read up to the runtime's in-place
+        bound of each (:meth:`SparkRuntime.lone_stage_bytes`): no Spark task
+        runs beside it, and its Spark job would cost more than the driver's
+        run where the executors add no core.
         """
         limit = self.runtime.driver_stage_bytes
         if stage.num_tasks != 1 or not limit:
             return False
+        scan_limit = self.runtime.driver_scan_bytes
+        if alone:
+            lone = self.runtime.lone_stage_bytes()
+            limit, scan_limit = max(limit, lone), max(scan_limit, lone)
         if stage.scans:
             if spark_scan(stage) is not None or has_feeds(stage):
                 return False
             files = sum(u.size_bytes for s in stage.scans for u in s.task_units[0])
-            if files > self.runtime.driver_scan_bytes:
+            if files > scan_limit:
                 return False
         held = 0
         for inp in stage.inputs:

@@ -565,6 +565,22 @@ class SparkRuntime:
     SQL anyway). The driver must reach the files, as it does for a query run
     in place."""
 
+    def lone_stage_bytes(self) -> int:
+        """Bytes of files and of inputs up to which a one-task stage alone in its round runs on the driver.
+
+        The in-place bound of the slots (:func:`~distfusion.planner.config.in_place_bytes`):
+        where the executors share the driver's cores (``local[N]``: 320 MiB
+        per slot), such a stage's Spark job adds ~0.1 s and its JVM's work to
+        the same cores and nothing else, and no Spark task of its round runs
+        beside it (TPC-H SF10: the filtered customer or part side of Q3, Q13,
+        Q14, Q17, Q19). Elsewhere 16 MiB, below :attr:`driver_scan_bytes` and
+        :attr:`driver_stage_bytes`, which then apply.
+
+        Raises:
+            PlanningError: Spark reports no executor.
+        """
+        return in_place_bytes(self.num_workers())
+
     def driver_worker(self):
         """This runtime's Flight worker in the driver process (started on first use).
 
