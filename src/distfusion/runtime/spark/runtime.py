@@ -566,7 +566,7 @@ class SparkRuntime:
     in place."""
 
     def lone_stage_bytes(self) -> int:
-        """Bytes of files and of inputs up to which a one-task stage alone in its round runs on the driver.
+        """Bytes of files and of inputs up to which a lone one-task stage runs on the driver.
 
         The in-place bound of the slots (:func:`~distfusion.planner.config.in_place_bytes`):
         where the executors share the driver's cores (``local[N]``: 320 MiB
