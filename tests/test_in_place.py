@@ -68,6 +68,17 @@ def test_a_query_within_the_bound_runs_in_place_and_answers_as_datafusion(tpch_d
     assert_same_result(df.to_arrow_table(), oracle.sql(query(9)).to_arrow_table(), True)
     assert df.coordinator_only() is None, "a query that distributes"
     assert df.metrics().stages == (), "yet no stage ran: it was never planned"
+    said = df.runs_in_place()
+    assert said is not None and "640.0 MiB" in said or CORES != 2
+    # explain() says so above the stages in_place_bytes=0 would run; after the
+    # run, that it ran in place, not a stage count with no metrics.
+    first, *rest = df.explain().splitlines()
+    assert first.startswith("runs in place on the coordinator") and rest[0].startswith("Stage")
+    analyzed = df.explain(analyze=True).splitlines()
+    assert (
+        analyzed[-1].startswith("Query ") and " ran in place on the coordinator: " in analyzed[-1]
+    )
+    assert not any(line.endswith("across network boundaries") for line in analyzed)
 
 
 @pytest.mark.parametrize("config", [{"in_place_bytes": IN_PLACE_BYTES}, {"in_place_bytes": 0}])
@@ -78,6 +89,8 @@ def test_a_query_over_the_configured_bound_is_distributed(tpch_dir, oracle, conf
     stages = df.metrics().stages  # head first
     assert len(stages) > 1, "planned into stages"
     assert "coordinator" not in {t.worker for s in stages[1:] for t in s.tasks}
+    assert df.runs_in_place() is None
+    assert "in place" not in df.explain() + df.explain_run()
 
 
 def test_a_negative_bound_is_refused():
@@ -85,10 +98,23 @@ def test_a_negative_bound_is_refused():
         DistributedConfig(in_place_bytes=-1)
 
 
-@pytest.mark.parametrize("bound", [None, "0"])
-def test_the_cli_says_when_a_query_ran_in_place(tpch_dir, capsys, bound):
-    args = ["query", query(9), "--tpch", str(tpch_dir), "--runtime", "local", "--workers", "2"]
+@pytest.mark.parametrize(
+    ("sql", "bound", "in_place"),
+    [
+        (query(9), None, True),
+        (query(9), "0", False),
+        # Run whole on the coordinator (no Substrait for it), not in place: no stage either.
+        (
+            "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 3) "
+            "SELECT count(*) FROM t, nation",
+            "0",
+            False,
+        ),
+    ],
+)
+def test_the_cli_says_when_a_query_ran_in_place(tpch_dir, capsys, sql, bound, in_place):
+    args = ["query", sql, "--tpch", str(tpch_dir), "--runtime", "local", "--workers", "2"]
     code = cli_main(args + (["--in-place-bytes", bound] if bound else []))
     out = capsys.readouterr().out
     assert code == 0
-    assert ("ran in place" in out) == (bound is None), out.splitlines()[-1]
+    assert ("ran in place" in out) == in_place, out.splitlines()[-1]

@@ -30,7 +30,8 @@ UPDATE = os.environ.get("DISTFUSION_UPDATE_SNAPSHOTS") == "1"
 WORKERS = 4
 
 CONFIGS = {
-    "default configuration": DistributedConfig(adaptive=False),
+    # The stages planned, not the in-place decision (tests/test_in_place.py).
+    "default configuration": DistributedConfig(adaptive=False, in_place_bytes=0),
     "byte thresholds / 10": DistributedConfig(
         adaptive=False,
         bytes_per_task=DefaultTaskEstimator.bytes_per_task // 10,

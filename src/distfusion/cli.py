@@ -187,7 +187,7 @@ def cmd_query(args) -> int:
             print(f"wrote the plan graph to {args.dot} (render: dot -Tsvg {args.dot} -o plan.svg)")
         metrics = df.metrics()
         where = f"{args.runtime} runtime, {ctx.runtime.num_workers()} workers"
-        if metrics is not None and not metrics.stages:  # small: no stage, no task
+        if metrics is not None and df.runs_in_place() is not None:
             where += "; ran in place, as single-node DataFusion here (--in-place-bytes)"
         print(f"elapsed: {elapsed:.3f} s ({where})")
     return 0

@@ -928,6 +928,10 @@ class _ExplainDataFrame(DistributedDataFrame):
         """The explained query's answer (see :meth:`DistributedDataFrame.coordinator_only`)."""
         return self.inner.coordinator_only()
 
+    def runs_in_place(self) -> str | None:
+        """The explained query's answer (see :meth:`DistributedDataFrame.runs_in_place`)."""
+        return self.inner.runs_in_place()
+
     def explain(self, verbose: bool = False, analyze: bool = False, format: str = "text") -> str:
         """The explained query's plan (see :meth:`DistributedDataFrame.explain`)."""
         return self.inner.explain(verbose, analyze, format)

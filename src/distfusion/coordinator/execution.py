@@ -43,6 +43,7 @@ from distfusion.display import with_progress
 from distfusion.errors import NotDistributableError, PlanningError
 from distfusion.metrics.observer import QueryObserver, observing
 from distfusion.metrics.query import build_query_metrics
+from distfusion.metrics.render import format_bytes
 from distfusion.planner.config import PlannerConfig, RuntimeProfile
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.plan import plan_stages, prepare_substrait
@@ -146,6 +147,7 @@ class QueryExecution:
                 and not writes(self.df)
             )
             read = scanned_bytes(self.df, sources) if sources and fits else {}
+            limit = 0
             if fits:
                 limit = config.in_place_bytes
                 if limit is None:
@@ -156,9 +158,32 @@ class QueryExecution:
                     and limit > 0
                     and sum(read.values()) <= limit
                 )
-            self._small = (fits, list(read))
-        fits, read = self._small
+            self._small = (fits, list(read), sum(read.values()), limit)
+        fits, read, _, _ = self._small
         return read if fits else None
+
+    def runs_in_place(self) -> str | None:
+        """Why the query runs in place, or None when it is planned into stages.
+
+        In place: single-node DataFusion on the coordinator, unplanned, because
+        its scans read at most ``in_place_bytes`` (see
+        :attr:`DistributedConfig.in_place_bytes`). :meth:`explain` then says
+        so above the stages ``in_place_bytes=0`` would run, and
+        :meth:`metrics` has no stage.
+
+        Returns:
+            A sentence with the bytes the scans read and the bound, or None.
+
+        Raises:
+            PlanningError: the runtime has no worker (its profile gives the bound).
+        """
+        if self._small_in_place() is None:
+            return None
+        _, _, nbytes, limit = self._small
+        return (
+            f"its scans read {format_bytes(nbytes)} (uncompressed, the columns they project), "
+            f"at most in_place_bytes ({format_bytes(limit)})"
+        )
 
     def _start(self, query_id: str) -> tuple[Iterator[pa.RecordBatch], Callable]:
         """The result batches of a run as ``query_id`` (not started yet), and its final graph.

@@ -76,7 +76,8 @@ class ExplainRendering:
     """The plan renderings of a :class:`~distfusion.context.DistributedDataFrame` (a mixin).
 
     Reads the frame's ``df``, ``context``, ``last_run``, ``_metrics``,
-    ``coordinator_only()``, ``stage_graph()`` and ``feed_metrics()``.
+    ``coordinator_only()``, ``runs_in_place()``, ``stage_graph()`` and
+    ``feed_metrics()``.
     """
 
     def _ran_graph(self) -> StageGraph | None:
@@ -93,9 +94,10 @@ class ExplainRendering:
         graph = self._ran_graph()
         if metrics is None:
             return self._plan_text()
-        if graph is None:
+        if graph is None or self.runs_in_place() is not None:
+            how = "on the coordinator" if graph is None else "in place on the coordinator"
             return (
-                f"{self._plan_text()}\nQuery {metrics.query_id[:8]} on the coordinator: "
+                f"{self._plan_text()}\nQuery {metrics.query_id[:8]} ran {how}: "
                 f"{metrics.rows:,} rows in {metrics.elapsed_s:.3f} s"
             )
         text = analyzed_text(graph, metrics, verbose)
@@ -136,6 +138,12 @@ class ExplainRendering:
             text = self.last_run.render()
         else:
             text = self.stage_graph().render()
+        small = self.runs_in_place()
+        if small is not None:  # the stages are what in_place_bytes=0 would run
+            text = (
+                f"runs in place on the coordinator (single-node DataFusion): {small}; "
+                f"with in_place_bytes=0, these stages:\n{text}"
+            )
         return text + self._notes()
 
     def _notes(self) -> str:
