@@ -5,12 +5,17 @@ See tests/planner/helpers.py for the tables and checks these share.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 import pytest
 
+from distfusion import LocalRuntime
+from distfusion.planner.config import RuntimeProfile
 from distfusion.stages import BROADCAST, COALESCE, SHUFFLE
 from tests.planner.helpers import (
     LARGE,
+    D,
     check_well_formed,
     edges,
     kinds,
@@ -234,3 +239,46 @@ def test_join_on_a_partitioned_side_shuffles_only_the_other(runtimes):
         "SELECT g.k, b.y FROM (SELECT k, sum(x) AS sx FROM a GROUP BY k) g JOIN b ON g.k + 1 = b.k",
     )
     assert kinds(g).count(SHUFFLE) == 3
+
+
+class _WaveRuntime(LocalRuntime):
+    """Two local workers whose stages may get more tasks than workers, in waves.
+
+    As Spark's Flight data plane declares (``wave_bytes_per_task``, no task cap
+    at the workers), at the byte sizes of these small tables.
+    """
+
+    def __init__(self, wave_bytes: int) -> None:
+        super().__init__(workers=2)
+        self.wave_bytes = wave_bytes
+
+    def profile(self) -> RuntimeProfile:
+        return dataclasses.replace(
+            super().profile(),
+            bytes_per_task=4096,
+            wave_bytes_per_task=self.wave_bytes,
+            max_tasks=16,
+            in_place_bytes=0,
+        )
+
+
+FACT = pa.table({"k": pa.array([i % 200 for i in range(40_000)], pa.int64()), "x": range(40_000)})
+
+
+@pytest.mark.parametrize(("wave_bytes", "tasks"), [(40_000, 2), (100_000, 8)])
+def test_a_probe_reading_a_large_broadcast_runs_one_wave(wave_bytes, tasks):
+    # The fact side wants several waves of tasks (16 at 40 kB a task, 8 at
+    # 100 kB). Each of its tasks would build the dimension's hash table again:
+    # at 1/16 of a wave task's bytes or more, it runs one task per worker
+    # instead; below, it keeps its waves.
+    runtime = _WaveRuntime(wave_bytes)
+    try:
+        tables = {"f": (FACT, 2500), "d": (D, 50)}
+        contexts = make_contexts(runtime, tables, tasks=None, replicate_scan_bytes=0)
+        g = run(contexts, "SELECT d.c, sum(f.x) AS s FROM f JOIN d ON f.k = d.k GROUP BY d.c")
+        check_well_formed(g)
+        (bcast,) = [e for e in edges(g) if e[1] == BROADCAST]
+        assert g.stage(bcast[2]).num_tasks == tasks, g.render()
+        assert g.stage(bcast[0]).output.readers == tasks
+    finally:
+        runtime.close()
