@@ -16,15 +16,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 from datafusion import DataFrame, SessionContext
-from sqlglot.dialects.postgres import Postgres
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from distfusion.ddl import Statement, fold_identifier, parse_statement
+from distfusion.ddl import Statement, fold_identifier, parse_statement, sql_tokens
 from distfusion.errors import PlanningError
 from distfusion.sources import memory_source, parquet_source, sql_name
-
-_POSTGRES = Postgres()  # its tokenizer splits statements (see split_statements)
 
 
 def split_statements(sql: str) -> list[str]:
@@ -48,7 +45,7 @@ def split_statements(sql: str) -> list[str]:
         ['SELECT 1', "SELECT 'a;b'"]
     """
     try:
-        tokens = _POSTGRES.tokenize(sql)
+        tokens = sql_tokens(sql)
     except TokenError:
         return [sql.strip()] if sql.strip() else []
     out: list[str] = []
