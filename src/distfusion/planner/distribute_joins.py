@@ -116,9 +116,10 @@ class JoinDistribution(RuntimeFilters):
         probe side streams: for a broadcast of at least 1/16 of a wave task's
         bytes, more waves mostly repeat that work, so the fragment gets one
         task per worker. TPC-H SF10 on Spark: Q9's lineitem stage reads 420 MiB
-        of broadcasts per task, and ran 0.55 s faster in 2 tasks than in 4;
-        Q19's reads a few MiB, and ran 0.38 s slower in 2 (medians of 5): there
-        smaller tasks even out the slots. Not for a fragment whose task count
+        of broadcasts per task, and ran 0.55-1.15 s faster in 2 tasks than in
+        4; Q19's reads a few MiB, and ran 0.28-0.38 s slower in 2: there
+        smaller tasks even out the slots (docs/benchmarks.md, "Where Spark's
+        time goes at SF10"). Not for a fragment whose task count
         is fixed: a shuffle's partitions, a feed, a Spark table, a stage that
         ran, or ``tasks_per_stage``.
         """
