@@ -213,3 +213,13 @@ def test_the_spark_data_plane_flag_reaches_the_runtime():
     assert "data_plane" not in runtime_options(build_parser().parse_args(argv))
     with pytest.raises(SystemExit):
         build_parser().parse_args([*argv, "--data-plane", "jvm"])
+
+
+def test_timed_rounds_alternate_the_engines_order():
+    # No engine follows the same one (Spark SQL's JVM work) in every round.
+    engines = {"distfusion": 1, "datafusion": 2, "spark-sql": 3}
+    rounds = [[e for e, _ in bench._round_order(engines, i)] for i in range(3)]
+    assert rounds[0] == rounds[2] == ["distfusion", "datafusion", "spark-sql"]
+    assert rounds[1] == ["spark-sql", "datafusion", "distfusion"]
+    before = {r[r.index("distfusion") - 1] for r in rounds if r.index("distfusion") > 0}
+    assert before == {"datafusion"}

@@ -729,6 +729,20 @@ def request_counts(requests: list[dict]) -> dict:
     return counts
 
 
+def _round_order(engines: dict, i: int) -> list:
+    """The engines of timed round ``i``: in order on even rounds, reversed on odd ones.
+
+    An engine run right after Spark SQL shares the two cores with the JVM's
+    work after that query (its compilation, its GC): in a fixed order the same
+    engine would pay for it in every round (TPC-H SF1: distfusion on Spark
+    right after Spark SQL in each round took 1.17x DataFusion's time; in a run
+    where it came after the local runtime, 1.03x). Alternating puts each
+    engine after a different one in turn.
+    """
+    items = list(engines.items())
+    return items if i % 2 == 0 else items[::-1]
+
+
 def _measure_query(
     q: int,
     engines: dict[str, Runner],
@@ -739,6 +753,8 @@ def _measure_query(
     warmup: bool = True,
 ) -> dict:
     """Warm up every engine on query ``q``, then ``runs`` interleaved timed runs.
+
+    The timed rounds alternate the engines' order (:func:`_round_order`).
 
     Without ``warmup``, that first run of each engine is timed too and counts
     as the first of the ``runs``. The first run's results are checked: every
@@ -782,8 +798,8 @@ def _measure_query(
     differ = _answers_differ(results)
     if differ:
         console.print(f"[bold red]Q{q}: answers differ from single-node DataFusion: {differ}[/]")
-    for _ in range(runs if warmup else runs - 1):
-        for e, run in engines.items():
+    for i in range(runs if warmup else runs - 1):
+        for e, run in _round_order(engines, i):
             elapsed, peak = _time(run, sql, idle_bytes)
             times[e].append(elapsed)
             peaks[e].append(peak)
