@@ -351,7 +351,7 @@ class QueryExecution:
                 raise PlanningError(msg)
             sources = self.context.sources
             scans = [(n, sources[n].units) for n in small]
-            batches = run_in_place(self.df, query_id, scans)
+            batches = run_in_place(self.df, query_id, scans, operators=False)
             stream = self._observed(observer, batches, lambda: None)
             stream = with_progress(stream, observer) if progress else stream
             return stream, observer.cancel

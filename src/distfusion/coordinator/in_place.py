@@ -53,7 +53,11 @@ def runs_in_place(graph: StageGraph, config: DistributedConfig) -> bool:
 
 
 def run_in_place(
-    df: DataFrame, query_id: str, scans: list[tuple[str, tuple]], stage_id: int | None = None
+    df: DataFrame,
+    query_id: str,
+    scans: list[tuple[str, tuple]],
+    stage_id: int = 1,
+    operators: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """``df`` run here as one task of stage ``stage_id``: its files checked, its metrics reported.
 
@@ -61,23 +65,22 @@ def run_in_place(
         df: the query, planned on the coordinator's context.
         query_id: the run's id (its observer gets the task's metrics).
         scans: ``(table, work units)`` of every source it reads.
-        stage_id: the stage the task's metrics are reported under; None for a
-            query never planned (task 0 of stage 1, with no operator metrics:
-            its metrics show no stage, so walking DataFusion's executed plan
-            for them, ~0.5 ms, would be wasted).
+        stage_id: the stage the task's metrics are reported under.
+        operators: collect DataFusion's operator metrics from the executed
+            plan (~0.5 ms); False for a query never planned, whose metrics
+            show no stage.
 
     Raises:
         TaskError: a file is gone, or DataFusion failed (worker ``coordinator``).
     """
     meter = TaskMeter(
-        stage_id or 1,
+        stage_id,
         0,
         COORDINATOR,
         0,
         sum(u.size_bytes for _, units in scans for u in units),
-        operators=stage_id is not None,
+        operators=operators,
     )
-    stage_id = stage_id or 1
     rows = nbytes = 0
     try:
         for table, units in scans:
