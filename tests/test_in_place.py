@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from distfusion import DistributedConfig, DistributedContext
+from distfusion import DistributedConfig, DistributedContext, tpch
 from distfusion.cli import main as cli_main
 from distfusion.coordinator.checks import scanned_bytes
 from distfusion.planner.config import (
@@ -23,7 +23,7 @@ from distfusion.planner.config import (
 )
 from distfusion.runtime.local import LocalRuntime
 from distfusion.tpch import query, register_tpch
-from tests.compare import assert_same_result
+from tests.compare import assert_same_result, is_ordered, oracle_result
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
@@ -96,6 +96,37 @@ def test_a_query_over_the_configured_bound_is_distributed(tpch_dir, oracle, conf
 def test_a_negative_bound_is_refused():
     with pytest.raises(ValueError, match="in_place_bytes must be"):
         DistributedConfig(in_place_bytes=-1)
+    with pytest.raises(ValueError, match="in_place_rewrite_bytes must be"):
+        DistributedConfig(in_place_rewrite_bytes=-1)
+
+
+REWRITTEN = "its plan rewritten by the planner's join rules"
+
+
+@pytest.mark.parametrize("q", tpch.QUERIES)
+def test_tpch_in_place_over_the_join_rules_answers_as_datafusion(tpch_dir, oracle, q):
+    ctx = _context(tpch_dir, in_place_rewrite_bytes=0)
+    df = ctx.sql(tpch.query(q))
+    assert_same_result(
+        df.to_arrow_table(), oracle_result(oracle, tpch.query(q)), is_ordered(tpch.query(q))
+    )
+    assert df.metrics().stages == (), "in place: never planned"
+
+
+def test_in_place_queries_over_the_bound_run_the_join_rules(tpch_dir):
+    # Q17 and Q18: eager aggregation of lineitem per key (aggregate_before_join);
+    # Q1 has no join: the rules change nothing, and DataFusion's own plan runs.
+    ctx = _context(tpch_dir, in_place_rewrite_bytes=0)
+    for q, rewritten in [(17, True), (18, True), (1, False)]:
+        df = ctx.sql(query(q))
+        said = df.runs_in_place()
+        assert said is not None and (REWRITTEN in said) == rewritten, (q, said)
+        assert (REWRITTEN in df.explain().splitlines()[0]) == rewritten
+    # The default bound (64 MiB) is over what Q17 reads at SF0.1 (~38 MiB); None: never.
+    for config in [{}, {"in_place_rewrite_bytes": None}]:
+        df = _context(tpch_dir, **config).sql(query(17))
+        assert sum(scanned_bytes(df.df, df.context.sources).values()) < 64 * 1024 * 1024
+        assert REWRITTEN not in df.runs_in_place(), config
 
 
 @pytest.mark.parametrize(

@@ -596,6 +596,7 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
         """What adaptive execution did in the last run (None before a run)."""
         self._ran: list[str] | None = None  # feed tables of the last run
         self._small: tuple[bool, list[str]] | None = None  # see _small_in_place
+        self._in_place: DataFrame | None = None  # see _in_place_df
 
     def schema(self) -> pa.Schema:
         """The result's Arrow schema."""
