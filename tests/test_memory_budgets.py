@@ -261,3 +261,37 @@ def test_a_killed_workers_spill_root_is_deleted_by_the_next_worker_and_a_live_on
         live.kill()
         live.wait()
         dead.wait()
+
+
+def test_the_runtimes_bound_is_a_greedy_pool_and_a_budget_a_fair_one(tmp_path):
+    # 32 files of distinct keys: each of two leaf tasks reads 16 as partitions
+    # of their own, with a partial aggregate each, then merges them. A fair
+    # pool gives each of the 17 aggregates a 17th of 64 MiB, and the merge
+    # spills; the runtime's own bound, a greedy pool, lets it take what it needs.
+    import numpy as np
+    import pyarrow.parquet as pq
+    from datafusion import SessionContext
+
+    data = tmp_path / "t"
+    data.mkdir()
+    for i in range(32):
+        keys = np.arange(i * 20_000, (i + 1) * 20_000, dtype=np.int64)
+        pq.write_table(pa.table({"k": keys, "v": keys % 7}), data / f"part-{i}.parquet")
+    sql = "SELECT k, sum(v) AS s FROM t GROUP BY k"
+    oracle = SessionContext()
+    oracle.register_parquet("t", str(data))
+    budget = 64 * 1024 * 1024
+    runtime = LocalRuntime(workers=2, memory_per_task_bytes=budget, spill_dir=str(tmp_path))
+    try:
+        for config, spills in [
+            (DistributedConfig(tasks_per_stage=2, in_place_bytes=0), False),
+            (DistributedConfig(tasks_per_stage=2, memory_per_task_bytes=budget), True),
+        ]:
+            ctx = DistributedContext(runtime=runtime, config=config)
+            ctx.register_parquet("t", str(data))
+            before = _spilled(runtime)[0]
+            got = ctx.sql(sql).to_arrow_table()
+            assert_same_result(got, oracle.sql(sql).to_arrow_table(), ordered=False)
+            assert (_spilled(runtime)[0] > before) == spills, config
+    finally:
+        runtime.close()

@@ -226,8 +226,9 @@ class DistributedConfig:
             total); Spark: ``spark.executor.pyspark.memory``, else
             ``spark.executor.memory`` (local mode: half of the machine, as for
             local workers) divided by an executor's task slots; the head stage on the
-            coordinator: a quarter of the machine's memory. See
-            :mod:`distfusion.worker.memory`.
+            coordinator: a quarter of the machine's memory; as a greedy
+            pool (operators spill when the task's total reaches it, not past
+            an equal share each). See :mod:`distfusion.worker.memory`.
 
         operator_metrics: every task reports DataFusion's metrics of each
             operator it ran (``TaskMetrics.operators``: rows, compute time,

@@ -1,9 +1,10 @@
 """Memory budgets of tasks and the disk they spill to.
 
 Every task runs DataFusion with a bounded memory pool (a fair spill pool of
-``memory_per_task_bytes``) and a disk manager writing under a directory of its
-query, so sorts, aggregates and joins spill to disk instead of growing without
-limit::
+``memory_per_task_bytes`` when set, else a greedy pool of the worker's default:
+:func:`~distfusion.worker.execute_task.task_context`) and a disk manager
+writing under a directory of its query, so sorts, aggregates and joins spill
+to disk instead of growing without limit::
 
     spill root (a worker's own directory, made on first use)
       └── <query id>/                 made when a task of the query starts;
@@ -169,7 +170,8 @@ class TaskMemory:
     """How one task may use memory and disk.
 
     Attributes:
-        pool_bytes: DataFusion's fair spill pool, bytes; None: unbounded.
+        pool_bytes: DataFusion's memory pool, bytes (fair or greedy:
+            :func:`~distfusion.worker.execute_task.task_context`); None: unbounded.
         spill_dir: where DataFusion writes spill files (a directory of the
             query, see :class:`SpillDirs`); None: the system's temp directory.
     """
