@@ -55,8 +55,9 @@ when the workers share the coordinator's cores (the local runtime, Spark
 Substrait round trips, one round per stage boundary (about 0.3 s on Spark) --
 in which DataFusion decodes about this much Parquet per core (TPC-H SF1 Q1:
 572 MiB of projected columns in 0.35 s on 2 cores). Larger queries still
-distribute: there the planner's rewrites (runtime filters, eager aggregation)
-and per-task memory budgets pay (docs/benchmarks.md)."""
+distribute: there runtime filters, adaptive join choices and per-task memory
+budgets pay (docs/benchmarks.md); the join rules apply in place too
+(``in_place_rewrite_bytes``)."""
 
 
 def in_place_bytes(slots: int | None = None) -> int:
