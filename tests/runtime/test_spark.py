@@ -400,3 +400,24 @@ def test_executor_workers_say_when_they_start_so_closing_a_query_reaches_them(
             client.close()
     finally:
         runtime.close()
+
+
+def test_the_executors_python_workers_are_kept_warm_between_queries(runtime, ctx, spark_session):
+    # PySpark ends a Python worker idle for a minute, and the next query's tasks
+    # would start new ones. After a query's Spark job, a thread runs a tiny job
+    # in every check interval in which no query ran one (here 0.2 s, not 20 s).
+    import time
+
+    from distfusion.runtime.spark.runtime import WARM_JOB_GROUP
+
+    tracker = spark_session.sparkContext.statusTracker()
+    before = len(tracker.getJobIdsForGroup(WARM_JOB_GROUP))
+    interval, runtime.warm_interval_s = runtime.warm_interval_s, 0.2
+    try:
+        ctx.sql(tpch.query(6)).to_arrow_table()  # two tasks a stage: a Spark job
+        deadline = time.monotonic() + 60  # a thread started earlier waits its 20 s out first
+        while len(tracker.getJobIdsForGroup(WARM_JOB_GROUP)) <= before:
+            assert time.monotonic() < deadline, "no keep-warm job ran"
+            time.sleep(0.1)
+    finally:
+        runtime.warm_interval_s = interval

@@ -376,6 +376,7 @@ class _SparkFlightQuery(WorkerQueryRun):
                 else:
                     partial.append((rdd, sorted(plans)))
             self._running = True
+            self.runtime.used_workers()
             results = []
             try:
                 if whole:
@@ -487,6 +488,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         rdd = self.sc.parallelize(pending, len(pending)).mapPartitionsWithIndex(job)
         rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")
         self._running = True
+        self.runtime.used_workers()
         try:
             with _CallSite(self.sc, self.group, self.observer.description([sid])):
                 return _spark_call(rdd.collect, self._check_open, self.sc.master)

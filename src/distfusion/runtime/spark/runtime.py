@@ -28,6 +28,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -67,6 +68,19 @@ from distfusion.worker.memory import spark_memory_per_task_bytes
 from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, DataPlaneAccess, _import_probe
 
 log = logging.getLogger(__name__)
+
+WARM_INTERVAL_S = 20.0
+"""Seconds between keep-warm checks (:meth:`SparkRuntime.used_workers`); PySpark
+ends a Python worker idle for 60 s."""
+
+WARM_FOR_S = 600.0
+"""Seconds after a query's last Spark job that its Python workers are kept warm."""
+
+WARM_CLOSE_WAIT_S = 10.0
+"""Seconds :meth:`SparkRuntime.close` waits for a running keep-warm job to end."""
+
+WARM_JOB_GROUP = "distfusion-keep-warm"
+"""The Spark job group of the keep-warm jobs (no query's)."""
 
 
 class SparkRuntime:
@@ -234,6 +248,13 @@ class SparkRuntime:
         self._endpoint_lock = threading.Lock()
         self._memory_per_task_bytes: int | None = None
         self.held_results: dict[str, QueryRun] = {}  # query id -> run of a result Spark reads
+        self.warm_interval_s = WARM_INTERVAL_S
+        """Seconds between the checks of :meth:`used_workers`'s keep-warm thread."""
+        self.warm_for_s = WARM_FOR_S
+        """Seconds after a query's last Spark job that the workers are kept warm."""
+        self._last_job = 0.0  # time.monotonic() of the last Spark job of a query
+        self._warming: threading.Thread | None = None
+        self._warm_stop = threading.Event()
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
@@ -612,8 +633,50 @@ class SparkRuntime:
                 self.executor_urls.add(self._driver_worker.url)  # in stats() and idle checks
             return self._driver_worker
 
+    def used_workers(self) -> None:
+        """A query ran a Spark job: keep the executors' Python workers warm for a while.
+
+        PySpark ends a Python worker idle for a minute (``PythonWorkerFactory``'s
+        idle timeout); the next query's tasks then start new ones, which import
+        distfusion, DataFusion and pyarrow and start their Flight servers
+        again: TPC-H SF10 Q17 took 5.7 s after 70 s idle, 3.2-3.6 s back to
+        back. So a thread started by the first query runs a tiny Python job
+        (one task per slot) every :attr:`warm_interval_s` seconds in which no
+        query ran one, until :attr:`warm_for_s` after the last query's (the
+        workers then go as PySpark's would), and never with dynamic allocation,
+        which releases idle executors and should not be kept from it.
+        """
+        self._last_job = time.monotonic()
+        if self._warming is not None or self._warm_stop.is_set():
+            return
+        if self.sc.getConf().get("spark.dynamicAllocation.enabled", "false") == "true":
+            return
+        self._warming = threading.Thread(
+            target=self._keep_workers_warm, name="distfusion-warm-workers", daemon=True
+        )
+        self._warming.start()
+
+    def _keep_workers_warm(self) -> None:
+        """The loop of :meth:`used_workers`' thread, until :meth:`close`."""
+        while not self._warm_stop.wait(self.warm_interval_s):
+            idle = time.monotonic() - self._last_job
+            if idle < self.warm_interval_s or idle > self.warm_for_s:
+                continue
+            try:
+                n = max(1, self.num_workers())
+                # Job groups are per thread (PySpark pins threads): this one's only.
+                self.sc.setJobGroup(WARM_JOB_GROUP, "distfusion: keep Python workers warm", True)
+                self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
+            except Exception:  # the session stopped: nothing to keep
+                return
+
     def close(self) -> None:
         """Release every held result, stop the SparkSession when this runtime started it."""
+        stop = getattr(self, "_warm_stop", None)  # a SparkConnectRuntime has none
+        if stop is not None:
+            stop.set()
+            if self._warming is not None:  # a keep-warm job running ends first
+                self._warming.join(WARM_CLOSE_WAIT_S)
         for run in list(self.held_results.values()):
             run.close()
         self.held_results.clear()
