@@ -518,11 +518,8 @@ class _SparkFlightQuery(WorkerQueryRun):
         def warm() -> None:
             while not self._keepalive.wait(KEEP_WARM_S):
                 try:
-                    n = max(1, self.runtime.num_workers())
-                    # Job groups are per thread (PySpark pins threads): this one's only.
                     what = f"distfusion keep warm {self.query_id[:8]}"
-                    self.sc.setJobGroup(f"{self.group}-warm", what, True)
-                    self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
+                    self.runtime.warm_job(f"{self.group}-warm", what)
                 except Exception:  # the session stopped: nothing to keep
                     return
 

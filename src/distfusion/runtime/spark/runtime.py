@@ -663,12 +663,23 @@ class SparkRuntime:
             if idle < self.warm_interval_s or idle > self.warm_for_s:
                 continue
             try:
-                n = max(1, self.num_workers())
-                # Job groups are per thread (PySpark pins threads): this one's only.
-                self.sc.setJobGroup(WARM_JOB_GROUP, "distfusion: keep Python workers warm", True)
-                self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
+                self.warm_job(WARM_JOB_GROUP, "distfusion: keep Python workers warm")
             except Exception:  # the session stopped: nothing to keep
                 return
+
+    def warm_job(self, group: str, description: str) -> None:
+        """Run a tiny Python Spark job, one task per slot, in job group ``group``.
+
+        Each task takes an idle Python worker of its executor, whose idle
+        timer starts again. Job groups are per thread (PySpark pins threads):
+        ``group`` is the calling thread's from then on.
+
+        Raises:
+            Exception: Spark's, when the session stopped.
+        """
+        n = max(1, self.num_workers())
+        self.sc.setJobGroup(group, description, True)
+        self.sc.parallelize(range(n), n).mapPartitions(lambda it: [0]).collect()
 
     def close(self) -> None:
         """Release every held result, stop the SparkSession when this runtime started it."""
