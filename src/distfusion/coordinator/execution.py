@@ -184,28 +184,32 @@ class QueryExecution:
         the rewritten plan's schema differs. Decided once per DataFrame.
         """
         if self._in_place is None:
-            self._in_place = self.df
-            bound = self.context.config.in_place_rewrite_bytes
-            _, _, nbytes, _ = self._small
-            data = None if bound is None or nbytes < bound else self._substrait()
-            if data is not None and self._coordinator_only is None:
-                plan = Plan()
-                plan.ParseFromString(data)
-                rewrite_joins(plan, self.context.sources, self._planner_config())
-                rewritten = plan.SerializeToString()
-                if rewritten != data and fits_decoder(rewritten):
-                    ctx = self.context.ctx
-                    try:
-                        df = ctx.create_dataframe_from_logical_plan(consume_plan(ctx, rewritten))
-                    except Exception as exc:  # DataFusion's: the query runs unrewritten
-                        log.warning(
-                            "the rewritten plan is refused; running the query as planned: %s",
-                            first_line(exc),
-                        )
-                    else:
-                        if df.schema() == self.df.schema():
-                            self._in_place = df
+            self._in_place = self._rewritten() or self.df
         return self._in_place
+
+    def _rewritten(self) -> DataFrame | None:
+        """The query over the join rules' plan, or None (see :meth:`_in_place_df`)."""
+        bound = self.context.config.in_place_rewrite_bytes
+        if bound is None or self._small[2] < bound:
+            return None
+        data = self._substrait()
+        if data is None or self._coordinator_only is not None:
+            return None
+        plan = Plan()
+        plan.ParseFromString(data)
+        rewrite_joins(plan, self.context.sources, self._planner_config())
+        rewritten = plan.SerializeToString()
+        if rewritten == data or not fits_decoder(rewritten):
+            return None
+        ctx = self.context.ctx
+        try:
+            df = ctx.create_dataframe_from_logical_plan(consume_plan(ctx, rewritten))
+        except Exception as exc:  # DataFusion's: the query runs unrewritten
+            log.warning(
+                "the rewritten plan is refused; running the query as planned: %s", first_line(exc)
+            )
+            return None
+        return df if df.schema() == self.df.schema() else None
 
     def runs_in_place(self) -> str | None:
         """Why the query runs in place, or None when it is planned into stages.

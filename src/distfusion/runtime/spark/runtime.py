@@ -255,6 +255,8 @@ class SparkRuntime:
         self._last_job = 0.0  # time.monotonic() of the last Spark job of a query
         self._warming: threading.Thread | None = None
         self._warm_stop = threading.Event()
+        if conf.get("spark.dynamicAllocation.enabled", "false") == "true":
+            self._warm_stop.set()  # idle executors stay free to go: none kept warm
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
 
@@ -648,8 +650,6 @@ class SparkRuntime:
         """
         self._last_job = time.monotonic()
         if self._warming is not None or self._warm_stop.is_set():
-            return
-        if self.sc.getConf().get("spark.dynamicAllocation.enabled", "false") == "true":
             return
         self._warming = threading.Thread(
             target=self._keep_workers_warm, name="distfusion-warm-workers", daemon=True
