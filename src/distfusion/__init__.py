@@ -6,6 +6,8 @@ executing its Substrait fragment natively with DataFusion. The map of the
 code is docs/architecture.md.
 """
 
+# First, before DataFusion and pyarrow load: sets how long mimalloc keeps freed memory.
+import distfusion.allocator  # noqa: F401
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
 from distfusion.coordinator.query_run import Runtime
 from distfusion.errors import (

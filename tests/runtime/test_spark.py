@@ -421,3 +421,15 @@ def test_the_executors_python_workers_are_kept_warm_between_queries(runtime, ctx
             time.sleep(0.1)
     finally:
         runtime.warm_interval_s = interval
+
+
+def test_the_executors_python_workers_keep_freed_memory(runtime):
+    # mimalloc in the Python workers reads MIMALLOC_PURGE_DELAY when it loads:
+    # the runtime puts it in the workers' environment (distfusion.allocator).
+    import os
+
+    from distfusion.allocator import PURGE_DELAY_MS, PURGE_DELAY_VAR
+
+    n = runtime.num_workers()
+    seen = runtime.sc.parallelize(range(n), n).map(lambda _: os.environ.get(PURGE_DELAY_VAR))
+    assert set(seen.collect()) == {str(PURGE_DELAY_MS)}

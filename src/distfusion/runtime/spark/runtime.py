@@ -33,6 +33,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from distfusion.allocator import keep_freed_memory
 from distfusion.coordinator.query_run import (
     QueryRun,
     RuntimeProfile,
@@ -201,6 +202,7 @@ class SparkRuntime:
                 self._owns_session = True
         self.spark = spark
         self.sc = spark.sparkContext
+        keep_freed_memory(self.sc.environment)  # the Python workers' (distfusion.allocator)
         self._use_driver_python()
         self._checked_python: str | None = None  # the executors' Python found to import distfusion
         self._python_lock = threading.Lock()
