@@ -1,15 +1,13 @@
 """How long freed memory stays in the process: DataFusion's and pyarrow's allocator, mimalloc.
 
-mimalloc hands memory a process freed back to the OS 10 ms later
-(``MIMALLOC_PURGE_DELAY``, in milliseconds); the next query then takes it
-from the OS again, a page fault per 4 KiB page. A distributed query frees
-what single-node DataFusion would keep (its stages' outputs, the Arrow IPC
-of every boundary), so each query faulted in ~150,000 pages (~600 MB) at
-TPC-H SF10 Q8 on the local runtime, against ~20,000 for DataFusion. On a
-virtual machine that hands the freed pages to its host after a few seconds
-(a balloon's free-page reporting, as on this project's 2-core machine), each
-of those faults costs more: SF10 Q8 took 2.4 s back to back and 3.6 s after
-20 s idle on the local runtime, 2.9 and 5.5 s on Spark (docs/benchmarks.md).
+mimalloc hands freed memory back to the OS 10 ms after it is freed
+(``MIMALLOC_PURGE_DELAY``, in milliseconds), and the next query faults it in
+again, a page at a time. A distributed query allocates and frees far more
+than single-node DataFusion (stage outputs, the Arrow IPC of every boundary):
+about 150,000 page faults a run of TPC-H SF10 Q8 on the local runtime, and on
+a virtual machine whose host takes freed pages back, those made the query
+1.5-2x slower after 20 s idle (docs/memory.md, "Memory the allocators keep
+between queries").
 
 distfusion keeps freed memory for :data:`PURGE_DELAY_MS` (10 minutes, as long
 as the Spark runtime keeps its Python workers warm), where the user has not
