@@ -129,8 +129,18 @@ def spark_session():
     :class:`~distfusion.runtime.spark.SparkRuntime`).
     """
     runtime = runtime_from_name("spark", 2)
+    # Spark Connect's service makes <java.io.tmpdir>/spark_connect_model_cache/<session id>
+    # for every Connect session and leaves it when the application stops.
+    jvm_tmp = runtime.spark.sparkContext._jvm.System.getProperty("java.io.tmpdir")
+    model_cache = Path(jvm_tmp) / "spark_connect_model_cache"
+    before = set(model_cache.iterdir()) if model_cache.exists() else None
     yield runtime.spark
     runtime.close()
+    if model_cache.exists():
+        for path in set(model_cache.iterdir()) - (before or set()):
+            shutil.rmtree(path, ignore_errors=True)
+        if before is None and not any(model_cache.iterdir()):
+            model_cache.rmdir()
 
 
 @pytest.fixture(scope="session")
