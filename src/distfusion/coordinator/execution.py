@@ -190,7 +190,8 @@ class QueryExecution:
     def _rewritten(self) -> DataFrame | None:
         """The query over the join rules' plan, or None (see :meth:`_in_place_df`)."""
         bound = self.context.config.in_place_rewrite_bytes
-        if bound is None or self._small[2] < bound:
+        _, _, nbytes, _ = self._small
+        if bound is None or nbytes < bound:
             return None
         data = self._substrait()
         if data is None or self._coordinator_only is not None:

@@ -142,6 +142,13 @@ class SparkRuntime:
     session>)`` makes one): :class:`~distfusion.runtime.spark.connect.SparkConnectRuntime`,
     set when that module is imported (the runtime registry imports it)."""
 
+    _warming: threading.Thread | None = None
+    """:meth:`used_workers`' keep-warm thread, once a query started it."""
+
+    _warm_stop: threading.Event | None = None
+    """Set to stop the keep-warm thread (set from the start with dynamic allocation);
+    None on a Spark Connect runtime, which keeps no workers warm this way."""
+
     def __new__(cls, spark=None, *args, **kwargs):
         """A :attr:`connect_runtime` for a Spark Connect session, else a SparkRuntime."""
         if cls is SparkRuntime and is_connect_session(spark) and cls.connect_runtime is not None:
@@ -255,7 +262,6 @@ class SparkRuntime:
         self.warm_for_s = WARM_FOR_S
         """Seconds after a query's last Spark job that the workers are kept warm."""
         self._last_job = 0.0  # time.monotonic() of the last Spark job of a query
-        self._warming: threading.Thread | None = None
         self._warm_stop = threading.Event()
         if conf.get("spark.dynamicAllocation.enabled", "false") == "true":
             self._warm_stop.set()  # idle executors stay free to go: none kept warm
@@ -651,7 +657,7 @@ class SparkRuntime:
         which releases idle executors and should not be kept from it.
         """
         self._last_job = time.monotonic()
-        if self._warming is not None or self._warm_stop.is_set():
+        if self._warming is not None or self._warm_stop is None or self._warm_stop.is_set():
             return
         self._warming = threading.Thread(
             target=self._keep_workers_warm, name="distfusion-warm-workers", daemon=True
@@ -685,9 +691,8 @@ class SparkRuntime:
 
     def close(self) -> None:
         """Release every held result, stop the SparkSession when this runtime started it."""
-        stop = getattr(self, "_warm_stop", None)  # a SparkConnectRuntime has none
-        if stop is not None:
-            stop.set()
+        if self._warm_stop is not None:
+            self._warm_stop.set()
             if self._warming is not None:  # a keep-warm job running ends first
                 self._warming.join(WARM_CLOSE_WAIT_S)
         for run in list(self.held_results.values()):
