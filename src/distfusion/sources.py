@@ -118,6 +118,12 @@ class TableSource:
             null_count)``}, a value None when unknown; read by the planner on
             the coordinator to skip units a filter rules out, never sent to
             workers. Empty when unknown (files listed from a store).
+        key_ranges: the integer columns' value range in each Parquet file,
+            from its footer: unit path -> {column: ``(min, max, null_count)``},
+            a value None when a row group has no statistics. Read by the
+            planner to join tables stored in key order file by file
+            (:mod:`~distfusion.planner.storage_partitioned_joins`), never sent
+            to workers. Empty for other formats.
     """
 
     name: str
@@ -127,6 +133,7 @@ class TableSource:
     column_bytes: dict[str, int] = field(default_factory=dict)
     options: dict = field(default_factory=dict)
     unit_stats: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    key_ranges: dict[str, dict[str, tuple]] = field(default_factory=dict)
 
     @property
     def is_feed(self) -> bool:
@@ -285,6 +292,7 @@ def parquet_source(
     row_width = sum(arrow_width(f.type) for f in schema)
     units = []
     column_bytes: dict[str, int] = {}
+    key_ranges: dict[str, dict[str, tuple]] = {}
     if isinstance(path, list | tuple):
         files = sized_files(list(path))
         path = ""
@@ -301,6 +309,7 @@ def parquet_source(
                 column_bytes[top] = column_bytes.get(top, 0) + cc.total_uncompressed_size
                 size += cc.total_uncompressed_size
         size = max(size, md.num_rows * row_width)
+        key_ranges[f] = _integer_ranges(md, schema, partition_cols)
         values = _partition_values(name, os.fspath(path), f, partition_cols)
         units.append(
             WorkUnit(
@@ -314,7 +323,49 @@ def parquet_source(
     for f in schema:
         column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * arrow_width(f.type))
     options = {"partition_cols": list(partition_cols)} if partition_cols else {}
-    return TableSource(name, "parquet", schema, tuple(units), column_bytes, options)
+    return TableSource(
+        name, "parquet", schema, tuple(units), column_bytes, options, key_ranges=key_ranges
+    )
+
+
+def _integer_ranges(
+    md: pq.FileMetaData, schema: pa.Schema, skip: tuple[str, ...]
+) -> dict[str, tuple]:
+    """``{column: (min, max, null_count)}`` of ``schema``'s integer columns in a file's footer.
+
+    Over the file's row groups; ``min`` and ``max`` are None when a row group
+    with values has no statistics for the column, or the file lacks it.
+    """
+    wanted = {f.name for f in schema if pa.types.is_integer(f.type) and f.name not in skip}
+    columns = {}
+    if md.num_row_groups:
+        first = md.row_group(0)
+        for c in range(first.num_columns):
+            top = first.column(c).path_in_schema
+            if top in wanted:
+                columns[top] = c
+    out: dict[str, tuple] = {}
+    for name in wanted:
+        c = columns.get(name)
+        lo = hi = None
+        nulls = 0
+        known = c is not None or md.num_rows == 0
+        for rg in range(md.num_row_groups if c is not None else 0):
+            rgm = md.row_group(rg)
+            st = rgm.column(c).statistics
+            if st is None or not st.has_null_count:
+                known = False
+                break
+            nulls += st.null_count
+            if st.null_count == rgm.num_rows:
+                continue  # all nulls: no min or max
+            if not st.has_min_max:
+                known = False
+                break
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        out[name] = (lo, hi, nulls) if known else (None, None, None)
+    return out
 
 
 def read_footers(name: str, files: list[tuple[str, int]]) -> list[pq.FileMetaData]:

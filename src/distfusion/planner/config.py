@@ -204,6 +204,12 @@ class DistributedConfig:
             pays, up to ten times the bound
             (:meth:`PlannerConfig.reduction_fits`): such sides grow with the
             data. 0 turns them off.
+        storage_partitioned_joins: join two tables stored in key order on
+            that key in one stage, task by task over matching file ranges
+            known from the Parquet footers, with no shuffle or broadcast
+            (default True; see
+            :mod:`~distfusion.planner.storage_partitioned_joins`). False: such
+            joins are shuffled or broadcast as others are.
         estimator: a custom task estimator; overrides ``bytes_per_task`` and
             ``tasks_per_stage``.
         adaptive: plan the rest of a query again over the measured output of
@@ -279,6 +285,7 @@ class DistributedConfig:
     max_broadcast_bytes: int | None = None
     replicate_scan_bytes: int = 4 * 1024 * 1024
     runtime_filter_bytes: int = 10 * 1024 * 1024
+    storage_partitioned_joins: bool = True
     estimator: TaskEstimator | None = None
     adaptive: bool = True
     adaptive_shuffle_bytes: int = 256 * 1024 * 1024

@@ -3,6 +3,9 @@
 For each join (or cross product) the planner's walk reaches, in order:
 
 - both sides one task: the join runs in that task;
+- both sides scans of tables stored in key order, joined on that key: the
+  join runs in one stage over matching file ranges, with no exchange
+  (:mod:`~distfusion.planner.storage_partitioned_joins`);
 - a side small enough to copy (``broadcast_pays``) that the join type allows
   to broadcast: a broadcast to the other side's tasks, or, when it only reads
   small source tables, a *broadcast scan* (every task reads those tables in
@@ -27,6 +30,7 @@ from substrait.proto import Expression, JoinRel, Rel
 from distfusion.planner.estimate import Estimate
 from distfusion.planner.fragment import Fragment, KeySource, through_emit
 from distfusion.planner.inject_runtime_filters import REDUCE_LEFT, REDUCE_RIGHT, RuntimeFilters
+from distfusion.planner.storage_partitioned_joins import StoragePartitionedJoins
 from distfusion.protocol.hashing import hash_type
 from distfusion.stages import BROADCAST, COALESCE, SHUFFLE, StageInput
 from distfusion.substrait_plan.build import (
@@ -76,7 +80,7 @@ _KEEPS_LEFT_KEYS = {
 _MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
 
 
-class JoinDistribution(RuntimeFilters):
+class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
     """The planner's join distribution (a mixin of the planner's walk).
 
     Uses the planner's ``config``, ``oracle``, ``registry``, ``sources`` and
@@ -128,6 +132,7 @@ class JoinDistribution(RuntimeFilters):
         if (
             probe.tasks <= self.config.workers
             or wave is None
+            or any(n in self.aligned_units for n in source_tables(probe.rel, self.sources))
             or broadcast_bytes * 16 < wave
             or getattr(estimator, "tasks_per_stage", None)
             or probe.partitioning is not None
@@ -230,6 +235,9 @@ class JoinDistribution(RuntimeFilters):
             return Fragment(
                 new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
             )
+        aligned = self._storage_partitioned(rel, join_type, left, right, keys, reducible, est)
+        if aligned is not None:
+            return aligned
         co = self._co_partition(rel, left, right, keys) if keys else None
         pays = self.config.broadcast_pays
         candidates = []

@@ -133,6 +133,8 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         # the filter right above the read being visited (filter_over_read).
         self.feed_filters: dict[str, list[tuple]] = {}
         self._filter_above: tuple[str, tuple] | None = None
+        # A storage-partitioned join's table -> each task's units (in key ranges).
+        self.aligned_units: dict[str, tuple[tuple[WorkUnit, ...], ...]] = {}
 
     def seal(
         self,
@@ -262,6 +264,15 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                 scans.append(
                     SourceScan(_no_stats(self.sources[n]), (units,) * tasks, replicated=True)
                 )
+            elif n in self.aligned_units:  # a storage-partitioned join's ranges
+                task_units = self.aligned_units[n]
+                if len(task_units) != tasks:
+                    msg = (
+                        f"internal: table {n!r} is read by key range in {len(task_units)} tasks, "
+                        f"but its stage has {tasks}"
+                    )
+                    raise NotDistributableError(msg)
+                scans.append(SourceScan(_no_stats(self.sources[n]), task_units))
             else:
                 scans.append(SourceScan(_no_stats(self.sources[n]), _split_units(units, tasks)))
         return tuple(scans)
@@ -657,7 +668,9 @@ def _split_units(units: tuple[WorkUnit, ...], tasks: int) -> tuple[tuple[WorkUni
 
 def _no_stats(source: TableSource) -> TableSource:
     """``source`` without its unit statistics: planning is done with them (stages stay small)."""
-    return replace(source, unit_stats={}) if source.unit_stats else source
+    if source.unit_stats or source.key_ranges:
+        return replace(source, unit_stats={}, key_ranges={})
+    return source
 
 
 def inject_network_boundaries(
