@@ -186,12 +186,14 @@ def test_runtime_filter_survives_planning_again_over_its_measured_source(
     # limit) filter lineitem before lineitem's shuffle. Once orders' stage ran,
     # the rest is planned again over its measured output, which still holds
     # every key: lineitem's tasks must go on reading it as a broadcast, not
-    # shuffle all of lineitem (at SF1: 3.8 M rows instead of 145 k).
+    # shuffle all of lineitem (at SF1: 3.8 M rows instead of 145 k). Tables
+    # stored in order-key order would join file range by file range instead.
     config = DistributedConfig(
         tasks_per_stage=2,
         broadcast_threshold_bytes=16 * KiB,
         max_broadcast_bytes=16 * KiB,
         adaptive_shuffle_bytes=0,
+        storage_partitioned_joins=False,
     )
     ctx = DistributedContext(runtime=runtime_for("local", 2), config=config)
     tpch.register_tpch(ctx, tpch_dir)
@@ -213,13 +215,15 @@ def test_runtime_filter_keys_come_from_the_smallest_stage_upstream(runtime_for, 
     # That side (customer's wide columns) is too large to filter lineitem
     # with, but its order keys pass unchanged from the filtered orders stage,
     # a few KiB: lineitem's tasks read that stage as a broadcast, in the
-    # static plan and in the plan made again once orders' stage ran.
+    # static plan and in the plan made again once orders' stage ran (when
+    # orders and lineitem do not join file range by file range).
     config = DistributedConfig(
         tasks_per_stage=2,
         broadcast_threshold_bytes=16 * KiB,
         max_broadcast_bytes=16 * KiB,
         runtime_filter_bytes=512 * KiB,
         adaptive_shuffle_bytes=0,
+        storage_partitioned_joins=False,
     )
     ctx = DistributedContext(runtime=runtime_for("local", 2), config=config)
     tpch.register_tpch(ctx, tpch_dir)

@@ -30,7 +30,12 @@ def ctx(runtime_for, tpch_dir):
 
 
 def _scan_stage(graph: StageGraph, table: str):
-    return [s for s in graph.stages if any(sc.source.name == table for sc in s.scans)]
+    """Stages scanning ``table`` (also as a read of its own: pruned, or in key ranges)."""
+    return [
+        s
+        for s in graph.stages
+        if any(sc.source.options.get("table", sc.source.name) == table for sc in s.scans)
+    ]
 
 
 def _fed_by(graph: StageGraph, stage_id: int, boundary: str) -> bool:

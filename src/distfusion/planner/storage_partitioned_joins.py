@@ -83,8 +83,10 @@ Range = tuple  # (min, max, null_count); min and max None when unknown or all nu
 def unit_range(source: TableSource, unit: WorkUnit, column: str) -> Range:
     """``(min, max, null_count)`` of ``column`` in ``unit``: from a lakehouse log or the footer."""
     stats = source.unit_stats.get(unit.path) or source.key_ranges.get(unit.path) or {}
-    found = stats.get(column)
-    return tuple(found) if found is not None else (None, None, None)
+    lo, hi, nulls = stats.get(column) or (None, None, None)
+    if not (_is_int(lo) and _is_int(hi)):  # unknown, all NULL, or not an integer bound
+        lo = hi = None
+    return lo, hi, nulls if _is_int(nulls) else None
 
 
 def group_units(
@@ -269,10 +271,11 @@ class StoragePartitionedJoins:
             "all_units": source.options.get("all_units", len(source.units)),
             "pruned": how if previous is None else f"{previous}, {how}",
         }
-        aligned = replace(source, name=alias, units=tuple(kept.values()), options=options)
-        self.sources[alias] = aligned
-        self.oracle.register_empty(alias, aligned.schema)
-        self.aligned_units[alias] = task_units
+        if alias not in self.aligned_units:  # the same ranges of another read: one table
+            aligned = replace(source, name=alias, units=tuple(kept.values()), options=options)
+            self.sources[alias] = aligned
+            self.oracle.register_empty(alias, aligned.schema)
+            self.aligned_units[alias] = task_units
         out = Rel()
         out.CopyFrom(rel)
         for m in read_rels(out):
@@ -286,3 +289,7 @@ class StoragePartitionedJoins:
 def _all_null(unit: WorkUnit, nulls: int | None) -> bool:
     """Whether ``unit``'s ``nulls`` NULL keys are all its rows."""
     return nulls is not None and unit.num_rows is not None and nulls >= unit.num_rows
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
