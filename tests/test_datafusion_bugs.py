@@ -7,6 +7,7 @@ fails, DataFusion fixed it and the workaround it names can go.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datafusion import SessionContext, col, lit
 from datafusion import functions as f
@@ -45,3 +46,29 @@ def test_only_panics_are_task_failures_among_base_exceptions():
     assert is_task_failure(ValueError("x"))
     for exc in (KeyboardInterrupt(), SystemExit(0), GeneratorExit()):
         assert not is_task_failure(exc) and not is_native_panic(exc)
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pa.array([5, 5, 5], pa.int64()),  # one value: min == max in the statistics
+        pa.array([None, None, None], pa.int64()),  # only NULLs
+        pa.array(["x", "x", "x"]),
+    ],
+    ids=["constant", "null", "constant string"],
+)
+def test_xxhash64_pushed_into_a_parquet_scan_panics_on_a_column_its_statistics_make_constant(
+    tmp_path, keys
+):
+    # Workaround: a shuffle over scans hashes above a filter (execute_task._partition_into).
+    path = tmp_path / "part.parquet"
+    pq.write_table(pa.table({"k": keys, "v": pa.array([1, 2, 3])}), path)
+    ctx = SessionContext()
+    hashed = ctx.read_parquet(str(path)).select(spark.xxhash64(col("k")).alias("h"))
+    assert "xxhash64" in hashed.execution_plan().display_indent().split("DataSourceExec")[1]
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (the panic's text varies by type)
+        hashed.collect()
+    assert is_native_panic(info.value)
+    above = ctx.read_parquet(str(path)).filter(f.random() >= lit(0.0))
+    hashes = above.select(spark.xxhash64(col("k")).alias("h")).to_arrow_table()
+    assert len(set(hashes.column("h").to_pylist())) == 1

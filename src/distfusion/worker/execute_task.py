@@ -28,7 +28,15 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-from datafusion import DataFrame, RuntimeEnvBuilder, SessionConfig, SessionContext, col, lit
+from datafusion import (
+    DataFrame,
+    RuntimeEnvBuilder,
+    SessionConfig,
+    SessionContext,
+    col,
+    functions,
+    lit,
+)
 from datafusion.functions import spark as spark_functions
 
 from distfusion import object_store, udfs
@@ -362,6 +370,23 @@ def stream_batches(
         metrics.add_plan(df.execution_plan())
 
 
+def _projects_scans(df: DataFrame) -> bool:
+    """Whether ``df`` is table scans under projections and unions only.
+
+    A projection over it is then pushed into the scans by DataFusion's
+    physical optimizer.
+    """
+    stack = [df.optimized_logical_plan()]
+    while stack:
+        node = stack.pop()
+        kind = type(node.to_variant()).__name__
+        if kind == "TableScan":
+            return True
+        if kind in ("Projection", "Union", "SubqueryAlias"):
+            stack.extend(node.inputs())
+    return False
+
+
 def _hash_key(expr, dtype: pa.DataType):
     target = hash_type(dtype)
     return expr if target == dtype else expr.cast(target)
@@ -475,6 +500,13 @@ def _partition_into(
         for i, b in enumerate(batches(df)):
             sink.add(i % n, b)
         return
+    if plan.scans and _projects_scans(df):
+        # DataFusion would evaluate the hash inside the Parquet scans, where a file
+        # whose statistics make a key column constant (one value, or only NULLs)
+        # gives the column as a scalar: xxhash64 of scalars panics. A filter
+        # DataFusion cannot drop keeps the hash above the scans
+        # (docs/datafusion-bugs.md).
+        df = df.filter(functions.random() >= lit(0.0))
     keys = [_hash_key(col(f'"{schema.names[k]}"'), schema.field(k).type) for k in out.key_columns]
     pid = spark_functions.pmod(spark_functions.xxhash64(*keys), lit(n))
     # pyarrow has no take kernel for string_view or binary_view: views become plain
