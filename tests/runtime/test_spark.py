@@ -231,8 +231,10 @@ def test_one_task_broadcast_stages_run_on_the_driver(
     runtime = shuffle_plane
     # 6 MiB per task at SF0.1 (64 MiB at SF1): the broadcast sides of Q3/Q8/Q18 are one-task
     # stages; they run on the driver (no Spark job), the rest on Spark. Q18's reads
-    # the IN subquery's stage, which Spark runs and the driver collects.
-    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(bytes_per_task=6 * 2**20))
+    # the IN subquery's stage, which Spark runs and the driver collects. (Orders
+    # and lineitem, stored in order-key order, would join by file range instead.)
+    config = DistributedConfig(bytes_per_task=6 * 2**20, storage_partitioned_joins=False)
+    ctx = DistributedContext(runtime=runtime, config=config)
     tpch.register_tpch(ctx, tpch_dir)
     df = ctx.sql(tpch.query(q))
     graph = df.stage_graph()
@@ -258,11 +260,13 @@ def test_runtime_filters_on_spark(runtime, tpch_dir, oracle, spark_session, q, b
     # broadcast and the head reads it once more, from the driver. Q21: the
     # late lineitems of Saudi suppliers are collected once, broadcast to both
     # lineitem scans, and shuffled into the join from Spark's cache (the RDD
-    # is persisted because two consumers read it).
+    # is persisted because two consumers read it). Not by file range: orders and
+    # lineitem would join in one stage.
     config = DistributedConfig(
         bytes_per_task=6 * 2**20,
         broadcast_threshold_bytes=broadcast_bytes,
         max_broadcast_bytes=broadcast_bytes,
+        storage_partitioned_joins=False,
     )
     ctx = DistributedContext(runtime=runtime, config=config)
     tpch.register_tpch(ctx, tpch_dir)

@@ -260,8 +260,11 @@ class StoragePartitionedJoins:
         ``column``: the key whose ranges cut the units (``explain()`` says so).
         """
         table = source.options.get("table", source.name)
-        layout = "\n".join("|".join(u.path for u in units) for units in task_units)
-        alias = f"{table}__ranges_{hashlib.sha1(layout.encode()).hexdigest()[:12]}"
+        # Named by the units' positions, not their paths: the same plan wherever the files are.
+        position = {u.path: i for i, u in enumerate(source.units)}
+        layout = ";".join(",".join(str(position[u.path]) for u in units) for units in task_units)
+        digest = hashlib.sha1(f"{source.name}:{layout}".encode()).hexdigest()[:12]
+        alias = f"{table}__ranges_{digest}"
         kept = {u.path: u for units in task_units for u in units}
         previous = source.options.get("pruned")
         how = f"files by {column} range"
