@@ -45,7 +45,7 @@ from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan
-from distfusion.sources import WorkUnit, register_scan, sql_name
+from distfusion.sources import SPARK, WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.work_unit_feed.table import rebuild_source
@@ -500,7 +500,8 @@ def _partition_into(
         for i, b in enumerate(batches(df)):
             sink.add(i % n, b)
         return
-    if plan.scans and _projects_scans(df):
+    files = any(s.source.format not in ("memory", SPARK) for s in plan.scans)
+    if files and _projects_scans(df):
         # DataFusion would evaluate the hash inside the Parquet scans, where a file
         # whose statistics make a key column constant (one value, or only NULLs)
         # gives the column as a scalar: xxhash64 of scalars panics. A filter
