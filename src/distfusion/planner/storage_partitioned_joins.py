@@ -180,9 +180,9 @@ class StoragePartitionedJoins:
             for side in order:
                 other = "right" if side == "left" else "left"
                 tasks = min(max(left.tasks, right.tasks), self.config.task_cap)
-                planned = self._aligned(rel, frags, scans, columns, side, other, tasks)
+                planned = self._aligned(rel, frags, scans, columns, (side, other), tasks, est)
                 if planned is not None:
-                    return replace(planned, est=est)
+                    return planned
         return None
 
     def _plain_scan(self, frag: Fragment) -> str | None:
@@ -219,11 +219,12 @@ class StoragePartitionedJoins:
         frags: dict[str, Fragment],
         scans: dict[str, str],
         columns: dict[str, str],
-        side: str,
-        other: str,
+        sides: tuple[str, str],
         tasks: int,
+        est: Estimate,
     ) -> Fragment | None:
-        """The join in one stage, ``side`` grouped by key range and ``other`` spanning; or None."""
+        """The join in one stage, ``sides`` (grouped, spanning) by key range; or None."""
+        side, other = sides
         source, spanning = self.sources[scans[side]], self.sources[scans[other]]
         cut = group_units([(u, unit_range(source, u, columns[side])) for u in source.units], tasks)
         if cut is None:
@@ -246,7 +247,7 @@ class StoragePartitionedJoins:
                 frags[s].rel, self.sources[scans[s]], per_task[s], columns[s]
             )
         joined = set_children(rel, [new["left"], new["right"]])
-        return Fragment(joined, len(cut), frags[side].est)
+        return Fragment(joined, len(cut), est)
 
     def _aligned_read(
         self,
