@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionContext, WindowUDF
+from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionConfig, SessionContext, WindowUDF
 
 from distfusion import delta, object_store, udfs
 from distfusion.coordinator.adaptive import AdaptiveReport
@@ -60,6 +60,8 @@ from distfusion.iceberg import IcebergTable
 from distfusion.metrics.query import QueryMetrics
 from distfusion.planner.config import DistributedConfig
 from distfusion.runtime.registry import runtime_from_name
+from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
+from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.sources import TableSource, csv_source, feed_source, memory_source, parquet_source
 from distfusion.stages import StageGraph
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
@@ -75,6 +77,15 @@ __all__ = [
     "ResultStream",
     "plan_statements",
 ]
+
+
+def _session_config(config: DistributedConfig) -> SessionConfig:
+    """The coordinator's DataFusion settings: Spark SQL's parser settings for that dialect."""
+    session = SessionConfig()
+    if config.sql_dialect == "spark":
+        for key, value in SPARK_PARSER_SETTINGS.items():
+            session = session.set(key, value)
+    return session
 
 
 def _default_runtime() -> Runtime:
@@ -115,7 +126,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         )
         self._runtime_factory = runtime
         self.config = config or DistributedConfig()
-        self.ctx = SessionContext()
+        self.ctx = SessionContext(_session_config(self.config))
         self._marker = mark_session(self.ctx)  # tells this context's DataFrames apart
         self.sources: dict[str, TableSource] = {}
         self._written = False  # a write ran or may run: memory tables are read again
@@ -519,6 +530,8 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
                 above. Raised before any task starts.
             TaskError: a ``CREATE TABLE ... AS`` query failed in a task.
         """
+        if self.config.sql_dialect == "spark":
+            query = self._from_spark_sql(query)
         statements = split_statements(query)
         explain = EXPLAIN.match(statements[-1]) if statements else None
         if explain is not None:
@@ -543,6 +556,16 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             raise PlanningError(str(exc)) from exc
         label = " ".join(statements[-1].split())[:80] if statements else ""
         return DistributedDataFrame(self, df, label)
+
+    def _from_spark_sql(self, query: str) -> str:
+        """``query`` (Spark SQL) as DataFusion SQL with Spark's semantics (:mod:`distfusion.spark_sql`).
+
+        Raises:
+            PlanningError: invalid Spark SQL.
+            SparkSemanticsError: no Spark-equal translation (the message says why).
+        """
+        schemas = {name: self.ctx.table(name).schema() for name in self.ctx.catalog().schema().names()}
+        return translate_spark_sql(query, schemas, self.config.spark_settings())
 
     def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:
         """A distributed DataFrame of this context around DataFusion's ``df``."""

@@ -5,8 +5,10 @@ One root, :class:`DistfusionError`, with a branch per phase of a query:
 ```
 DistfusionError
  ├── PlanningError (ValueError)     bad SQL, unknown table, plan the planner rejects
- │    └── NotDistributableError     DataFusion accepts it, the distributed planner
- │                                  cannot cut it (the query runs on the coordinator)
+ │    ├── NotDistributableError     DataFusion accepts it, the distributed planner
+ │    │                             cannot cut it (the query runs on the coordinator)
+ │    └── SparkSemanticsError       Spark SQL distfusion cannot run with Spark's
+ │                                  semantics (the drop-in hands it to Spark SQL)
  ├── TaskError                      a task failed on a worker (names stage, task, worker)
  │    └── TaskPanicked              its native code panicked (not retried)
  ├── TransportError                 a worker could not be reached or answered badly
@@ -39,6 +41,7 @@ __all__ = [
     "PlanningError",
     "QueryCancelled",
     "QueryCancelledError",
+    "SparkSemanticsError",
     "TaskError",
     "TaskPanicked",
     "TransientError",
@@ -85,6 +88,16 @@ class NotDistributableError(PlanningError):
     ``information_schema`` table). :class:`~distfusion.context.DistributedDataFrame`
     catches it and runs the query whole on the coordinator with single-node
     DataFusion instead (``coordinator_only()`` gives the message as the reason).
+    """
+
+
+class SparkSemanticsError(PlanningError):
+    """Spark SQL that distfusion cannot run with Spark's semantics (never with others).
+
+    Raised by :func:`distfusion.spark_sql.translate` for a construct, function
+    or type it has no Spark-equal translation of; the message names it.
+    ``distfusion.spark.sql`` catches it and runs the query as ``spark.sql``
+    itself (its ``fallback`` attribute says why), unless asked to raise.
     """
 
 

@@ -88,7 +88,11 @@ up; nullability follows DataFusion (e.g. ``count(*)`` is non-nullable in both).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import glob
+import io
+import logging
 import os
 import re
 import uuid
@@ -96,12 +100,12 @@ import weakref
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-from datafusion import AggregateUDF, WindowUDF
+from datafusion import AggregateUDF, WindowUDF, col
 
 from distfusion import delta, object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
-from distfusion.coordinator.results import named
-from distfusion.errors import PlanningError
+from distfusion.coordinator.results import ResultStream, named
+from distfusion.errors import PlanningError, SparkSemanticsError
 from distfusion.object_store import store_url
 from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.runtime.spark import (
@@ -112,6 +116,7 @@ from distfusion.runtime.spark import (
     spark_arrow_schema,
 )
 from distfusion.sources import spark_source
+from distfusion.spark_sql import SparkSettings
 from distfusion.worker.spark_tasks import frame_function
 
 __all__ = [
@@ -120,12 +125,17 @@ __all__ = [
     "register_spark_table",
     "register_spark_dataframe",
     "SparkDataFrame",
+    "FALLBACKS",
     "to_spark_compatible",
 ]
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
 _FORMATS = {"parquet": "parquet", "csv": "csv"}
+_log = logging.getLogger("distfusion.spark")
+_logged_fallbacks: set[str] = set()
+FALLBACKS = ("spark", "error")
+"""What :func:`sql`'s ``fallback`` takes."""
 _runtimes: dict[int, SparkRuntime] = {}
 _contexts: dict[int, DistributedContext] = {}  # SparkSession -> from_spark's context
 
@@ -150,6 +160,8 @@ class SparkDataFrame(DistributedDataFrame):
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
         self.query = query
+        self.fallback: str | None = None
+        """Why the query runs as ``spark.sql(query)`` itself, or None when distfusion runs it."""
         self._held: list[_HeldResult] = []
         self._spark_names: list[str] | None = None
 
@@ -279,19 +291,9 @@ class SparkDataFrame(DistributedDataFrame):
 
 
 def _spark_sql_names(spark, query: str) -> list[str] | None:
-    """The output column names Spark SQL gives ``query``, or None when Spark rejects it.
-
-    Spark only analyzes ``SELECT * FROM (query)``: a query is planned and not
-    run; DDL, DML or several statements fail to parse there instead of being
-    executed (``spark.sql`` runs commands at once).
-    """
-    text = query.strip().rstrip(";").strip()
-    if not text:
-        return None
-    try:  # on their own lines: a trailing ``--`` comment must not hide the parenthesis
-        return list(spark.sql(f"SELECT * FROM (\n{text}\n)").columns)
-    except Exception:  # Spark's parse or analysis error: DataFusion-only SQL
-        return None
+    """The output column names Spark SQL gives ``query``, or None when Spark rejects it."""
+    struct = _spark_schema(spark, query)
+    return None if struct is None else [f.name for f in struct.fields]
 
 
 class _HeldResult:
@@ -432,23 +434,37 @@ def sql(
     config: DistributedConfig | None = None,
     tables: dict | None = None,
     udfs: list | None = None,
+    fallback: str = "spark",
 ) -> SparkDataFrame:
-    """Plan ``query`` with distfusion over the tables of ``spark``'s catalog and ``tables``.
+    """Answer Spark SQL ``query`` as ``spark.sql(query)`` does, with distfusion where it can.
+
+    The drop-in for ``spark.sql``. The query is read as Spark SQL and run
+    natively, distributed on the session's executors, when every construct in
+    it has a translation with Spark's semantics (:mod:`distfusion.spark_sql`:
+    NULL order, ``/``, decimal types and rounding, ANSI mode as the session
+    sets ``spark.sql.ansi.enabled``) and the result's schema equals Spark's
+    analysis of the query (``spark.sql(query).schema``: names and types; the
+    result is cast to it). Otherwise it runs as ``spark.sql(query)`` itself,
+    on the same session: the result's :attr:`SparkDataFrame.fallback` says
+    why, :meth:`~SparkDataFrame.explain`'s first line too, and the reason is
+    logged once (logger ``distfusion.spark``, WARNING). Statements that are
+    not queries (DDL, DML, ``SET``) go to Spark the same way. A query Spark
+    rejects raises Spark's own error.
 
     Tables the query names (temp views and tables of the current database,
     unqualified, case-insensitive) are registered with
     :func:`register_spark_table`; ``tables`` are registered first and win
     over catalog tables of the same name. Nothing runs until a result is
-    asked for.
+    asked for (a statement that is not a query runs at once, as in Spark).
 
     Args:
         spark: the SparkSession; its catalog names the tables and its
             SparkContext runs the tasks.
-        query: DataFusion SQL (one or more statements, as
-            :meth:`DistributedContext.sql`).
+        query: one Spark SQL statement.
         runtime: the Spark runtime to use (default: one per SparkSession, created
             on first use, with default settings).
-        config: planner settings.
+        config: planner settings; its ``sql_dialect`` and ``spark`` are set
+            to ``"spark"`` and the session's settings.
         tables: more tables by name: Spark DataFrames of ``spark`` (any plan:
             native when a plain file scan, else :func:`register_spark_dataframe`),
             Delta tables (a ``deltalake.DeltaTable``, or the path or URL of a
@@ -460,24 +476,40 @@ def sql(
             (read natively by the tasks, planned on the driver while the
             query runs: :meth:`DistributedContext.register_iceberg`; the
             executors pull the data files from the driver's feed endpoint);
-            names case-insensitive.
+            names case-insensitive. Spark's catalog does not know them, so a
+            query reading one is not checked against Spark's analysis and
+            cannot run on Spark SQL.
         udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
             ``udwf``); they travel to the executors with the tasks.
+        fallback: ``"spark"`` (default): run on Spark SQL what distfusion
+            cannot run with Spark's semantics; ``"error"``: raise
+            :class:`~distfusion.errors.SparkSemanticsError` instead.
 
     Returns:
         A :class:`SparkDataFrame`; ``.to_spark()`` gives a Spark DataFrame.
 
     Raises:
         ImportError: pyspark is not installed.
+        ValueError: ``fallback`` is not one of :data:`FALLBACKS`.
+        SparkSemanticsError: with ``fallback="error"``, the reason it would
+            run on Spark SQL; also when it reads ``tables`` that Spark's
+            catalog does not know and cannot be translated.
         PlanningError: invalid SQL, an unknown table or column, or a table
-            distfusion cannot read (a schema Arrow cannot express, two columns
-            differing only in case; the message names it and says why).
+            distfusion cannot read (the message names it and says why), for
+            a query Spark's analysis also rejects.
         TypeError: a value of ``tables`` is neither a Spark DataFrame, a Delta
             table, a pyiceberg Table nor a path, or one of ``udfs`` is not a
             DataFusion UDF.
+        Exception: Spark's own error for a query that runs on Spark SQL and fails there.
     """
+    if fallback not in FALLBACKS:
+        msg = f"fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}"
+        raise ValueError(msg)
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
+    config = dataclasses.replace(
+        config or DistributedConfig(), sql_dialect="spark", spark=SparkSettings.of_session(spark)
+    )
     ctx = DistributedContext(runtime=runtime, config=config)
     for f in udfs or ():
         if isinstance(f, AggregateUDF):
@@ -507,14 +539,184 @@ def sql(
                 register_spark_table(ctx, spark, table.name)
             except PlanningError as exc:
                 unreadable[table.name.lower()] = str(exc)
+    own_tables = bool(names & {n.lower() for n in tables or ()})  # Spark's catalog lacks them
+    expected = None if own_tables else _spark_schema(spark, query)
     try:
         df = ctx.sql(query)
+        if expected is not None:
+            df = _as_spark_schema(df, expected, spark)
     except PlanningError as exc:
-        for name, reason in unreadable.items():
-            if re.search(rf"\b{re.escape(name)}\b", str(exc), re.IGNORECASE):
-                raise PlanningError(reason) from exc
-        raise
-    return SparkDataFrame(ctx, df, spark, query)
+        if isinstance(exc, SparkSemanticsError):
+            reason = str(exc)
+        elif expected is not None:
+            reason = f"DataFusion cannot plan the translated query: {exc}"
+        else:
+            for name, why in unreadable.items():
+                if re.search(rf"\b{re.escape(name)}\b", str(exc), re.IGNORECASE):
+                    raise PlanningError(why) from exc
+            raise
+        for name, why in unreadable.items():
+            if re.search(rf"\b{re.escape(name)}\b", reason, re.IGNORECASE):
+                reason = why
+        if fallback == "error" or own_tables:
+            raise SparkSemanticsError(reason) from exc
+        return _SparkSqlResult(ctx, spark, query, reason)
+    result = SparkDataFrame(ctx, df, spark, query)
+    if expected is not None:
+        result._spark_names = df.schema().names
+    return result
+
+
+def _spark_schema(spark, query: str):
+    """Spark's analysis of ``query``: its output ``StructType``, or None when Spark rejects it.
+
+    Spark only analyzes ``SELECT * FROM (query)``: a query is planned and
+    not run; DDL, DML or several statements fail to parse there instead of
+    being executed (``spark.sql`` runs commands at once).
+    """
+    text = query.strip().rstrip(";").strip()
+    if not text:
+        return None
+    try:  # on their own lines: a trailing ``--`` comment must not hide the parenthesis
+        return spark.sql(f"SELECT * FROM (\n{text}\n)").schema
+    except Exception:  # Spark's parse or analysis error
+        return None
+
+
+def _same_values(got: pa.DataType, spark: pa.DataType) -> bool:
+    """Whether a column of type ``got`` cast to Spark's type ``spark`` keeps every value.
+
+    Equal types; strings (view, large, plain); integers (a value out of
+    Spark's range fails the cast, as Spark's ANSI mode fails the query);
+    decimals of one scale; timestamps of one time zone.
+    """
+    if got == spark:
+        return True
+    kinds = (
+        lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
+        lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t),
+        pa.types.is_integer,
+    )
+    if any(kind(got) and kind(spark) for kind in kinds):
+        return True
+    if pa.types.is_decimal(got) and pa.types.is_decimal(spark):
+        return got.scale == spark.scale
+    if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark):
+        return (got.tz is None) == (spark.tz is None)
+    return False
+
+
+def _as_spark_schema(df: DistributedDataFrame, struct, spark) -> DistributedDataFrame:
+    """``df`` with Spark's column names and types (``struct``, Spark's analysis of the query).
+
+    Raises:
+        SparkSemanticsError: the column counts differ, a type differs so
+            that the values would (:func:`_same_values`), or Spark's names
+            repeat (DataFusion's projections need distinct names).
+    """
+    time_zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        expected = spark_arrow_schema(struct, time_zone)
+    except Exception as exc:  # PySpark's: a type Arrow cannot express
+        msg = f"Spark's result type has no Arrow equivalent ({exc})"
+        raise SparkSemanticsError(msg) from exc
+    got = df.schema()
+    if len(got) != len(expected):
+        msg = f"the translation gives {len(got)} columns where Spark gives {len(expected)}"
+        raise SparkSemanticsError(msg)
+    if len(set(expected.names)) != len(expected.names):
+        raise SparkSemanticsError("the result repeats a column name")
+    columns = []
+    for have, want in zip(got, expected, strict=True):
+        if not _same_values(have.type, want.type):
+            msg = (
+                f"column {want.name!r}: distfusion computes {have.type} where Spark gives "
+                f"{want.type}"
+            )
+            raise SparkSemanticsError(msg)
+        columns.append(col(have.name).cast(want.type).alias(want.name))
+    return df._derive(df.df.select(*columns))
+
+
+class _SparkSqlResult(SparkDataFrame):
+    """A query that runs as ``spark.sql(query)`` itself; :attr:`fallback` says why.
+
+    Results come from Spark (``toArrow()``, ``to_spark()`` is Spark's own
+    DataFrame); :meth:`explain` gives the reason and Spark's plan. A
+    transformation (``filter``, ``join``, ...) reads Spark's result as a
+    table through Spark (:func:`register_spark_dataframe`).
+    """
+
+    def __init__(self, ctx: DistributedContext, spark, query: str, reason: str) -> None:
+        if reason not in _logged_fallbacks:
+            _logged_fallbacks.add(reason)
+            _log.warning("distfusion.spark.sql runs a query on Spark SQL: %s", reason)
+        frame = spark.sql(query)  # Spark's own error here; DDL and DML run now, as in Spark
+        self._frame = frame
+        time_zone = spark.conf.get("spark.sql.session.timeZone")
+        self._arrow_schema = spark_arrow_schema(frame.schema, time_zone)
+        empty = ctx.ctx.from_arrow(self._arrow_schema.empty_table())
+        super().__init__(ctx, empty, spark, query)
+        self.fallback = reason
+        self._spark_names = list(self._arrow_schema.names)
+        self._registered = False
+
+    def schema(self) -> pa.Schema:
+        """Spark's result schema, as Arrow."""
+        return self._arrow_schema
+
+    def to_spark(self):
+        """``spark.sql(query)`` itself."""
+        return self._frame
+
+    def execute_stream(self, progress: bool = False) -> ResultStream:
+        """Spark's result batches (``toArrow()``); ``progress`` is Spark's own UI."""
+        return ResultStream(iter(self.collect()), lambda: None)
+
+    def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
+        """Spark's result batches."""
+        return self.to_arrow_table().to_batches()
+
+    def to_arrow_table(self, progress: bool = False) -> pa.Table:
+        """Spark's result as an Arrow table (``toArrow()``)."""
+        return self._frame.toArrow()
+
+    def count(self) -> int:
+        """Spark's row count of the result."""
+        return self._frame.count()
+
+    def coordinator_only(self) -> str | None:
+        """The reason the query runs on Spark SQL."""
+        return f"runs on Spark SQL: {self.fallback}"
+
+    def explain(self, verbose: bool = False, analyze: bool = False, format: str = "text") -> str:
+        """``runs on Spark SQL: <reason>``, then Spark's plan (``analyze``: after a run)."""
+        if analyze:
+            self._frame.collect()
+        mode = "extended" if verbose else "formatted"
+        try:
+            plan = _spark_explain(self._frame, mode)
+        except Exception:  # Spark's: no plan text
+            plan = ""
+        return f"runs on Spark SQL: {self.fallback}\n{plan}".rstrip() + "\n"
+
+    def _transformed(self, method, build):
+        if not self._registered:
+            name = f"spark_sql_{uuid.uuid4().hex[:16]}"
+            register_spark_dataframe(self.context, name, self._frame)
+            table = self.context.ctx.table(name)
+            renamed = [col(n.lower()).alias(n) for n in self._arrow_schema.names]
+            self.df = table.select(*renamed)
+            self._registered = True
+        return super()._transformed(method, build)
+
+
+def _spark_explain(frame, mode: str) -> str:
+    """Spark's plan of ``frame`` as text (``DataFrame.explain`` prints; this captures it)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        frame.explain(mode=mode)
+    return out.getvalue()
 
 
 def _is_spark_dataframe(df) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from distfusion.planner.estimate import REDUCTION_SIDE_FACTOR, DefaultTaskEstimator, TaskEstimator
 from distfusion.protocol.environment import environment_switches
+from distfusion.spark_sql import SparkSettings
 
 __all__ = [
     "BROADCAST_MEMORY_SHARE",
@@ -26,7 +27,11 @@ __all__ = [
     "DistributedConfig",
     "PlannerConfig",
     "RuntimeProfile",
+    "SQL_DIALECTS",
 ]
+
+SQL_DIALECTS = ("datafusion", "spark")
+"""What ``DistributedConfig.sql_dialect`` takes."""
 
 MAX_BROADCAST_BYTES = 100 * 1024 * 1024
 """The least default ``max_broadcast_bytes`` (Trino's ``join-max-broadcast-table-size``)."""
@@ -294,8 +299,13 @@ class DistributedConfig:
     stream_task_inputs: bool | None = None
     in_place_bytes: int | None = None
     in_place_rewrite_bytes: int | None = 64 * 1024 * 1024
+    sql_dialect: str = "datafusion"
+    spark: SparkSettings | None = None
 
     def __post_init__(self) -> None:
+        if self.sql_dialect not in SQL_DIALECTS:
+            msg = f"sql_dialect must be one of {', '.join(SQL_DIALECTS)}; got {self.sql_dialect!r}"
+            raise ValueError(msg)
         m = self.memory_per_task_bytes
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
             msg = f"memory_per_task_bytes must be a positive number of bytes or None, got {m!r}"
@@ -308,6 +318,10 @@ class DistributedConfig:
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0):
             msg = f"in_place_rewrite_bytes must be a number of bytes (0 or more) or None, got {b!r}"
             raise ValueError(msg)
+
+    def spark_settings(self) -> SparkSettings:
+        """The Spark SQL settings of the ``"spark"`` dialect (``spark`` or Spark 4's defaults)."""
+        return self.spark or SparkSettings()
 
     def task_estimator(self, profile: RuntimeProfile | None = None) -> TaskEstimator:
         """The estimator the planner uses on a runtime of ``profile`` (see ``bytes_per_task``).
