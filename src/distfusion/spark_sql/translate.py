@@ -238,6 +238,9 @@ class _Translator:
             new = rule(self, node)
             if new is node:
                 continue
+            if new is None:  # dropped (a hint)
+                node.pop()
+                continue
             self.types[id(new)] = self.types.get(id(node)) or self.type_of(node)
             if parent is None:
                 root = new
@@ -412,6 +415,13 @@ def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
     )
     is_zero = exp.EQ(this=right.copy(), expression=exp.Literal.number(0))
     return exp.Case(ifs=[exp.If(this=is_zero, true=failing)], default=right)
+
+
+def _rule_literal(t: _Translator, node: exp.Literal) -> exp.Expression:
+    """``1e3`` is a double in Spark; DataFusion (reading decimals) would make it ``decimal(1,-3)``."""
+    if node.is_string or "e" not in node.this.lower():
+        return node
+    return _cast(exp.Literal.string(node.this), "DOUBLE")
 
 
 def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
@@ -657,6 +667,25 @@ def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
     raise SparkSemanticsError(msg)
 
 
+def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
+    """sqlglot reads Spark's ``CAST`` as ``TRY_CAST`` (NULL on failure, Spark without ANSI).
+
+    With ANSI mode a failing cast fails the query (``CAST``); without, it is
+    NULL (``TRY_CAST``). Either way only casts whose values agree pass.
+    """
+    _rule_cast(t, node)
+    kind = exp.Cast if t.settings.ansi else exp.TryCast
+    return kind(this=node.this, to=node.to)
+
+
+def _rule_to_date(t: _Translator, node: exp.TsOrDsToDate) -> exp.Expression:
+    """sqlglot's reading of a date function's argument: a DATE is itself."""
+    at = t.type_of(node.this)
+    if at is None or at.this != T.DATE or node.args.get("format"):
+        raise SparkSemanticsError("to_date() of a string has no Spark-equal translation")
+    return node.this
+
+
 def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expression:
     start = node.args.get("start")
     if not (isinstance(start, exp.Literal) and not start.is_string and int(start.this) > 0):
@@ -691,6 +720,7 @@ def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
 
 
 RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
+    exp.Literal: _rule_literal,
     exp.Add: _rule_arithmetic,
     exp.Sub: _rule_arithmetic,
     exp.Mul: _rule_arithmetic,
@@ -709,6 +739,10 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.RegexpLike: _rule_regexp_like,
     exp.Like: _rule_like,
     exp.Cast: _rule_cast,
+    exp.TryCast: _rule_try_cast,
+    exp.TsOrDsToDate: _rule_to_date,
+    exp.Hint: lambda t, n: None,
+    exp.JoinHint: lambda t, n: None,
     exp.Substring: _rule_substring,
     exp.Extract: _rule_date_part,
     exp.Year: _rule_date_part,

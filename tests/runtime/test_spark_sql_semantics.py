@@ -1,0 +1,132 @@
+"""The PySpark drop-in answers what Spark answers: names, types and values, or Spark runs it.
+
+Oracle: ``spark.sql(query)`` on the same session. Every case of
+tests/spark_sql_cases.py runs on a classic and a Spark Connect session; the
+TPC-H queries in Spark's dialect too. A case marked ``native`` must run
+without fallback, one marked ``spark`` must run on Spark SQL with a reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import distfusion.spark
+from distfusion import tpch
+from distfusion.errors import SparkSemanticsError
+from tests.compare import assert_same_result, is_ordered
+from tests.spark_sql_cases import CASES, SEM_ROWS, compatibility_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sem(any_spark, tmp_path_factory):
+    """``any_spark`` with the view ``sem`` over a Parquet file of :data:`SEM_ROWS` (read natively)."""
+    path = tmp_path_factory.mktemp("sem") / "sem.parquet"
+    pq.write_table(SEM_ROWS, path)
+    any_spark.read.parquet(str(path)).createOrReplaceTempView("sem")
+    yield any_spark
+    any_spark.catalog.dropTempView("sem")
+
+
+def _same_as_spark(spark, sql: str, **kwargs) -> distfusion.spark.SparkDataFrame:
+    """Run ``sql`` both ways; assert equal names, types and values; return distfusion's."""
+    expected = spark.sql(sql).toArrow()
+    df = distfusion.spark.sql(spark, sql, **kwargs)
+    got = df.to_arrow_table()
+    assert got.column_names == expected.column_names
+    assert got.schema.types == expected.schema.types, (got.schema, expected.schema)
+    assert_same_result(got, expected, ordered=is_ordered(sql))
+    spark_frame = df.to_spark()
+    assert [(f.name, f.dataType) for f in spark_frame.schema] == [
+        (f.name, f.dataType) for f in spark.sql(sql).schema
+    ]
+    return df
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.construct for c in CASES])
+def test_construct_answers_as_spark(sem, case):
+    df = _same_as_spark(sem, case.sql)
+    if case.mode == "native":
+        assert df.fallback is None
+    else:
+        assert df.fallback, "expected to run on Spark SQL"
+        assert df.explain().startswith(f"runs on Spark SQL: {df.fallback}")
+
+
+@pytest.mark.parametrize("q", [q for q in range(1, 23) if q != 15])
+def test_tpch_in_spark_dialect_runs_natively_as_spark(any_spark, q):
+    df = _same_as_spark(any_spark, tpch.query(q))
+    assert df.fallback is None
+
+
+def test_fallback_error_raises_with_the_reason(sem):
+    with pytest.raises(SparkSemanticsError, match="date_format"):
+        distfusion.spark.sql(sem, "SELECT date_format(dt, 'yyyy') FROM sem", fallback="error")
+    with pytest.raises(ValueError, match="fallback"):
+        distfusion.spark.sql(sem, "SELECT 1", fallback="maybe")
+
+
+def test_statements_spark_owns_run_on_spark(sem):
+    df = distfusion.spark.sql(sem, "CREATE OR REPLACE TEMP VIEW sem_big AS SELECT * FROM sem WHERE i > 2")
+    assert "not a query" in df.fallback
+    try:
+        got = distfusion.spark.sql(sem, "SELECT count(*) AS n FROM sem_big")
+        assert got.fallback is None
+        assert got.to_pylist() == [{"n": 2}]
+    finally:
+        sem.catalog.dropTempView("sem_big")
+
+
+def test_syntax_error_is_sparks(sem):
+    with pytest.raises(Exception, match="PARSE_SYNTAX_ERROR|Syntax error"):
+        distfusion.spark.sql(sem, "SELECT FROM WHERE")
+
+
+def test_ansi_off_wraps_and_divides_by_zero_to_null(sem):
+    previous = sem.conf.get("spark.sql.ansi.enabled")
+    sem.conf.set("spark.sql.ansi.enabled", "false")
+    try:
+        df = _same_as_spark(
+            sem, "SELECT i / (i - 1) AS q, b * 9000000 AS w, i div 0 AS z FROM sem ORDER BY i"
+        )
+        assert df.fallback is None
+        values = df.to_pydict()
+        assert values["q"][1] is None  # i = 1: a division by zero is NULL
+    finally:
+        sem.conf.set("spark.sql.ansi.enabled", previous)
+
+
+def test_ansi_on_fails_on_overflow_and_division_by_zero(sem):
+    for sql in (
+        "SELECT i / (i - 1) FROM sem",
+        "SELECT b * 9000000 FROM sem",
+        "SELECT CAST(2147483647 AS INT) + i FROM sem",
+    ):
+        with pytest.raises(Exception):  # Spark's ArithmeticException
+            sem.sql(sql).collect()
+        df = distfusion.spark.sql(sem, sql)
+        assert df.fallback is None
+        with pytest.raises(Exception, match="(?i)overflow|divide by zero|cast"):
+            df.to_arrow_table()
+
+
+def test_compatibility_table_in_docs_is_the_cases():
+    text = (ROOT / "docs" / "spark.md").read_text()
+    match = re.search(r"<!-- compatibility:start -->\n(.*?)\n<!-- compatibility:end -->", text, re.S)
+    assert match, "docs/spark.md lacks the compatibility table markers"
+    assert match.group(1).strip() == compatibility_table(), (
+        "docs/spark.md's table differs from tests/spark_sql_cases.py: paste compatibility_table()"
+    )
+
+
+def test_sum_of_floats_is_close(sem):
+    # Not exact in either engine: a distributed sum adds in another order.
+    got = distfusion.spark.sql(sem, "SELECT sum(f) AS s FROM sem").to_pylist()[0]["s"]
+    assert math.isclose(got, sem.sql("SELECT sum(f) AS s FROM sem").collect()[0]["s"])

@@ -1,0 +1,134 @@
+"""Spark SQL constructs, each run by ``distfusion.spark.sql`` and by Spark on one session.
+
+Every case names a construct, its query over the table ``sem`` (:data:`SEM_ROWS`,
+NULLs in every column) and how distfusion runs it: ``native`` (translated
+with Spark's semantics, no fallback) or ``spark`` (handed to Spark SQL, with
+the reason). tests/runtime/test_spark_sql_semantics.py checks both the
+answer (names, types and values equal Spark's) and the mode, and the
+compatibility table of docs/spark.md is rendered from this list
+(:func:`compatibility_table`), so it cannot drift.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+D = decimal.Decimal
+
+SEM_ROWS = pa.table(
+    {
+        "i": pa.array([1, 2, 3, None, 7, -4], pa.int32()),
+        "b": pa.array([10, None, 30, 40, 2**40, -5], pa.int64()),
+        "d": pa.array(
+            [D("1.25"), D("2.50"), None, D("-3.35"), D("12345.67"), D("0.05")], pa.decimal128(7, 2)
+        ),
+        "s": pa.array(["apple", "banana", None, "avocado", "cherry", "apple"], pa.string()),
+        "dt": pa.array(
+            [
+                datetime.date(2024, 1, 31),
+                datetime.date(2024, 2, 29),
+                None,
+                datetime.date(2023, 12, 1),
+                datetime.date(2024, 1, 15),
+                datetime.date(2024, 3, 1),
+            ],
+            pa.date32(),
+        ),
+        "f": pa.array([0.5, 2.675, None, -1.5, 3.0, 1e10], pa.float64()),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One construct: its name, a query showing it, and ``native`` or ``spark``."""
+
+    construct: str
+    sql: str
+    mode: str
+    note: str = ""
+
+
+CASES = [
+    Case("ORDER BY (NULLs first ascending)", "SELECT i FROM sem ORDER BY i", "native"),
+    Case("ORDER BY DESC (NULLs last)", "SELECT s FROM sem ORDER BY s DESC, i", "native"),
+    Case("ORDER BY ... LIMIT over a nullable key", "SELECT d FROM sem ORDER BY d LIMIT 2", "native"),
+    Case("`/` on integers", "SELECT i, i / 2 AS h, b / i FROM sem ORDER BY i", "native", "a double"),
+    Case("`/` on decimals", "SELECT d / 3.00 AS q, d / i FROM sem ORDER BY d", "native",
+         "Spark's precision and scale, rounded half up"),
+    Case("`div`, `%` on integers", "SELECT b div 3, b % 3 FROM sem ORDER BY b", "native"),
+    Case("decimal `*`, `+`, `-`", "SELECT d * d, d + 1, 1 - d, d * 1.5 FROM sem ORDER BY d", "native",
+         "Spark's result types"),
+    Case("integer `+ - *`", "SELECT i + 1, i * i, b - i FROM sem ORDER BY i", "native",
+         "Spark's widths; overflow fails with ANSI mode"),
+    Case("number literals", "SELECT 1, 1.5, 100.00, 1e3, 3000000000", "native",
+         "`1.5` a decimal, `1e3` a double"),
+    Case("sum, count, min, max", "SELECT sum(d), sum(i), count(*), count(s), min(s), max(dt) FROM sem",
+         "native"),
+    Case("avg of decimals", "SELECT avg(d), avg(d * 3) FROM sem", "native", "decimal(p+4,s+4), half up"),
+    Case("avg of integers and doubles", "SELECT avg(i), avg(f) FROM sem", "native"),
+    Case("COUNT(DISTINCT)", "SELECT count(DISTINCT s) FROM sem", "native"),
+    Case("GROUP BY, HAVING", "SELECT s, sum(d) AS t FROM sem GROUP BY s HAVING count(*) > 0 ORDER BY s",
+         "native"),
+    Case("ROLLUP", "SELECT s, sum(i) FROM sem GROUP BY ROLLUP(s) ORDER BY s, 2", "native"),
+    Case("round of a decimal", "SELECT round(d, 1), round(d) FROM sem ORDER BY d", "native", "half up"),
+    Case("CASE mixing a decimal and an integer",
+         "SELECT CASE WHEN i > 1 THEN d ELSE 0 END AS c FROM sem ORDER BY i", "native"),
+    Case("if()", "SELECT if(i > 1, 'big', 'small') AS c FROM sem ORDER BY i", "native"),
+    Case("coalesce", "SELECT coalesce(i, 0), coalesce(d, 0) FROM sem ORDER BY i", "native"),
+    Case("LIKE", "SELECT s FROM sem WHERE s LIKE 'a%' ORDER BY s", "native"),
+    Case("RLIKE / REGEXP", "SELECT s FROM sem WHERE s RLIKE '^a.*e$' ORDER BY s", "native"),
+    Case("concat with a NULL", "SELECT concat(s, '-', i) AS c FROM sem ORDER BY i", "native",
+         "NULL when an argument is"),
+    Case("upper, lower, length, substring",
+         "SELECT upper(s), lower(s), length(s), substring(s, 2, 3) FROM sem ORDER BY i", "native"),
+    Case("year(), month(), EXTRACT", "SELECT year(dt), month(dt), EXTRACT(DAY FROM dt) FROM sem ORDER BY i",
+         "native"),
+    Case("date +/- INTERVAL", "SELECT dt + INTERVAL '1' MONTH, dt - INTERVAL '3' DAY FROM sem ORDER BY i",
+         "native"),
+    Case("date compared with a string literal", "SELECT count(*) FROM sem WHERE dt >= '2024-01-15'",
+         "native"),
+    Case("CAST of numbers and dates", "SELECT CAST(i AS BIGINT), CAST(d AS DOUBLE), CAST(dt AS STRING) "
+         "FROM sem ORDER BY i", "native"),
+    Case("window rank, row_number", "SELECT i, rank() OVER (ORDER BY d) AS r, "
+         "row_number() OVER (PARTITION BY s ORDER BY i) AS n FROM sem ORDER BY i", "native"),
+    Case("window avg of decimals", "SELECT i, avg(d) OVER (PARTITION BY s) AS a FROM sem ORDER BY i",
+         "native"),
+    Case("IN and EXISTS subqueries", "SELECT i FROM sem a WHERE i IN (SELECT i FROM sem WHERE i > 1) "
+         "AND EXISTS (SELECT 1 FROM sem b WHERE b.i = a.i) ORDER BY i", "native"),
+    Case("scalar subquery", "SELECT i, (SELECT max(i) FROM sem) AS m FROM sem ORDER BY i", "native"),
+    Case("UNION ALL, INTERSECT, EXCEPT", "SELECT i FROM sem UNION ALL SELECT i FROM sem "
+         "EXCEPT SELECT 7 ORDER BY i", "native"),
+    Case("LEFT SEMI / ANTI JOIN", "SELECT a.i FROM sem a LEFT SEMI JOIN sem b ON a.i = b.i + 1 ORDER BY 1",
+         "native"),
+    Case("WITH (CTE)", "WITH x AS (SELECT s, d * 2 AS dd FROM sem) SELECT s, sum(dd) FROM x GROUP BY s "
+         "ORDER BY s", "native"),
+    Case("hints", "SELECT /*+ BROADCAST(b) */ count(*) FROM sem a JOIN sem b ON a.i = b.i", "native",
+         "accepted, not followed"),
+    Case("date_format", "SELECT date_format(dt, 'yyyy-MM') FROM sem", "spark",
+         "Java datetime patterns"),
+    Case("to_date with a pattern", "SELECT to_date('31/01/2024', 'dd/MM/yyyy')", "spark"),
+    Case("round of a double", "SELECT round(f, 2) FROM sem", "spark",
+         "Spark rounds the decimal text, DataFusion the binary value"),
+    Case("explode, LATERAL VIEW", "SELECT i, x FROM sem LATERAL VIEW explode(array(1, 2)) v AS x",
+         "spark"),
+    Case("arrays, maps, structs", "SELECT size(array(i, 2)), named_struct('a', i).a FROM sem", "spark"),
+    Case("collect_list, percentile_approx", "SELECT collect_list(i), percentile_approx(i, 0.5) FROM sem",
+         "spark"),
+    Case("comparison of a string with a number", "SELECT i FROM sem WHERE i = '1'", "spark",
+         "Spark's implicit casts"),
+    Case("CAST of a string to a number", "SELECT CAST('12' AS INT) + i FROM sem", "spark"),
+]
+
+
+def compatibility_table() -> str:
+    """The Markdown table of docs/spark.md: construct, how it runs, the note."""
+    lines = ["| construct | runs | note |", "|---|---|---|"]
+    for case in CASES:
+        runs = "natively" if case.mode == "native" else "on Spark SQL"
+        lines.append(f"| {case.construct} | {runs} | {case.note} |")
+    return "\n".join(lines)
