@@ -74,16 +74,11 @@ Names and types of tables read through Spark:
   structs as Arrow's. A type PySpark cannot convert raises
   :class:`~distfusion.errors.PlanningError` naming the table.
 
-Result names: :meth:`SparkDataFrame.to_spark` names the columns as Spark SQL
-names them for the same query (:meth:`SparkDataFrame.spark_column_names`).
-
-Result types: the result keeps DataFusion's types, converted to Spark's by
-``SparkSession.createDataFrame``. They match Spark SQL's for the TPC-H queries
-tested (``tests/runtime/test_spark_sql.py``) except where the engines' rules
-differ (docs/spark.md, "Known differences from Spark SQL"): Arrow's view and
-large string types become ``StringType``; a literal such as ``100.00`` is a
-double, not a decimal; a decimal average is truncated where Spark rounds half
-up; nullability follows DataFusion (e.g. ``count(*)`` is non-nullable in both).
+Results of :func:`sql`: Spark SQL's answer. The query is Spark SQL,
+translated with Spark's semantics (:mod:`distfusion.spark_sql`), and the result
+has the names and types of Spark's analysis of it; what cannot be translated
+runs as ``spark.sql(query)`` itself (:attr:`SparkDataFrame.fallback` says why;
+docs/spark.md, "Spark SQL, with Spark's answers"). Nullability follows DataFusion.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
-from distfusion.errors import PlanningError, SparkSemanticsError
+from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 
 __all__ = ["SparkSettings", "translate", "RULES", "PARSER_SETTINGS"]
@@ -123,18 +123,17 @@ def translate(
         The SQL text; its output columns are the query's, in order.
 
     Raises:
-        PlanningError: ``query`` is not valid Spark SQL (sqlglot's parser
-            names the line and column).
-        SparkSemanticsError: a statement that is not a query, several
+        SparkSemanticsError: ``query`` does not parse (sqlglot's parser
+            names the line and column), a statement that is not a query, several
             statements, or a construct, function or type without a
             Spark-equal translation (the message names it).
     """
     settings = settings or SparkSettings()
     try:
         statements = [s for s in sqlglot.parse(query, read="spark") if s is not None]
-    except ParseError as exc:
-        msg = f"invalid Spark SQL: {exc}"
-        raise PlanningError(msg) from exc
+    except ParseError as exc:  # Spark's own parser may still read it
+        msg = f"sqlglot's Spark parser rejects it: {exc}"
+        raise SparkSemanticsError(msg) from exc
     if len(statements) != 1:
         msg = f"{len(statements)} statements: Spark SQL runs one statement at a time"
         raise SparkSemanticsError(msg)
@@ -385,8 +384,9 @@ class _Translator:
 def _unsupported(node: exp.Expression) -> str:
     if isinstance(node, exp.Anonymous):
         return f"function {node.name}() has no Spark-equal translation"
-    if isinstance(node, exp.Func):
-        return f"function {node.sql_name().lower()}() has no Spark-equal translation"
+    if isinstance(node, exp.Func):  # Spark's name, as the query wrote it
+        name = node.sql("spark").split("(", 1)[0].strip().lower() or node.sql_name().lower()
+        return f"function {name}() has no Spark-equal translation"
     return f"{node.key.upper()} ({node.sql('spark')[:60]!r}) has no Spark-equal translation"
 
 
