@@ -565,7 +565,8 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             SparkSemanticsError: no Spark-equal translation (the message says why).
         """
         schemas = {name: self.ctx.table(name).schema() for name in self.ctx.catalog().schema().names()}
-        return translate_spark_sql(query, schemas, self.config.spark_settings())
+        settings = self.config.spark_settings()
+        return translate_spark_sql(query, schemas, settings, udfs.registered_names())
 
     def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:
         """A distributed DataFrame of this context around DataFusion's ``df``."""

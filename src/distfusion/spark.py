@@ -102,7 +102,6 @@ from distfusion.context import DistributedConfig, DistributedContext, Distribute
 from distfusion.coordinator.results import ResultStream, named
 from distfusion.errors import PlanningError, SparkSemanticsError
 from distfusion.object_store import store_url
-from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.runtime.spark import (
     SparkRuntime,
     hold_dataframe,
@@ -110,6 +109,7 @@ from distfusion.runtime.spark import (
     is_connect_session,
     spark_arrow_schema,
 )
+from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.sources import spark_source
 from distfusion.spark_sql import SparkSettings
 from distfusion.worker.spark_tasks import frame_function
@@ -587,13 +587,11 @@ def _same_values(got: pa.DataType, spark: pa.DataType) -> bool:
     """
     if got == spark:
         return True
-    kinds = (
-        lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t),
-        lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t),
-        pa.types.is_integer,
-    )
-    if any(kind(got) and kind(spark) for kind in kinds):
-        return True
+    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    binaries = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+    for kind in (strings, binaries, (pa.types.is_integer,)):
+        if any(test(got) for test in kind) and any(test(spark) for test in kind):
+            return True
     if pa.types.is_decimal(got) and pa.types.is_decimal(spark):
         return got.scale == spark.scale
     if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark):

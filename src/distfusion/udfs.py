@@ -426,6 +426,11 @@ def register(u: Function) -> None:
         _SPECS[key] = spec
 
 
+def registered_names() -> frozenset[str]:
+    """Names of the UDFs this process knows (:func:`register`), lower-cased."""
+    return frozenset(name.lower() for _, name in _UDFS)
+
+
 def merge_functions(name: str) -> tuple[str, str] | None:
     """``(partial, final)`` companion names of the mergeable UDAF ``name``; None otherwise.
 

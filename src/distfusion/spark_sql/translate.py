@@ -107,7 +107,10 @@ class _Writer(Spark):
 
 
 def translate(
-    query: str, schemas: dict[str, pa.Schema], settings: SparkSettings | None = None
+    query: str,
+    schemas: dict[str, pa.Schema],
+    settings: SparkSettings | None = None,
+    functions: frozenset[str] = frozenset(),
 ) -> str:
     """DataFusion SQL that answers Spark SQL ``query`` as Spark does.
 
@@ -118,6 +121,8 @@ def translate(
         schemas: every table the query may read, by name (lower case), as
             registered in the DataFusion context that plans the result.
         settings: the session's Spark settings (default: Spark 4's).
+        functions: names (lower case) of the context's Python UDFs: calls
+            to them pass as written (they are the user's own functions).
 
     Returns:
         The SQL text; its output columns are the query's, in order.
@@ -156,7 +161,7 @@ def translate(
     except OptimizeError as exc:
         msg = f"its columns do not resolve against the tables distfusion reads: {exc}"
         raise SparkSemanticsError(msg) from exc
-    return _Translator(settings).run(ast).sql(dialect=_Writer, comments=False)
+    return _Translator(settings, functions).run(ast).sql(dialect=_Writer, comments=False)
 
 
 def _names_table(ast: exp.Expression, name: str) -> bool:
@@ -194,44 +199,93 @@ _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 # ----------------------------------------------------------------------------- rules
 
-_PASS = (
+_PASS = {
     # structure
-    exp.Select, exp.Union, exp.Intersect, exp.Except, exp.Subquery, exp.With, exp.CTE,
-    exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered,
-    exp.Limit, exp.Offset, exp.Alias, exp.TableAlias, exp.Table, exp.Identifier,
-    exp.Column, exp.Star, exp.Tuple, exp.Paren, exp.Distinct, exp.Var, exp.DataType,
-    exp.DataTypeParam, exp.Rollup, exp.Cube, exp.GroupingSets,
+    exp.Select,
+    exp.Union,
+    exp.Intersect,
+    exp.Except,
+    exp.Subquery,
+    exp.With,
+    exp.CTE,
+    exp.From,
+    exp.Join,
+    exp.Where,
+    exp.Group,
+    exp.Having,
+    exp.Order,
+    exp.Ordered,
+    exp.Limit,
+    exp.Offset,
+    exp.Alias,
+    exp.TableAlias,
+    exp.Table,
+    exp.Identifier,
+    exp.Column,
+    exp.Star,
+    exp.Tuple,
+    exp.Paren,
+    exp.Distinct,
+    exp.Var,
+    exp.DataType,
+    exp.DataTypeParam,
+    exp.Rollup,
+    exp.Cube,
+    exp.GroupingSets,
     # predicates
-    exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Exists, exp.NullSafeEQ,
-    exp.Literal, exp.Boolean, exp.Null, exp.ILike,
+    exp.And,
+    exp.Or,
+    exp.Not,
+    exp.Is,
+    exp.In,
+    exp.Between,
+    exp.Exists,
+    exp.NullSafeEQ,
+    exp.Literal,
+    exp.Boolean,
+    exp.Null,
+    exp.ILike,
     # aggregates and windows whose values and types agree
-    exp.Count, exp.Min, exp.Max, exp.Window, exp.WindowSpec, exp.RowNumber, exp.Rank,
+    exp.Count,
+    exp.Min,
+    exp.Max,
+    exp.Window,
+    exp.WindowSpec,
+    exp.RowNumber,
+    exp.Rank,
     exp.DenseRank,
     # scalar functions whose values and types agree
-    exp.Upper, exp.Lower, exp.Length, exp.Coalesce, exp.ConcatWs, exp.DPipe, exp.Abs,
-)
+    exp.Upper,
+    exp.Lower,
+    exp.Length,
+    exp.ConcatWs,
+    exp.DPipe,
+    exp.Abs,
+}
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 
 
 class _Translator:
     """One query's rewrite: Spark types of the nodes, then each node by its rule."""
 
-    def __init__(self, settings: SparkSettings) -> None:
+    def __init__(self, settings: SparkSettings, functions: frozenset[str]) -> None:
         self.settings = settings
+        self.functions = functions
         self.types: dict[int, exp.DataType] = {}
         self.derived: dict[int, exp.Expression] = {}  # column -> the projection it reads
 
     def run(self, ast: exp.Expression) -> exp.Expression:
         self._link_derived_columns(ast)
         nodes = list(ast.walk(bfs=False))
+        for node in nodes:  # outermost first: the reason names what the query wrote
+            if type(node) not in RULES and type(node) not in _PASS:  # exact: no subclass
+                raise SparkSemanticsError(_unsupported(node))
         for node in nodes:
             self.type_of(node)
         root = ast
         for node in reversed(nodes):  # children before parents
             rule = RULES.get(type(node))
             if rule is None:
-                if not isinstance(node, _PASS):
-                    raise SparkSemanticsError(_unsupported(node))
                 continue
             parent, key, index = node.parent, node.arg_key, node.index
             new = rule(self, node)
@@ -312,7 +366,9 @@ class _Translator:
         if lt.this == T.DATE and isinstance(node, exp.Add | exp.Sub):
             return lt if isinstance(node.right, exp.Interval) else None
         if st.is_fractional(lt) or st.is_fractional(rt):
-            numeric = (st.is_fractional(t) or st.is_integral(t) or st.is_decimal(t) for t in (lt, rt))
+            numeric = (
+                st.is_fractional(t) or st.is_integral(t) or st.is_decimal(t) for t in (lt, rt)
+            )
             return exp.DataType.build("DOUBLE") if all(numeric) else None
         if st.is_integral(lt) and st.is_integral(rt):
             if isinstance(node, exp.Div):
@@ -396,8 +452,10 @@ def _cast(node: exp.Expression, to: exp.DataType | str) -> exp.Cast:
 
 
 def _paren(node: exp.Expression) -> exp.Expression:
-    return node if isinstance(node, exp.Paren | exp.Column | exp.Literal | exp.Cast) else exp.Paren(
-        this=node
+    return (
+        node
+        if isinstance(node, exp.Paren | exp.Column | exp.Literal | exp.Cast)
+        else exp.Paren(this=node)
     )
 
 
@@ -417,8 +475,15 @@ def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
     return exp.Case(ifs=[exp.If(this=is_zero, true=failing)], default=right)
 
 
+def _rule_function(t: _Translator, node: exp.Anonymous) -> exp.Expression:
+    """A function sqlglot does not know: one of the context's UDFs, or untranslatable."""
+    if node.name.lower() in t.functions:
+        return node
+    raise SparkSemanticsError(_unsupported(node))
+
+
 def _rule_literal(t: _Translator, node: exp.Literal) -> exp.Expression:
-    """``1e3`` is a double in Spark; DataFusion (reading decimals) would make it ``decimal(1,-3)``."""
+    """``1e3``: a double in Spark; DataFusion reading decimals makes it ``decimal(1,-3)``."""
     if node.is_string or "e" not in node.this.lower():
         return node
     return _cast(exp.Literal.string(node.this), "DOUBLE")
@@ -469,9 +534,10 @@ def _rule_divide(t: _Translator, node: exp.Div) -> exp.Expression:
     result = st.decimal_of(out)
     if a is None or b is None or result is None:
         raise SparkSemanticsError(_unsupported(node))
-    if t.settings.allow_precision_loss is False and a.precision - a.scale + b.scale + max(
-        6, a.scale + b.precision + 1
-    ) > st.MAX_PRECISION:
+    if (
+        t.settings.allow_precision_loss is False
+        and a.precision - a.scale + b.scale + max(6, a.scale + b.precision + 1) > st.MAX_PRECISION
+    ):
         msg = "decimal division past 38 digits with allowPrecisionLoss=false"
         raise SparkSemanticsError(msg)
     # DataFusion's quotient has the dividend's scale + 4 digits, truncated; a
@@ -566,7 +632,10 @@ def _rule_round(t: _Translator, node: exp.Round) -> exp.Expression:
         return node.this
     dec = st.decimal_of(xt)
     if dec is None:
-        msg = f"round() of a {xt.sql('spark')}: Spark rounds its decimal text, DataFusion the binary value"
+        msg = (
+            f"round() of a {xt.sql('spark')}: Spark rounds its decimal text, "
+            "DataFusion the binary value"
+        )
         raise SparkSemanticsError(msg)
     out = st.round_type(dec, d).sql_type()
     t.types[id(node)] = out
@@ -626,7 +695,12 @@ def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expression:
     if _family(lt) == _family(rt):
         return node
     for a, b in ((lt, node.right), (rt, node.left)):
-        if a.this == T.DATE and isinstance(b, exp.Literal) and b.is_string and _ISO_DATE.match(b.this):
+        if (
+            a.this == T.DATE
+            and isinstance(b, exp.Literal)
+            and b.is_string
+            and _ISO_DATE.match(b.this)
+        ):
             return node
     msg = f"comparison {node.sql('spark')!r} of a {lt.sql('spark')} with a {rt.sql('spark')}"
     raise SparkSemanticsError(msg + ": Spark's implicit casts differ from DataFusion's")
@@ -650,11 +724,16 @@ _SAFE_CASTS = {
 
 
 def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
-    """Casts whose values agree: numbers to numbers, to strings from integers and dates, ISO dates."""
+    """Casts whose values agree: numbers to numbers, integers and dates to strings, ISO dates."""
     to = node.to
     src = t.type_of(node.this)
     arg = node.this
-    if to.this == T.DATE and isinstance(arg, exp.Literal) and arg.is_string and _ISO_DATE.match(arg.this):
+    if (
+        to.this == T.DATE
+        and isinstance(arg, exp.Literal)
+        and arg.is_string
+        and _ISO_DATE.match(arg.this)
+    ):
         return node
     if src is None:
         raise SparkSemanticsError(f"CAST of {arg.sql('spark')!r}: its type is not known here")
@@ -668,7 +747,7 @@ def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
 
 
 def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
-    """sqlglot reads Spark's ``CAST`` as ``TRY_CAST`` (NULL on failure, Spark without ANSI).
+    """Sqlglot reads Spark's ``CAST`` as ``TRY_CAST`` (NULL on failure, Spark without ANSI).
 
     With ANSI mode a failing cast fails the query (``CAST``); without, it is
     NULL (``TRY_CAST``). Either way only casts whose values agree pass.
@@ -679,7 +758,7 @@ def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
 
 
 def _rule_to_date(t: _Translator, node: exp.TsOrDsToDate) -> exp.Expression:
-    """sqlglot's reading of a date function's argument: a DATE is itself."""
+    """Sqlglot's reading of a date function's argument: a DATE is itself."""
     at = t.type_of(node.this)
     if at is None or at.this != T.DATE or node.args.get("format"):
         raise SparkSemanticsError("to_date() of a string has no Spark-equal translation")
@@ -704,14 +783,18 @@ def _rule_date_part(t: _Translator, node: exp.Expression) -> exp.Expression:
         if unit not in ("YEAR", "MONTH", "DAY", "QUARTER"):
             raise SparkSemanticsError(f"EXTRACT({unit} ...) has no Spark-equal translation")
         return _cast(node, "INT")
-    unit = {exp.Year: "YEAR", exp.Month: "MONTH", exp.Day: "DAY", exp.Quarter: "QUARTER"}[type(node)]
+    unit = {exp.Year: "YEAR", exp.Month: "MONTH", exp.Day: "DAY", exp.Quarter: "QUARTER"}[
+        type(node)
+    ]
     return _cast(exp.Extract(this=exp.var(unit), expression=arg), "INT")
 
 
 def _rule_interval(t: _Translator, node: exp.Interval) -> exp.Expression:
     unit = node.unit.name.upper() if node.unit else ""
     if not isinstance(node.parent, exp.Add | exp.Sub) or unit not in ("DAY", "MONTH", "YEAR"):
-        raise SparkSemanticsError(f"INTERVAL {unit} outside date +/- has no Spark-equal translation")
+        raise SparkSemanticsError(
+            f"INTERVAL {unit} outside date +/- has no Spark-equal translation"
+        )
     return node
 
 
@@ -721,6 +804,7 @@ def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
 
 RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.Literal: _rule_literal,
+    exp.Anonymous: _rule_function,
     exp.Add: _rule_arithmetic,
     exp.Sub: _rule_arithmetic,
     exp.Mul: _rule_arithmetic,
