@@ -63,9 +63,11 @@ def test_to_spark_has_spark_sqls_column_names(spark):
     frame = distfusion.spark.sql(spark, small).to_spark()
     assert frame.columns == ["N", "max(n_name)"] == spark.sql(small).columns
     assert frame.collect()[0]["N"] == 25
-    # DataFusion-only SQL keeps DataFusion's names.
-    only = "SELECT arrow_typeof(n_name) FROM nation WHERE n_nationkey < 2"
-    assert distfusion.spark.sql(spark, only).to_spark().columns == ["arrow_typeof(nation.n_name)"]
+    # A query run on Spark SQL itself: Spark's names too.
+    spark_only = "SELECT date_format(DATE '2024-01-31', 'yyyy-MM') AS Month, n_name FROM nation"
+    df = distfusion.spark.sql(spark, spark_only)
+    assert df.fallback is not None
+    assert df.to_spark().columns == ["Month", "n_name"] == df.to_arrow_table().column_names
 
 
 def test_column_names_never_run_a_statement_in_spark(spark):
