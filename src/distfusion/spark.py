@@ -74,11 +74,7 @@ Names and types of tables read through Spark:
   structs as Arrow's. A type PySpark cannot convert raises
   :class:`~distfusion.errors.PlanningError` naming the table.
 
-Results of :func:`sql`: Spark SQL's answer. The query is Spark SQL,
-translated with Spark's semantics (:mod:`distfusion.spark_sql`), and the result
-has the names and types of Spark's analysis of it; what cannot be translated
-runs as ``spark.sql(query)`` itself (:attr:`SparkDataFrame.fallback` says why;
-docs/spark.md, "Spark SQL, with Spark's answers"). Nullability follows DataFusion.
+:func:`sql` answers as Spark SQL (:mod:`distfusion.spark_sql`; docs/spark.md).
 """
 
 from __future__ import annotations
@@ -112,6 +108,7 @@ from distfusion.runtime.spark import (
 from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.sources import spark_source
 from distfusion.spark_sql import SparkSettings
+from distfusion.spark_sql.schema import as_spark_schema, spark_schema
 from distfusion.worker.spark_tasks import frame_function
 
 __all__ = [
@@ -287,7 +284,7 @@ class SparkDataFrame(DistributedDataFrame):
 
 def _spark_sql_names(spark, query: str) -> list[str] | None:
     """The output column names Spark SQL gives ``query``, or None when Spark rejects it."""
-    struct = _spark_schema(spark, query)
+    struct = spark_schema(spark, query)
     return None if struct is None else [f.name for f in struct.fields]
 
 
@@ -498,8 +495,7 @@ def sql(
         Exception: Spark's own error for a query that runs on Spark SQL and fails there.
     """
     if fallback not in FALLBACKS:
-        msg = f"fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}"
-        raise ValueError(msg)
+        raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
     import_pyspark()
     runtime = runtime or _runtime_for(spark)
     config = dataclasses.replace(
@@ -535,11 +531,15 @@ def sql(
             except PlanningError as exc:
                 unreadable[table.name.lower()] = str(exc)
     own_tables = bool(names & {n.lower() for n in tables or ()})  # Spark's catalog lacks them
-    expected = None if own_tables else _spark_schema(spark, query)
+    expected = None if own_tables else spark_schema(spark, query)
     try:
         df = ctx.sql(query)
         if expected is not None:
-            df = _as_spark_schema(df, expected, spark)
+            try:
+                arrow = spark_arrow_schema(expected, spark.conf.get("spark.sql.session.timeZone"))
+            except Exception as exc:  # PySpark's: a type Arrow cannot express
+                raise SparkSemanticsError(f"Spark's result type has no Arrow form ({exc})") from exc
+            df = as_spark_schema(df, arrow)
     except PlanningError as exc:
         if isinstance(exc, SparkSemanticsError):
             reason = str(exc)
@@ -562,82 +562,11 @@ def sql(
     return result
 
 
-def _spark_schema(spark, query: str):
-    """Spark's analysis of ``query``: its output ``StructType``, or None when Spark rejects it.
-
-    Spark only analyzes ``SELECT * FROM (query)``: a query is planned and
-    not run; DDL, DML or several statements fail to parse there instead of
-    being executed (``spark.sql`` runs commands at once).
-    """
-    text = query.strip().rstrip(";").strip()
-    if not text:
-        return None
-    try:  # on their own lines: a trailing ``--`` comment must not hide the parenthesis
-        return spark.sql(f"SELECT * FROM (\n{text}\n)").schema
-    except Exception:  # Spark's parse or analysis error
-        return None
-
-
-def _same_values(got: pa.DataType, spark: pa.DataType) -> bool:
-    """Whether a column of type ``got`` cast to Spark's type ``spark`` keeps every value.
-
-    Equal types; strings (view, large, plain); integers (a value out of
-    Spark's range fails the cast, as Spark's ANSI mode fails the query);
-    decimals of one scale; timestamps of one time zone.
-    """
-    if got == spark:
-        return True
-    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
-    binaries = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
-    for kind in (strings, binaries, (pa.types.is_integer,)):
-        if any(test(got) for test in kind) and any(test(spark) for test in kind):
-            return True
-    if pa.types.is_decimal(got) and pa.types.is_decimal(spark):
-        return got.scale == spark.scale
-    if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark):
-        return (got.tz is None) == (spark.tz is None)
-    return False
-
-
-def _as_spark_schema(df: DistributedDataFrame, struct, spark) -> DistributedDataFrame:
-    """``df`` with Spark's column names and types (``struct``, Spark's analysis of the query).
-
-    Raises:
-        SparkSemanticsError: the column counts differ, a type differs so
-            that the values would (:func:`_same_values`), or Spark's names
-            repeat (DataFusion's projections need distinct names).
-    """
-    time_zone = spark.conf.get("spark.sql.session.timeZone")
-    try:
-        expected = spark_arrow_schema(struct, time_zone)
-    except Exception as exc:  # PySpark's: a type Arrow cannot express
-        msg = f"Spark's result type has no Arrow equivalent ({exc})"
-        raise SparkSemanticsError(msg) from exc
-    got = df.schema()
-    if len(got) != len(expected):
-        msg = f"the translation gives {len(got)} columns where Spark gives {len(expected)}"
-        raise SparkSemanticsError(msg)
-    if len(set(expected.names)) != len(expected.names):
-        raise SparkSemanticsError("the result repeats a column name")
-    columns = []
-    for have, want in zip(got, expected, strict=True):
-        if not _same_values(have.type, want.type):
-            msg = (
-                f"column {want.name!r}: distfusion computes {have.type} where Spark gives "
-                f"{want.type}"
-            )
-            raise SparkSemanticsError(msg)
-        columns.append(col(have.name).cast(want.type).alias(want.name))
-    return df._derive(df.df.select(*columns))
-
-
 class _SparkSqlResult(SparkDataFrame):
-    """A query that runs as ``spark.sql(query)`` itself; :attr:`fallback` says why.
+    """A query run as ``spark.sql(query)`` itself (:attr:`fallback` says why).
 
-    Results come from Spark (``toArrow()``, ``to_spark()`` is Spark's own
-    DataFrame); :meth:`explain` gives the reason and Spark's plan. A
-    transformation (``filter``, ``join``, ...) reads Spark's result as a
-    table through Spark (:func:`register_spark_dataframe`).
+    Results, ``to_spark()`` and :meth:`explain` are Spark's; a transformation
+    reads Spark's result through Spark (:func:`register_spark_dataframe`).
     """
 
     def __init__(self, ctx: DistributedContext, spark, query: str, reason: str) -> None:
@@ -667,7 +596,6 @@ class _SparkSqlResult(SparkDataFrame):
         return ResultStream(iter(self.collect()), lambda: None)
 
     def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
-        """Spark's result batches."""
         return self.to_arrow_table().to_batches()
 
     def to_arrow_table(self, progress: bool = False) -> pa.Table:
@@ -675,7 +603,6 @@ class _SparkSqlResult(SparkDataFrame):
         return self._frame.toArrow()
 
     def count(self) -> int:
-        """Spark's row count of the result."""
         return self._frame.count()
 
     def coordinator_only(self) -> str | None:
@@ -705,8 +632,7 @@ class _SparkSqlResult(SparkDataFrame):
 
 
 def _spark_explain(frame, mode: str) -> str:
-    """Spark's plan of ``frame`` as text (``DataFrame.explain`` prints; this captures it)."""
-    out = io.StringIO()
+    out = io.StringIO()  # DataFrame.explain prints
     with contextlib.redirect_stdout(out):
         frame.explain(mode=mode)
     return out.getvalue()

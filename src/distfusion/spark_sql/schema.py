@@ -1,0 +1,79 @@
+"""Spark's analysis of a query as the drop-in's schema contract.
+
+``distfusion.spark.sql`` asks Spark for the output schema of a query (analyzed,
+never run) and casts the translated result to it where no value changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from datafusion import col
+
+from distfusion.errors import SparkSemanticsError
+
+__all__ = ["as_spark_schema", "same_values", "spark_schema"]
+
+
+def spark_schema(spark, query: str):
+    """Spark's analysis of ``query``: its output ``StructType``, or None when Spark rejects it.
+
+    Spark only analyzes ``SELECT * FROM (query)``: a query is planned and
+    not run; DDL, DML or several statements fail to parse there instead of
+    being executed (``spark.sql`` runs commands at once).
+    """
+    text = query.strip().rstrip(";").strip()
+    if not text:
+        return None
+    try:  # on their own lines: a trailing ``--`` comment must not hide the parenthesis
+        return spark.sql(f"SELECT * FROM (\n{text}\n)").schema
+    except Exception:  # Spark's parse or analysis error
+        return None
+
+
+def same_values(got: pa.DataType, spark: pa.DataType) -> bool:
+    """Whether a column of type ``got`` cast to Spark's type ``spark`` keeps every value.
+
+    Equal types; strings (view, large, plain); integers (a value out of
+    Spark's range fails the cast, as Spark's ANSI mode fails the query);
+    decimals of one scale; timestamps of one time zone.
+    """
+    if got == spark:
+        return True
+    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    binaries = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+    for kind in (strings, binaries, (pa.types.is_integer,)):
+        if any(test(got) for test in kind) and any(test(spark) for test in kind):
+            return True
+    if pa.types.is_decimal(got) and pa.types.is_decimal(spark):
+        return got.scale == spark.scale
+    if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark):
+        return (got.tz is None) == (spark.tz is None)
+    return False
+
+
+def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
+    """``df`` (a DistributedDataFrame) with Spark's column names and types (``expected``).
+
+    Raises:
+        SparkSemanticsError: the column counts differ, a type differs so
+            that the values would (:func:`same_values`), or Spark's names
+            repeat (DataFusion's projections need distinct names).
+    """
+    got = df.schema()
+    if len(got) != len(expected):
+        msg = f"the translation gives {len(got)} columns where Spark gives {len(expected)}"
+        raise SparkSemanticsError(msg)
+    if len(set(expected.names)) != len(expected.names):
+        raise SparkSemanticsError("the result repeats a column name")
+    columns = []
+    for have, want in zip(got, expected, strict=True):
+        if not same_values(have.type, want.type):
+            msg = (
+                f"column {want.name!r}: distfusion computes {have.type} where Spark gives "
+                f"{want.type}"
+            )
+            raise SparkSemanticsError(msg)
+        columns.append(col(have.name).cast(want.type).alias(want.name))
+    return df._derive(df.df.select(*columns))
