@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SF1 := data/tpch-sf1
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast fuzz bench clean
+.PHONY: run lint test test-fast fuzz bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,13 @@ $(SF1)/.complete: | $(VENV)/.installed-run
 run: $(VENV)/.installed-run $(SF1)/.complete
 	$(BIN)/distfusion query --file src/distfusion/tpch/queries/q5.sql --tpch $(SF1) --explain --runtime spark --in-place-bytes 0
 
-test: $(VENV)/.installed-test
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests
+
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed-test
+test-fast: lint
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The randomized differential fuzzer: 2,000 queries on the local runtime and a

@@ -177,3 +177,17 @@ def test_context_holds_the_public_api_only():
 )
 def test_no_source_file_over_1000_lines(path):
     assert len(path.read_text().splitlines()) <= 1000, f"{path.relative_to(SRC)}: split it"
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A name shared between modules is public; ``_x`` stays inside its module."""
+    private = []
+    for path in [*SRC.rglob("*.py"), *(REPO / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distfusion"):
+                private += [
+                    f"{path.relative_to(REPO)}:{node.lineno} {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_")
+                ]
+    assert not private, private

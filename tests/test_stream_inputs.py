@@ -22,7 +22,7 @@ from distfusion.worker.stream_inputs import (
     InputStreams,
     PullSlots,
     StreamPlan,
-    _paced,
+    paced,
 )
 
 BIG = MAX_BUILD_BYTES * 4
@@ -116,10 +116,10 @@ def test_a_run_again_replays_what_was_kept_and_stop_keeping_trims_what_was_read(
 
 
 def _sizes(batches, consume) -> list[int]:
-    """The rows of each slice ``_paced`` hands out, ``consume(slice)`` run on each."""
+    """The rows of each slice ``paced`` hands out, ``consume(slice)`` run on each."""
     binding = InputBinding()
     sizes = []
-    for piece in _paced(iter(batches), binding):
+    for piece in paced(iter(batches), binding):
         consume(piece)
         sizes.append(piece.num_rows)
     return sizes

@@ -414,7 +414,7 @@ def load_baseline(path: str) -> dict:
 def compare_to_baseline(
     medians_s: dict[int, float], baseline: dict, tolerance: float = SLOWER_TOLERANCE
 ) -> list[BaselineRow]:
-    """distfusion's median per query now against a baseline run's.
+    """Distfusion's median per query now against a baseline run's.
 
     Args:
         medians_s: query number -> distfusion's median now, seconds.

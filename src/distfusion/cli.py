@@ -2,13 +2,15 @@
 
 ```
 distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--udf module:name]
-                 [--runtime spark|local|flight] [--workers N] [--master spark://host:7077] [--explain]
+                 [--runtime spark|local|flight] [--workers N] [--master spark://host:7077]
+                 [--explain]
                  [--output out.parquet|out.csv|DIR/ [--output-format parquet|csv] [--overwrite]]
                  [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
                  [--in-place-bytes BYTES]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
-                 [--queries 1,3,5] [--runs 5] [--peers datafusion,spark-sql,local,flight,static,no-metrics]
+                 [--queries 1,3,5] [--runs 5]
+                 [--peers datafusion,spark-sql,local,flight,static,no-metrics]
                  [--json out.json] [--baseline earlier.json]
 distfusion worker --host 127.0.0.1 --port 50051 [--token T] [--tls-cert C --tls-key K]
 distfusion query ... --runtime flight --workers-url grpc://127.0.0.1:50051,...
@@ -230,7 +232,8 @@ def cmd_datagen(args) -> int:
     start = time.perf_counter()
     tpch.generate(args.scale, args.out, args.parts)
     print(
-        f"TPC-H scale factor {args.scale:g} written to {args.out} in {time.perf_counter() - start:.1f} s"
+        f"TPC-H scale factor {args.scale:g} written to {args.out} "
+        f"in {time.perf_counter() - start:.1f} s"
     )
     return 0
 
@@ -397,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
         "flight (the Flight runtime, 3 local worker processes), "
         "static (same runtime, adaptive execution off), "
         "no-metrics (same runtime, operator metrics off), "
-        "spark-connect (a Spark Connect session on the same Spark application; Spark runtime only); "
+        "spark-connect (a Spark Connect session on the same Spark application; "
+        "Spark runtime only); "
         "default: datafusion, plus spark-sql on the Spark runtime",
     )
     b.add_argument(

@@ -60,9 +60,9 @@ from distfusion.iceberg import IcebergTable
 from distfusion.metrics.query import QueryMetrics
 from distfusion.planner.config import DistributedConfig
 from distfusion.runtime.registry import runtime_from_name
+from distfusion.sources import TableSource, csv_source, feed_source, memory_source, parquet_source
 from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
-from distfusion.sources import TableSource, csv_source, feed_source, memory_source, parquet_source
 from distfusion.stages import StageGraph
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
@@ -558,13 +558,16 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         return DistributedDataFrame(self, df, label)
 
     def _from_spark_sql(self, query: str) -> str:
-        """``query`` (Spark SQL) as DataFusion SQL with Spark's semantics (:mod:`distfusion.spark_sql`).
+        """``query`` (Spark SQL) as DataFusion SQL with Spark's semantics.
+
+        See :mod:`distfusion.spark_sql`.
 
         Raises:
             PlanningError: invalid Spark SQL.
             SparkSemanticsError: no Spark-equal translation (the message says why).
         """
-        schemas = {name: self.ctx.table(name).schema() for name in self.ctx.catalog().schema().names()}
+        names = self.ctx.catalog().schema().names()
+        schemas = {name: self.ctx.table(name).schema() for name in names}
         settings = self.config.spark_settings()
         return translate_spark_sql(query, schemas, settings, udfs.registered_names())
 

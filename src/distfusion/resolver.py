@@ -147,13 +147,16 @@ class DynamicWorkerResolver:
                 self.last_error = None
             except Exception as exc:  # keep the last good list
                 self.last_error = exc
-                log.warning("worker resolver refresh failed, keeping %d URLs: %s", len(self._urls), exc)
+                log.warning(
+                    "worker resolver refresh failed, keeping %d URLs: %s", len(self._urls), exc
+                )
             self._first.set()
             self._wake.wait(self.interval_s)
             self._wake.clear()
 
     def __repr__(self) -> str:
-        return f"DynamicWorkerResolver({getattr(self._fetch, '__name__', self._fetch)!r}, urls={self._urls!r})"
+        fetch = getattr(self._fetch, "__name__", self._fetch)
+        return f"DynamicWorkerResolver({fetch!r}, urls={self._urls!r})"
 
 
 class SparkWorkerResolver:

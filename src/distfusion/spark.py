@@ -155,32 +155,20 @@ class SparkDataFrame(DistributedDataFrame):
         self.fallback: str | None = None
         """Why the query runs as ``spark.sql(query)`` itself, or None when distfusion runs it."""
         self._held: list[_HeldResult] = []
-        self._spark_names: list[str] | None = None
 
     def spark_column_names(self) -> list[str]:
         """The result's column names as Spark SQL names them: what :meth:`to_spark` uses.
 
-        Spark and DataFusion name unaliased expressions differently (TPC-H
-        Q18's ``sum(l_quantity)`` is ``sum(lineitem.l_quantity)`` in
-        DataFusion) and fold the case of aliases differently (Spark keeps
-        ``AS N``, DataFusion makes it ``n``). When :attr:`query` is one
-        Spark SQL query over Spark's catalog, Spark analyzes it (``SELECT *
-        FROM (query)``: planned, never run, and a statement that is not a
-        query fails to parse instead of running) and its output names are
-        the result's. Otherwise (DataFusion-only SQL, tables given with
-        ``tables=``, several statements, a different column count) the names
-        are DataFusion's. Asked once, on first use.
+        :func:`sql` gives its result Spark's names (Spark's analysis of the
+        query: ``sum(l_quantity)`` where DataFusion says
+        ``sum(lineitem.l_quantity)``, an alias ``AS N`` keeping its case);
+        a query Spark cannot analyze (one reading ``tables=``) and a
+        DataFrame of :func:`from_spark` keep DataFusion's.
 
         Returns:
             One name per result column, in order.
         """
-        if self._spark_names is None:
-            names = self.schema().names
-            spark_names = _spark_sql_names(self.spark, self.query) if self.query else None
-            if spark_names is not None and len(spark_names) == len(names):
-                names = spark_names
-            self._spark_names = names
-        return list(self._spark_names)
+        return list(self.schema().names)
 
     def _derive(self, df) -> SparkDataFrame:
         """A transformation's result: a SparkDataFrame of the same context and session."""
@@ -280,12 +268,6 @@ class SparkDataFrame(DistributedDataFrame):
         """``frame`` with :meth:`spark_column_names` (a projection; nothing runs)."""
         names = self.spark_column_names()
         return frame if frame.columns == names else frame.toDF(*names)
-
-
-def _spark_sql_names(spark, query: str) -> list[str] | None:
-    """The output column names Spark SQL gives ``query``, or None when Spark rejects it."""
-    struct = spark_schema(spark, query)
-    return None if struct is None else [f.name for f in struct.fields]
 
 
 class _HeldResult:
@@ -556,10 +538,7 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    result = SparkDataFrame(ctx, df, spark, query)
-    if expected is not None:
-        result._spark_names = df.schema().names
-    return result
+    return SparkDataFrame(ctx, df, spark, query)
 
 
 class _SparkSqlResult(SparkDataFrame):
@@ -580,7 +559,6 @@ class _SparkSqlResult(SparkDataFrame):
         empty = ctx.ctx.from_arrow(self._arrow_schema.empty_table())
         super().__init__(ctx, empty, spark, query)
         self.fallback = reason
-        self._spark_names = list(self._arrow_schema.names)
         self._registered = False
 
     def schema(self) -> pa.Schema:
@@ -845,7 +823,7 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
             return _register_partitioned(ctx, df.sparkSession, root, data, parts, as_name)
     files = []
     for uri in df.inputFiles():
-        path = _native_path(df.sparkSession, uri)
+        path = native_path(df.sparkSession, uri)
         if path is None:
             return False
         files.append(path)
@@ -874,7 +852,7 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
 _S3_SCHEMES = ("s3", "s3a", "s3n")
 
 
-def _native_path(spark, uri: str) -> str | None:
+def native_path(spark, uri: str) -> str | None:
     """Where DataFusion reads Spark's file ``uri``: a local path or an object store URL.
 
     ``s3a://`` (and ``s3n://``) URIs become ``s3://`` URLs read through an
@@ -965,7 +943,7 @@ def _register_partitioned(
     """
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
 
-    root = _native_path(spark, root_uri)
+    root = native_path(spark, root_uri)
     if root is None:
         return False
     try:

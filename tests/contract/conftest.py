@@ -117,8 +117,10 @@ def idle(runtime) -> bool:
 
 
 def wait_idle(runtime, timeout_s: float = 60.0) -> float:
-    """Wait until :func:`idle`; the seconds it took. Fails after ``timeout_s`` (wide:
-    a busy machine may take seconds to stop a cancelled Spark task).
+    """Wait until :func:`idle`; the seconds it took.
+
+    Fails after ``timeout_s`` (wide: a busy machine may take seconds to stop a
+    cancelled Spark task).
 
     Workers free a cancelled query's state asynchronously (a Flight worker on
     its next call, Spark when its job group is cancelled).

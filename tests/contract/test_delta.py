@@ -18,8 +18,8 @@ where it is.
 from __future__ import annotations
 
 import datetime
-import os
 import decimal
+import os
 import shutil
 import time
 

@@ -18,10 +18,10 @@ import pytest
 from distfusion import DistributedConfig, DistributedContext, tpch
 from distfusion.worker.spark_records import (
     CHUNK_BYTES,
-    _decode,
-    _encode,
-    _group_inputs,
-    _output_records,
+    decode_records,
+    encode_records,
+    group_inputs,
+    output_records,
 )
 from tests.compare import assert_same_result, is_ordered, oracle_result
 
@@ -46,27 +46,27 @@ def _parts(task: int) -> list[list[pa.RecordBatch]]:
 
 def test_output_records_are_bounded_complete_and_ordered():
     chunk_bytes = 128 * 1024
-    records = list(_output_records(7, _parts(7), None, chunk_bytes))
+    records = list(output_records(7, _parts(7), None, chunk_bytes))
     assert {p for p, _ in records} == {0, 2}  # an empty partition sends nothing
     assert all(task == 7 for _, (task, _) in records)
     assert all(len(ipc) <= chunk_bytes + IPC_FRAMING_BYTES for _, (_, ipc) in records)
     for p, expected in [(0, _table(7, 40_000)), (2, _table(107, 20_000))]:
         payloads = [v for q, v in records if q == p]
         assert len(payloads) > 4  # split, the one-batch partition too
-        got = pa.Table.from_batches(_decode(payloads))
+        got = pa.Table.from_batches(decode_records(payloads))
         assert got.equals(expected.cast(got.schema))  # views became plain strings
         assert got.schema.field("text").type == pa.string()
 
 
 @pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
 def test_payloads_pickle_and_decode(compression):
-    records = list(_output_records(0, _parts(0), compression, CHUNK_BYTES))
+    records = list(output_records(0, _parts(0), compression, CHUNK_BYTES))
     assert len(records) == 2  # under the default chunk size: one record per partition
     back = pickle.loads(pickle.dumps(records, pickle.HIGHEST_PROTOCOL))  # as PySpark ships them
-    got = pa.Table.from_batches(_decode([v for p, v in back if p == 0]))
+    got = pa.Table.from_batches(decode_records([v for p, v in back if p == 0]))
     assert got.column("id").to_pylist() == list(range(40_000))
-    one = _encode(_parts(0)[0], compression)
-    assert pa.Table.from_batches(_decode([(0, one)])).equals(got)
+    one = encode_records(_parts(0)[0], compression)
+    assert pa.Table.from_batches(decode_records([(0, one)])).equals(got)
 
 
 def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
@@ -80,7 +80,7 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
         # Defined here, so cloudpickle ships it by value: executors import no tests package.
         import pyarrow as pa
 
-        from distfusion.worker.spark_records import _output_records
+        from distfusion.worker.spark_records import output_records
 
         def table(offset, rows):
             first = (task + offset) * 10**6
@@ -92,17 +92,17 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
             [],
             table(100, 20_000).combine_chunks().to_batches(),
         ]
-        for p, (t, ipc) in _output_records(task, parts, None, chunk_bytes):
-            yield p, (0, t, ipc)  # tagged with the producer stage, as _SparkQuery does
+        for p, (t, ipc) in output_records(task, parts, None, chunk_bytes):
+            yield p, (0, t, ipc)  # tagged with the producer stage, as SparkShuffleQuery does
 
     def consume(index, records):
         from types import SimpleNamespace
 
-        from distfusion.worker.spark_records import _decode, _group_inputs
+        from distfusion.worker.spark_records import decode_records, group_inputs
 
         stage = SimpleNamespace(inputs=[SimpleNamespace(stage_id=0, boundary="shuffle")])
-        (values,) = _group_inputs(stage, list(records))
-        batches = _decode(values)
+        (values,) = group_inputs(stage, list(records))
+        batches = decode_records(values)
         ids = [i for b in batches for i in b.column("id").to_pylist()]
         yield index, len(values), ids
 
@@ -126,7 +126,7 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
 def test_group_inputs_keeps_chunk_order_within_a_task():
     stage = SimpleNamespace(inputs=[SimpleNamespace(stage_id=5, boundary="shuffle")])
     records = [(0, (5, 1, b"b0")), (0, (5, 0, b"a0")), (0, (5, 1, b"b1")), (0, (5, 0, b"a1"))]
-    assert _group_inputs(stage, records) == [[(0, b"a0"), (0, b"a1"), (1, b"b0"), (1, b"b1")]]
+    assert group_inputs(stage, records) == [[(0, b"a0"), (0, b"a1"), (1, b"b0"), (1, b"b1")]]
 
 
 def test_query_with_outputs_larger_than_a_chunk_equals_datafusion(runtime_for, tpch_dir, oracle):

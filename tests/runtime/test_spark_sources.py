@@ -20,8 +20,8 @@ from pyspark.sql import functions as F
 
 import distfusion.spark
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime, PlanningError, tpch
-from distfusion.runtime.spark import SparkRuntime, is_connect_session
 from distfusion.errors import SparkSemanticsError
+from distfusion.runtime.spark import SparkRuntime, is_connect_session
 from tests.compare import assert_same_result, is_ordered
 
 # Small tasks: a DataFrame of a few MiB still gets a task per partition.

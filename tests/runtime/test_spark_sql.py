@@ -72,11 +72,11 @@ def test_to_spark_has_spark_sqls_column_names(spark):
 
 def test_column_names_never_run_a_statement_in_spark(spark):
     """Asking Spark for names analyzes a query; a command is not executed."""
-    from distfusion.spark import _spark_sql_names
+    from distfusion.spark_sql.schema import spark_schema
 
-    assert _spark_sql_names(spark, "CREATE TEMP VIEW names_probe AS SELECT 1 AS a") is None
+    assert spark_schema(spark, "CREATE TEMP VIEW names_probe AS SELECT 1 AS a") is None
     assert not spark.catalog.tableExists("names_probe")
-    assert _spark_sql_names(spark, "SELECT 1 AS a -- a comment\n;") == ["a"]
+    assert spark_schema(spark, "SELECT 1 AS a -- a comment\n;").names == ["a"]
 
 
 def test_round_trip_continues_in_spark(spark):
@@ -184,7 +184,7 @@ def test_tables_from_object_store_urls(spark, s3_tpch, s3_store, tpch_dir):
 )
 def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
     from distfusion import object_store as stores
-    from distfusion.spark import _native_path, s3_store_from_hadoop
+    from distfusion.spark import native_path, s3_store_from_hadoop
 
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     conf.set("fs.s3a.endpoint", "minio.local:9000")
@@ -204,9 +204,9 @@ def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
         other = s3_store_from_hadoop(spark, "other").arguments  # the global settings only
         assert other["endpoint"] == "http://minio.local:9000"
         assert other.get("access_key_id") != "lake-key-id"
-        assert _native_path(spark, "s3a://lake/t/part-0.parquet") == "s3://lake/t/part-0.parquet"
+        assert native_path(spark, "s3a://lake/t/part-0.parquet") == "s3://lake/t/part-0.parquet"
         assert stores.registered()["s3://lake"] == store.spec()
-        assert _native_path(spark, "hdfs://nn/t/part-0.parquet") is None
+        assert native_path(spark, "hdfs://nn/t/part-0.parquet") is None
     finally:
         for key in ("endpoint", "connection.ssl.enabled"):
             conf.unset(f"fs.s3a.{key}")

@@ -5,7 +5,7 @@ a DataFrame's ``mapInArrow`` with a function made by :func:`mapper`: in the
 executor's Python worker it calls one of this module's entries (:func:`entry`):
 :func:`run_task` and :func:`run_table_task` (a round's tasks, on this
 process's Flight worker, as the classic Flight plane's
-:func:`~distfusion.worker.spark_tasks._flight_task`), :func:`run_head` (the head,
+:func:`~distfusion.worker.spark_tasks.flight_task`), :func:`run_head` (the head,
 its batches as rows streamed back through Connect), :func:`run_parts` (head
 parts: ``to_spark``, ``write_parquet``) and :func:`control` (the executors'
 workers asked for stats, keepalives, cancellation). Each yields Arrow record
@@ -28,14 +28,14 @@ from distfusion.protocol.errors import error_to_dict, is_task_failure, task_erro
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.stages import Stage
 from distfusion.worker.head_parts import HeadPart
-from distfusion.worker.spark_records import CHUNK_BYTES, _chunks, _ipc_stream
+from distfusion.worker.spark_records import CHUNK_BYTES, ipc_stream, record_chunks
 from distfusion.worker.spark_tasks import (
-    _drain,
-    _executor_transport,
-    _flight_task,
-    _run_head_part,
-    _task_function,
+    drain,
+    executor_transport,
+    flight_task,
     part_batches,
+    run_head_part,
+    task_function,
 )
 
 __all__ = [
@@ -66,7 +66,7 @@ def entry(name: str) -> str:
 
 ROUND_SCHEMA = "stage int, task int, url string, metrics string, error string"
 """Spark schema of a round's records: one per task (the tuple of
-:func:`~distfusion.worker.spark_tasks._flight_task`)."""
+:func:`~distfusion.worker.spark_tasks.flight_task`)."""
 ROUND_ARROW = pa.schema(
     [
         ("stage", pa.int32()),
@@ -108,11 +108,11 @@ def mapper(tasks, entry: str, by_partition: bool, *args):
             ``spark.range``, the index, and ``records`` is empty.
         *args: ``entry``'s other arguments (pickled with the function).
 
-    Built on :func:`~distfusion.worker.spark_tasks._task_function`: the same
+    Built on :func:`~distfusion.worker.spark_tasks.task_function`: the same
     shipping of UDFs and object stores, the same report when an executor
     cannot import distfusion, the same heap freeze after the first task.
     """
-    run = _task_function(tasks, entry, *args)
+    run = task_function(tasks, entry, *args)
 
     def map_in_arrow(batches):
         if by_partition:
@@ -175,7 +175,7 @@ def _one_task(query_id: str, stage_args: tuple, t: int, attempt: int, batches, w
         keep_output=True,
         memory_per_task_bytes=memory,
     )
-    sid, task, url, metrics, report = _flight_task(plan, attempt, table, batches, worker_args)
+    sid, task, url, metrics, report = flight_task(plan, attempt, table, batches, worker_args)
     return (sid, task, url, None if metrics is None else json.dumps(metrics), report)
 
 
@@ -187,7 +187,7 @@ def run_task(index, records, query_id, plain, stages, worker_args):
     of a stage reading a Spark table runs here only past the DataFrame's
     partitions: over an empty one. Returns one batch of :data:`ROUND_SCHEMA`.
     """
-    _drain(records)
+    drain(records)
     sid, t, attempt = plain[index]
     return [_round_batch([_one_task(query_id, stages[sid], t, attempt, iter(()), worker_args)])]
 
@@ -200,12 +200,12 @@ def run_table_task(index, batches, query_id, sid, attempts, stage_args, worker_a
     ``attempts`` (``{task: attempt}``: the tasks to run) yields nothing.
     """
     if index not in attempts:
-        _drain(batches)
+        drain(batches)
         return []
     try:
         record = _one_task(query_id, stage_args, index, attempts[index], batches, worker_args)
     finally:
-        _drain(batches)
+        drain(batches)
     return [_round_batch([record])]
 
 
@@ -221,7 +221,7 @@ def run_head(index, records, query_id, attempt, part_json, access, budget, threa
     with a :data:`FAILED` row (the error codec's JSON), never an exception:
     PySpark would end this process and the outputs it holds.
     """
-    _drain(records)
+    drain(records)
     part = HeadPart.from_json(part_json)
     measured: list[TaskMetrics] = []
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
@@ -232,8 +232,8 @@ def run_head(index, records, query_id, attempt, part_json, access, budget, threa
                 schema = batch.schema
                 yield _head_row(SCHEMA, schema.serialize().to_pybytes())
             if batch.num_rows:
-                for chunk in _chunks([batch], CHUNK_BYTES):
-                    yield _head_row(BATCHES, _ipc_stream(chunk, None).to_pybytes())
+                for chunk in record_chunks([batch], CHUNK_BYTES):
+                    yield _head_row(BATCHES, ipc_stream(chunk, None).to_pybytes())
     except BaseException as exc:  # a native panic too (is_task_failure)
         if not is_task_failure(exc):
             raise
@@ -242,7 +242,7 @@ def run_head(index, records, query_id, attempt, part_json, access, budget, threa
         return
     if measured:
         yield _head_row(METRICS, json.dumps(measured[0].to_dict()).encode())
-    transport = _executor_transport(access)
+    transport = executor_transport(access)
     for worker in urls:
         transport.cancel_query(worker, query_id)
     yield _head_row(CLEANED, b"")
@@ -258,14 +258,14 @@ def run_parts(index, records, parts, access, budget, threads, fn_bytes):
     """Spark task ``index`` of a head-parts job: ``fn`` over part ``parts[index]`` (executor side).
 
     ``parts[index]`` is ``(attempt, part JSON)``; the part runs as the classic
-    plane's (:func:`~distfusion.worker.spark_tasks._run_head_part`); ``fn``'s result
+    plane's (:func:`~distfusion.worker.spark_tasks.run_head_part`); ``fn``'s result
     travels pickled. Returns one batch of :data:`PARTS_SCHEMA`.
     """
-    _drain(records)
+    drain(records)
     attempt, part_json = parts[index]
     fn = pickle.loads(fn_bytes)
     part = HeadPart.from_json(part_json)
-    ((i, value, report),) = _run_head_part(
+    ((i, value, report),) = run_head_part(
         index, iter([(attempt, part)]), access, budget, threads, fn
     )
     value = None if report is not None else pickle.dumps(value)
@@ -284,8 +284,8 @@ def control(index, records, access, action, query_id, urls):
     reached); ``cancel``: ``cancel_query`` (best effort); ``keepalive``.
     Returns one batch of :data:`CONTROL_SCHEMA`.
     """
-    _drain(records)
-    transport = _executor_transport(access)
+    drain(records)
+    transport = executor_transport(access)
     rows = []
     for url in urls:
         answer = None

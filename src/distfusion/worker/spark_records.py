@@ -1,10 +1,10 @@
 """A shuffle-plane task's output as Spark records, and a consumer's inputs back from them.
 
 A task's output partitions leave it as records ``(consumer partition,
-(producer task, Arrow IPC stream))`` (:func:`_output_records`), a few MiB of
+(producer task, Arrow IPC stream))`` (:func:`output_records`), a few MiB of
 Arrow each (:data:`CHUNK_BYTES`); a consumer groups the records it received by
-input and producer task (:func:`_group_inputs`) and decodes them
-(:func:`_decode`). :mod:`distfusion.runtime.spark.shuffle_plane` moves them
+input and producer task (:func:`group_inputs`) and decodes them
+(:func:`decode_records`). :mod:`distfusion.runtime.spark.shuffle_plane` moves them
 through Spark's shuffle.
 """
 
@@ -18,7 +18,7 @@ from distfusion.stages import BROADCAST, Stage
 from distfusion.worker.execute_task import without_views
 
 
-def _partition_stats(stage_id: int, task_index: int, parts) -> dict:
+def partition_stats(stage_id: int, task_index: int, parts) -> dict:
     """``{(stage, task, partition): (rows, Arrow bytes)}`` of one task's output."""
     return {
         (stage_id, task_index, p): (
@@ -29,7 +29,7 @@ def _partition_stats(stage_id: int, task_index: int, parts) -> dict:
     }
 
 
-def _group_inputs(stage: Stage, records) -> list[list[tuple[int, bytes]]]:
+def group_inputs(stage: Stage, records) -> list[list[tuple[int, bytes]]]:
     """Records ``(p, (producer stage, task, ipc))`` -> per input of ``stage``: ``(task, ipc)``s.
 
     Broadcast inputs get nothing here (they come from their ``Broadcast``).
@@ -44,7 +44,7 @@ def _group_inputs(stage: Stage, records) -> list[list[tuple[int, bytes]]]:
     ]
 
 
-def _encode(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
+def encode_records(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
     """Batches as one Arrow IPC stream, buffers compressed with ``compression``.
 
     Returns an Arrow buffer, not ``bytes``: ``to_pybytes()`` was one more copy
@@ -52,10 +52,10 @@ def _encode(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer
     ``len``, pickles as its bytes (protocol 5, PySpark's) and comes back as a
     buffer over them, and ``pa.ipc.open_stream`` reads it without a copy.
     """
-    return _ipc_stream([without_views(b) for b in batches], compression)
+    return ipc_stream([without_views(b) for b in batches], compression)
 
 
-def _ipc_stream(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
+def ipc_stream(batches: list[pa.RecordBatch], compression: str | None) -> pa.Buffer:
     """``batches`` (no view columns) written as one Arrow IPC stream.
 
     Uncompressed, the stream is measured first (``MockOutputStream`` writes
@@ -80,8 +80,8 @@ def _ipc_stream(batches: list[pa.RecordBatch], compression: str | None) -> pa.Bu
     return buf if compression is None else sink.getvalue()
 
 
-def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
-    """Inverse of :func:`_encode` over the payloads of ``values`` (``(task, ipc)``)."""
+def decode_records(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
+    """Inverse of :func:`encode_records` over the payloads of ``values`` (``(task, ipc)``)."""
     out: list[pa.RecordBatch] = []
     for _, payload in values:
         with pa.ipc.open_stream(payload) as reader:
@@ -90,7 +90,7 @@ def _decode(values: list[tuple[int, bytes]]) -> list[pa.RecordBatch]:
 
 
 CHUNK_BYTES = 4 * 2**20
-"""Default ``chunk_bytes`` of :func:`_output_records` (Arrow buffer bytes per record).
+"""Default ``chunk_bytes`` of :func:`output_records` (Arrow buffer bytes per record).
 
 The fastest record size through a Spark shuffle: larger records take longer,
 smaller ones cost more encoding (docs/spark-data-path.md, "Record size";
@@ -98,7 +98,7 @@ smaller ones cost more encoding (docs/spark-data-path.md, "Record size";
 """
 
 
-def _output_records(
+def output_records(
     task_index: int,
     parts: list[list[pa.RecordBatch]],
     compression: str | None,
@@ -118,17 +118,19 @@ def _output_records(
     Yields:
         For every non-empty partition ``p``, in order, one or more records
         ``(p, (task_index, ipc))``, each ``ipc`` a complete Arrow IPC stream
-        (:func:`_encode`), in the order of the partition's rows. Spark's shuffle
+        (:func:`encode_records`), in the order of the partition's rows. Spark's shuffle
         keeps the order of one map task's records for a reduce partition, and
-        consumers sort payloads by task with a stable sort (:func:`_group_inputs`,
-        ``_input_values``), so :func:`_decode` gives the rows back in order.
+        consumers sort payloads by task with a stable sort (:func:`group_inputs`,
+        ``_input_values``), so :func:`decode_records` gives the rows back in order.
     """
     for p, batches in enumerate(parts):
-        for chunk in _chunks(batches, chunk_bytes):
-            yield p, (task_index, _ipc_stream(chunk, compression))
+        for chunk in record_chunks(batches, chunk_bytes):
+            yield p, (task_index, ipc_stream(chunk, compression))
 
 
-def _chunks(batches: list[pa.RecordBatch], chunk_bytes: int) -> Iterator[list[pa.RecordBatch]]:
+def record_chunks(
+    batches: list[pa.RecordBatch], chunk_bytes: int
+) -> Iterator[list[pa.RecordBatch]]:
     """``batches`` in consecutive groups of at most ``chunk_bytes`` (``nbytes``) each."""
     group: list[pa.RecordBatch] = []
     size = 0

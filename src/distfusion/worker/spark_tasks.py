@@ -1,7 +1,7 @@
 """What the Spark runtime runs on the executors, in their Python workers.
 
 Every job of :mod:`distfusion.runtime.spark` runs a closure made by
-:func:`_task_function` (it ships the driver's UDFs and object stores and
+:func:`task_function` (it ships the driver's UDFs and object stores and
 reports an executor that cannot import distfusion), which calls one of this
 module's entries:
 
@@ -9,8 +9,8 @@ module's entries:
   records (:mod:`distfusion.worker.spark_records`);
 - :func:`_run_flight_task`, :func:`_run_flight_spark_task`: a task of the
   Flight data plane, run on this process's Flight worker
-  (:func:`_executor_worker`), which keeps its output (:func:`_flight_task`);
-- :func:`_run_head_part`, :func:`frame_function`: head parts read over Flight
+  (:func:`_executor_worker`), which keeps its output (:func:`flight_task`);
+- :func:`run_head_part`, :func:`frame_function`: head parts read over Flight
   (:func:`part_batches`; ``write_parquet``, ``to_spark``).
 
 Nothing here imports the runtime (the driver side): an executor imports this
@@ -56,10 +56,10 @@ from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory
 from distfusion.worker.spark_partitions import offering
 from distfusion.worker.spark_records import (
-    _decode,
-    _group_inputs,
-    _output_records,
-    _partition_stats,
+    decode_records,
+    group_inputs,
+    output_records,
+    partition_stats,
 )
 from distfusion.worker.worker import pulled_feed_chunks
 
@@ -146,14 +146,14 @@ def _spark_batches(records, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
         yield pa.ipc.read_record_batch(pa.py_buffer(payload), schema)
 
 
-def _drain(records) -> None:
+def drain(records) -> None:
     """Read what is left of a task's input: PySpark reuses a Python worker only then."""
     for _ in records:
         pass
 
 
 # ---------------------------------------------------------------------- executor side
-def _task_function(tasks, entry, *args):
+def task_function(tasks, entry, *args):
     """The function Spark ships to the executors for one job.
 
     Args:
@@ -256,12 +256,13 @@ def _run_task(
 
     ``spark``: for a stage reading a Spark DataFrame, ``(table, read schema,
     offset, empty)``: the task is ``offset + task_index`` and ``records`` are
-    its partition's Arrow messages (:func:`_spark_input`), offered to the task
+    its partition's Arrow messages
+    (:func:`~distfusion.runtime.spark.dataframes.spark_input`), offered to the task
     as ``table``'s rows; ``empty``: the task has no partition (Spark made
     fewer), ``records`` are ignored.
 
     Yields records ``(consumer partition, (task_index, ipc bytes))``
-    (:func:`_output_records`); adds each output partition's rows and Arrow
+    (:func:`output_records`); adds each output partition's rows and Arrow
     bytes to the ``stats`` accumulator, and the task's metrics
     (``TaskMetrics.to_dict``) to the ``metrics`` accumulator under
     ``(stage, task)``: both reach the driver with the task's result.
@@ -286,7 +287,7 @@ def _run_task(
         # whole input, and a fresh worker costs ~1 s of imports and zip scans.
         # A Spark table's partition is read by the task, then drained.
         records = list(records) if table is None else records
-        inputs = _group_inputs(stage, records if shuffled else ())
+        inputs = group_inputs(stage, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
         measured: list[TaskMetrics] = []
@@ -296,17 +297,17 @@ def _run_task(
         ):
             parts = run_task(
                 plan,
-                lambda i: _decode(inputs[i]),
+                lambda i: decode_records(inputs[i]),
                 worker=worker,
                 feed_chunks=lambda share: pulled_feed_chunks(plan.key, share),
                 memory=TaskMemory(memory_per_task_bytes, spill_dir),
                 on_metrics=measured.append,
             )
         if table is not None:
-            _drain(records)
-        out = list(_output_records(task_index, parts, compression))
+            drain(records)
+        out = list(output_records(task_index, parts, compression))
         if stats is not None:
-            stats.add(_partition_stats(stage.stage_id, task_index, parts))
+            stats.add(partition_stats(stage.stage_id, task_index, parts))
         if metrics is not None:
             metrics.add({(stage.stage_id, task_index): measured[0].to_dict()})
     except TaskError as err:
@@ -373,7 +374,7 @@ def _run_flight_task(
     attempt, payload = record[:2]
     table = record[2] if len(record) > 2 else None
     plan = TaskPlan.from_json(payload)
-    result = _flight_task(
+    result = flight_task(
         plan,
         attempt,
         table,
@@ -386,27 +387,28 @@ def _run_flight_task(
 def _run_flight_spark_task(index, records, plans, table, read_schema, *worker_args):
     """Run the task of Spark table ``table``'s partition ``index`` on this process's Flight worker.
 
-    ``records`` are the partition's Arrow messages (:func:`_spark_input`);
+    ``records`` are the partition's Arrow messages
+    (:func:`~distfusion.runtime.spark.dataframes.spark_input`);
     ``plans`` maps partition index to ``(attempt, task plan JSON)``. The
     partition's batches are offered to the task, which reads them as it runs;
     what it left is drained. Returns what :func:`_run_flight_task` does (no
     record for a partition without a plan).
     """
     if index not in plans:
-        _drain(records)
+        drain(records)
         return iter(())
     attempt, payload = plans[index]
     plan = TaskPlan.from_json(payload)
     try:
-        result = _flight_task(
+        result = flight_task(
             plan, attempt, table, _spark_batches(records, read_schema), worker_args
         )
     finally:
-        _drain(records)
+        drain(records)
     return iter([result])
 
 
-def _flight_task(plan, attempt, table, batches, worker_args):
+def flight_task(plan, attempt, table, batches, worker_args):
     """Run ``plan`` on this process's Flight worker; ``(stage, task, url, metrics, error)``.
 
     ``table``: the Spark table whose partition (``batches``) the task reads, or
@@ -426,7 +428,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         if (
             new
             and driver_url is not None
-            and _executor_transport(access).worker_started(
+            and executor_transport(access).worker_started(
                 driver_url, url, key.query_id, WORKER_STARTED_TIMEOUT_S
             )
         ):
@@ -442,7 +444,7 @@ def _flight_task(plan, attempt, table, batches, worker_args):
         if not isinstance(exc, TaskError):
             err = task_error(key.stage_id, key.task_index, url, exc)
         if isinstance(err, TaskPanicked) and driver_url is not None:  # fail the query now
-            _executor_transport(access).task_failed(
+            executor_transport(access).task_failed(
                 driver_url, key.query_id, error_to_dict(err), WORKER_STARTED_TIMEOUT_S
             )
         report = json.dumps({**error_to_dict(err), "attempts": attempt + 1})
@@ -458,7 +460,8 @@ _EXECUTOR_TRANSPORTS: dict[str, object] = {}
 """This process's Flight transport to the runtime's workers, by token (head parts read with it)."""
 
 
-def _executor_transport(access: DataPlaneAccess | tuple):
+def executor_transport(access: DataPlaneAccess | tuple):
+    """This executor process's Flight transport for ``access`` (made once per token)."""
     access = DataPlaneAccess.of(access)
     transport = _EXECUTOR_TRANSPORTS.get(access.token)
     if transport is None:
@@ -486,7 +489,7 @@ def part_batches(
         TaskError: an input could not be read (its producer failed, or the
             query's outputs were released) or the fragment failed.
     """
-    transport = _executor_transport(access)
+    transport = executor_transport(access)
     with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
         first = True
         memory = TaskMemory(budget, spill)
@@ -500,8 +503,8 @@ def part_batches(
                 _maybe_inject_failure(part.plan.key.stage_id, part.index, attempt)
 
 
-def _run_head_part(index, records, access, budget, threads, fn):
-    """Spark task of :meth:`_SparkFlightQuery.map_head_parts`: ``fn`` over one head part.
+def run_head_part(index, records, access, budget, threads, fn):
+    """A Spark task of ``SparkFlightQuery.map_head_parts``: ``fn`` over one head part.
 
     The record is ``(attempt, part)``. Returns one record ``(part index,
     fn's result, error)``: ``error`` is the error codec's JSON (with
@@ -527,7 +530,7 @@ def frame_function(parts: list[HeadPart], access: tuple, budget: int | None, thr
 
     Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
     holds the one id *i*, and yields head part *i*'s batches, with
-    ``schema``'s names and types. Like :func:`_task_function`, it refers to
+    ``schema``'s names and types. Like :func:`task_function`, it refers to
     nothing of distfusion until it runs, and carries the driver's Python UDFs.
     """
     shipped = udfs.specs()
@@ -603,7 +606,7 @@ def _report(err: TaskError) -> str:
     return json.dumps({**error_to_dict(err), "attempts": attempts})
 
 
-def _import_probe():
+def import_probe():
     """The function of :meth:`SparkRuntime.check_executor_python`'s job: ``[]`` or the error.
 
     A closure (cloudpickle ships it by value) using the standard library

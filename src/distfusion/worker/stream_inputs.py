@@ -56,7 +56,7 @@ the task's DataFusion work stops at its next pull. Inputs read whole are
 runs a fragment over memory tables without returning to Python, and an
 aggregate over a join yields nothing until its input ends. A replay hands its
 batches out in slices sized so that DataFusion works about :data:`PULL_SECONDS`
-on each (:func:`_paced`), so even a join making millions of rows of one input
+on each (:func:`paced`), so even a join making millions of rows of one input
 batch stops within a fraction of a second. DataFusion reports the
 error as text; :attr:`InputBinding.error` keeps the Python exception so the
 task raises the producer's own error (a :class:`~distfusion.errors.TaskError`
@@ -139,7 +139,7 @@ def streams_task_inputs(setting: bool | None) -> bool:
 
 PULL_SECONDS = 0.05
 """How long DataFusion may work on one pulled batch (seconds) before the next pulls
-are sliced smaller (see :func:`_paced`). A pull is where a cancelled task stops, so
+are sliced smaller (see :func:`paced`). A pull is where a cancelled task stops, so
 this bounds how late it stops, even for a join whose probe rows each match thousands
 of build rows (docs/benchmarks.md, "Cancellation")."""
 
@@ -502,10 +502,10 @@ class _Replay:
         """Nothing kept: the batches are the input read whole."""
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        return _paced(iter(self._batches), self._binding)
+        return paced(iter(self._batches), self._binding)
 
 
-def _paced(batches: Iterator[pa.RecordBatch], binding: InputBinding) -> Iterator[pa.RecordBatch]:
+def paced(batches: Iterator[pa.RecordBatch], binding: InputBinding) -> Iterator[pa.RecordBatch]:
     """``batches`` in slices sized so DataFusion works about :data:`PULL_SECONDS` on each.
 
     The slice starts at :data:`FIRST_SLICE_ROWS` rows and doubles after every

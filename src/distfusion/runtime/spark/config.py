@@ -74,7 +74,7 @@ def with_local_retries(master: str, task_max_failures: int) -> str:
     return f"local[{m.group(1)},{task_max_failures}]"
 
 
-def _same_interpreter(python: str, executable: str) -> bool:
+def same_interpreter(python: str, executable: str) -> bool:
     """Whether command ``python`` (a path, or a name on the ``PATH``) starts ``executable``."""
     found = shutil.which(python)  # not resolved further: a venv's python links to its base
     return found is not None and os.path.abspath(found) == os.path.abspath(executable)

@@ -6,11 +6,11 @@ SparkContext: no RDDs, broadcasts, accumulators, job groups or local
 properties, and its client may run where the executors cannot reach it (a
 laptop outside the cluster). ``SparkRuntime(spark=<Connect session>)`` makes a
 :class:`SparkConnectRuntime`. Its queries run as on the classic Flight data
-plane (:class:`~distfusion.runtime.spark.flight_plane._SparkFlightQuery`, whose retries,
+plane (:class:`~distfusion.runtime.spark.flight_plane.SparkFlightQuery`, whose retries,
 recovery of lost outputs and cleanup it keeps): each executor Python worker
 hosts a Flight worker that keeps its tasks' outputs, consumers read them
 executor to executor, and the same executor-side code runs every task
-(:func:`~distfusion.worker.spark_tasks._flight_task`). What changes is how a round
+(:func:`~distfusion.worker.spark_tasks.flight_task`). What changes is how a round
 of tasks is started and how its records, and the result, come back::
 
     client (Connect)                                   executors (Python workers)
@@ -64,6 +64,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
+from distfusion.coordinator.checks import first_line
 from distfusion.coordinator.feeds import has_feeds
 from distfusion.coordinator.query_run import (
     QueryRun,
@@ -90,13 +91,12 @@ from distfusion.runtime.spark.connect_frames import (
     stream_arrow,
 )
 from distfusion.runtime.spark.dataframes import (
-    _first_line,
     held_dataframe,
     spark_arrow_schema,
     spark_scan,
 )
-from distfusion.runtime.spark.flight_plane import KEEP_WARM_S, _SparkFlightQuery
-from distfusion.runtime.spark.jobs import _spark_call
+from distfusion.runtime.spark.flight_plane import KEEP_WARM_S, SparkFlightQuery
+from distfusion.runtime.spark.jobs import spark_call
 from distfusion.runtime.spark.runtime import SparkRuntime
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.transport.tls import TlsMaterial, self_signed_tls
@@ -286,7 +286,7 @@ class SparkConnectRuntime(SparkRuntime):
         self.executor_urls: set[str] = set()
         self._feed_endpoint = None
         self._driver_worker = None
-        self._live_runs: dict[str, _SparkFlightQuery] = {}
+        self._live_runs: dict[str, SparkFlightQuery] = {}
         self._endpoint_lock = threading.Lock()
         self._memory_per_task_bytes: int | None = None
         self.held_results: dict[str, QueryRun] = {}
@@ -364,7 +364,7 @@ class SparkConnectRuntime(SparkRuntime):
         try:
             text = explain_text(self.spark.range(0, 1 << 20), "simple")
         except Exception as exc:
-            msg = f"the Spark Connect server {self.master} cannot be asked: {_first_line(exc)}"
+            msg = f"the Spark Connect server {self.master} cannot be asked: {first_line(exc)}"
             raise PlanningError(msg) from exc
         found = _SPLITS.search(text)
         slots = int(found.group(1)) if found else 0
@@ -439,7 +439,7 @@ class SparkConnectRuntime(SparkRuntime):
         self.spark.addTag(what)
         try:
             frame = self.spark.range(0, 1, 1, 1).mapInArrow(fn, CONTROL_SCHEMA)
-            table = _spark_call(lambda: collect_arrow(frame), lambda: None, self.master)
+            table = spark_call(lambda: collect_arrow(frame), lambda: None, self.master)
         finally:
             self.spark.removeTag(what)
         return list(
@@ -572,11 +572,11 @@ def _conf_value(spark, key: str) -> str | None:
     return None if value in (None, "") else str(value)
 
 
-class _ConnectFlightQuery(_SparkFlightQuery):
+class _ConnectFlightQuery(SparkFlightQuery):
     """One query on a Spark Connect session: the classic Flight plane's run, jobs as DataFrames.
 
     Retries, recovery of lost outputs and metrics are the classic run's
-    (:class:`~distfusion.runtime.spark.flight_plane._SparkFlightQuery`); this class only
+    (:class:`~distfusion.runtime.spark.flight_plane.SparkFlightQuery`); this class only
     starts Spark work differently, and asks the executors' workers through
     jobs (:meth:`SparkConnectRuntime.control`) where the classic run calls
     them from the driver.
@@ -669,12 +669,12 @@ class _ConnectFlightQuery(_SparkFlightQuery):
             self.close()
 
     def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
-        """See :meth:`_SparkFlightQuery.map_head_parts`; a graph reading a feed is refused."""
+        """See :meth:`SparkFlightQuery.map_head_parts`; a graph reading a feed is refused."""
         self._refuse_feeds(graph)
         return super().map_head_parts(graph, fn, split)
 
     def keep_warm(self) -> None:
-        """See :meth:`_SparkFlightQuery.keep_warm`: a tiny Connect job every :data:`KEEP_WARM_S`."""
+        """See :meth:`SparkFlightQuery.keep_warm`: a tiny Connect job every :data:`KEEP_WARM_S`."""
 
         def warm() -> None:
             what = _tag(f"distfusion keep warm {self.query_id[:8]}")
@@ -750,12 +750,12 @@ class _ConnectFlightQuery(_SparkFlightQuery):
     def _collect(self, frame, stage_ids: list[int]) -> pa.Table:
         """Run job ``frame`` for ``stage_ids``; its rows."""
         with self._running_job(), self._tagged(stage_ids):
-            return _spark_call(lambda: collect_arrow(frame), self._check_open, self.runtime.master)
+            return spark_call(lambda: collect_arrow(frame), self._check_open, self.runtime.master)
 
     def _next(self, stream: Iterator):
         """The next item of a job's result stream, or :data:`_END` (Spark's errors translated)."""
         with self.runtime.progress_handler.running(self):
-            return _spark_call(lambda: next(stream, _END), self._check_open, self.runtime.master)
+            return spark_call(lambda: next(stream, _END), self._check_open, self.runtime.master)
 
     def _spark_round(self, tasks, attempts):
         """One Spark job running ``tasks``; records where each ran; returns the failed ones.
@@ -942,8 +942,8 @@ class _ConnectClientHeadQuery(_ConnectFlightQuery):
     for the head, for lost outputs or for the cleanup.
     """
 
-    _before_head = _SparkFlightQuery._before_head
-    _lost_workers = _SparkFlightQuery._lost_workers
+    _before_head = SparkFlightQuery._before_head
+    _lost_workers = SparkFlightQuery._lost_workers
     _cancel_on_workers = WorkerQueryRun._cancel_on_workers
 
     def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
@@ -988,7 +988,7 @@ def _spark_frame(spark, stage: Stage, scan: SourceScan) -> tuple:
     try:
         read_schema = spark_arrow_schema(df.schema, spark.conf.get("spark.sql.session.timeZone"))
     except Exception as exc:
-        msg = f"table {table!r}: Spark cannot read it as Arrow batches: {_first_line(exc)}"
+        msg = f"table {table!r}: Spark cannot read it as Arrow batches: {first_line(exc)}"
         raise PlanningError(msg) from exc
     # Each row says which partition of the coalesced DataFrame it is in: inside a
     # union (a round's job) the Spark task's own partition id is the union's.

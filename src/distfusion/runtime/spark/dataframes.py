@@ -24,6 +24,7 @@ import weakref
 
 import pyarrow as pa
 
+from distfusion.coordinator.checks import first_line
 from distfusion.errors import (
     PlanningError,
 )
@@ -65,7 +66,7 @@ def spark_scan(stage: Stage) -> SourceScan | None:
     return next((scan for scan in stage.scans if scan.source.is_spark), None)
 
 
-def _spark_input(sc, stage: Stage, scan: SourceScan):
+def spark_input(sc, stage: Stage, scan: SourceScan):
     """The DataFrame of ``scan`` as an RDD of Arrow batches, at most ``stage.num_tasks`` partitions.
 
     Only the columns the query reads (the scan's ``columns``) are selected;
@@ -106,7 +107,7 @@ def _spark_input(sc, stage: Stage, scan: SourceScan):
             max_records, time_zone, False, False
         )
     except Exception as exc:
-        msg = f"table {table!r}: Spark cannot read it as Arrow batches: {_first_line(exc)}"
+        msg = f"table {table!r}: Spark cannot read it as Arrow batches: {first_line(exc)}"
         raise PlanningError(msg) from exc
     rdd = RDD(jrdd.toJavaRDD(), sc, NoOpSerializer())
     return rdd, rdd.getNumPartitions(), read_schema
@@ -125,8 +126,3 @@ def spark_arrow_schema(struct, time_zone: str) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
 
     return to_arrow_schema(struct, timezone=time_zone, prefers_large_types=False)
-
-
-def _first_line(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else repr(exc))[:limit]

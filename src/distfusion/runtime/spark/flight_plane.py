@@ -32,11 +32,11 @@ from distfusion.protocol.errors import (
     error_from_dict,
 )
 from distfusion.protocol.task_plan import TaskPlan
-from distfusion.runtime.spark.dataframes import _spark_input, spark_scan
-from distfusion.runtime.spark.jobs import _CallSite, _spark_call, _spark_progress, job_group
+from distfusion.runtime.spark.dataframes import spark_input, spark_scan
+from distfusion.runtime.spark.jobs import CallSite, job_group, spark_call, spark_progress
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.worker.head_parts import HeadPart
-from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, _task_function
+from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, task_function
 from distfusion.write import WriteSpec, write_part
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ KEEP_WARM_S = 20.0
 """Seconds between the keep-warm jobs of a held result (PySpark's idle timeout is 60 s)."""
 
 
-class _SparkFlightQuery(WorkerQueryRun):
+class SparkFlightQuery(WorkerQueryRun):
     """One query on Spark whose stage outputs move over Arrow Flight, not Spark's shuffle.
 
     Spark schedules every task; each Python worker process of an executor
@@ -93,7 +93,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         self._rounds: list[list[int]] = []  # stage ids by round, in the order they ran
         self._used: set[str] = set()  # every worker URL a task of this query ran on
         self._recoveries = 0  # times lost outputs were computed again (at most task_max_failures)
-        self._spark_inputs: dict[int, tuple] = {}  # stage id -> _spark_input(...)
+        self._spark_inputs: dict[int, tuple] = {}  # stage id -> spark_input(...)
         self._running = False
         self._panic: TaskPanicked | None = None  # a task that panicked (see panicked)
         self._memory: int | None = None  # the graph's memory_per_task_bytes
@@ -120,7 +120,7 @@ class _SparkFlightQuery(WorkerQueryRun):
 
     def _progress(self) -> tuple[int, int]:
         """``(tasks done, tasks)`` of the query's Spark jobs (the observer's refresher)."""
-        return _spark_progress(self.sc, self.group)
+        return spark_progress(self.sc, self.group)
 
     def panicked(self, err: TaskPanicked) -> None:
         """Task ``err`` names panicked on an executor: fail the query now.
@@ -321,7 +321,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         """One Spark job running ``tasks``; records where each ran; returns the failed ones.
 
         Tasks of a stage reading a Spark table run over the DataFrame's
-        partitions (:func:`_spark_input`), the others over their plans
+        partitions (:func:`spark_input`), the others over their plans
         (``parallelize``); all in one job (a union), except a stage reading a
         Spark table with only some of its tasks to run (a retry), which runs
         those partitions only, in a job of its own (``SparkContext.runJob``).
@@ -333,7 +333,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         spark_plans: dict[int, dict[int, tuple[int, str]]] = {}
         description = self.observer.description(list(dict.fromkeys(sid for sid, _ in tasks)))
         stage_ids = ", ".join(str(sid) for sid in dict.fromkeys(sid for sid, _ in tasks))
-        with _CallSite(self.sc, self.group, description):  # an adaptive DataFrame runs here
+        with CallSite(self.sc, self.group, description):  # an adaptive DataFrame runs here
             for sid, t in tasks:
                 stage = self._stages[sid]
                 threads = task_threads(self.target_partitions, stage.num_tasks, slots)
@@ -355,14 +355,14 @@ class _SparkFlightQuery(WorkerQueryRun):
                 plain_plans.append(record if scan is None else (*record, scan.source.name))
             whole, partial = [], []
             if plain:
-                fn = _task_function(plain, "_run_flight_task", *self.runtime.executor_worker_args())
+                fn = task_function(plain, "_run_flight_task", *self.runtime.executor_worker_args())
                 rdd = self.sc.parallelize(plain_plans, len(plain_plans)).mapPartitionsWithIndex(fn)
                 whole.append(rdd)
             for sid, plans in spark_plans.items():
                 stage = self._stages[sid]
                 scan = spark_scan(stage)
                 arrow, parts, read_schema = self._spark_input(stage, scan)
-                fn = _task_function(
+                fn = task_function(
                     [(sid, t) for t in range(parts)],
                     "_run_flight_spark_task",
                     plans,
@@ -382,9 +382,9 @@ class _SparkFlightQuery(WorkerQueryRun):
                 if whole:
                     rdd = whole[0] if len(whole) == 1 else self.sc.union(whole)
                     rdd.setName(f"distfusion {self.query_id[:8]} stages {stage_ids}")
-                    results += _spark_call(rdd.collect, self._check_open, self.sc.master)
+                    results += spark_call(rdd.collect, self._check_open, self.sc.master)
                 for rdd, partitions in partial:
-                    results += _spark_call(
+                    results += spark_call(
                         lambda rdd=rdd, partitions=partitions: self.sc.runJob(
                             rdd, lambda it: it, partitions
                         ),
@@ -399,7 +399,7 @@ class _SparkFlightQuery(WorkerQueryRun):
         """Record where each task of a round ran and what it made; return the failed ones.
 
         ``results``: the tasks' records ``(stage, task, worker URL, metrics, error)``
-        (:func:`_flight_task`).
+        (:func:`~distfusion.worker.spark_tasks.flight_task`).
         """
         failed = []
         for sid, t, url, metrics, report in results:
@@ -478,20 +478,21 @@ class _SparkFlightQuery(WorkerQueryRun):
     def _part_job(self, graph: StageGraph, parts: list[HeadPart], pending: list, fn) -> list:
         """One Spark job running ``fn`` over the ``pending`` parts ``(attempt, part)`` of ``parts``.
 
-        Returns each part's record ``(part index, fn's result, error)`` (:func:`_run_head_part`).
+        Returns each part's record ``(part index, fn's result, error)``
+        (:func:`~distfusion.worker.spark_tasks.run_head_part`).
         """
         sid = graph.head.stage_id
         access, budget, threads = self.part_args(graph, parts)
-        job = _task_function(
-            [(sid, p.index) for _, p in pending], "_run_head_part", access, budget, threads, fn
+        job = task_function(
+            [(sid, p.index) for _, p in pending], "run_head_part", access, budget, threads, fn
         )
         rdd = self.sc.parallelize(pending, len(pending)).mapPartitionsWithIndex(job)
         rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")
         self._running = True
         self.runtime.used_workers()
         try:
-            with _CallSite(self.sc, self.group, self.observer.description([sid])):
-                return _spark_call(rdd.collect, self._check_open, self.sc.master)
+            with CallSite(self.sc, self.group, self.observer.description([sid])):
+                return spark_call(rdd.collect, self._check_open, self.sc.master)
         finally:
             self._running = False
 
@@ -527,9 +528,9 @@ class _SparkFlightQuery(WorkerQueryRun):
         threading.Thread(target=warm, name=name, daemon=True).start()
 
     def _spark_input(self, stage: Stage, scan: SourceScan) -> tuple:
-        """:func:`_spark_input` of ``stage``, made once per stage of the query."""
+        """:func:`spark_input` of ``stage``, made once per stage of the query."""
         if stage.stage_id not in self._spark_inputs:
-            self._spark_inputs[stage.stage_id] = _spark_input(self.sc, stage, scan)
+            self._spark_inputs[stage.stage_id] = spark_input(self.sc, stage, scan)
         return self._spark_inputs[stage.stage_id]
 
     def _collect_metrics(self) -> None:

@@ -5,7 +5,7 @@ holding the Python traceback as text. The task therefore reports a failure as
 one line, ``DISTFUSION_TASK_ERROR {json}``
 (:data:`~distfusion.worker.spark_tasks.ERROR_MARKER`: the protocol's error
 codec, :mod:`distfusion.protocol.errors`, plus Spark's attempt count), which
-:func:`_translate_error` turns back into a :class:`~distfusion.errors.TaskError`
+:func:`translate_error` turns back into a :class:`~distfusion.errors.TaskError`
 naming the stage and the task.
 """
 
@@ -42,7 +42,7 @@ def job_group(query_id: str) -> str:
     return f"distfusion-{query_id}"
 
 
-class _CallSite:
+class CallSite:
     """Names the Spark jobs started inside the block: job group, description, call site.
 
     Spark shows a job's description (``setJobGroup``) in its UI and event log,
@@ -76,7 +76,7 @@ class _CallSite:
         self.sc.setLocalProperty("callSite.long", None)
 
 
-def _spark_progress(sc, group: str) -> tuple[int, int]:
+def spark_progress(sc, group: str) -> tuple[int, int]:
     """``(tasks done, tasks)`` of every Spark job of ``group`` (Spark's status tracker)."""
     tracker = sc.statusTracker()
     done = total = 0
@@ -92,7 +92,7 @@ def _spark_progress(sc, group: str) -> tuple[int, int]:
     return done, total
 
 
-def _spark_call(action, check_open, master: str):
+def spark_call(action, check_open, master: str):
     """Run a Spark action; failures become distfusion errors.
 
     ``check_open`` runs before and after: it raises when the query was closed
@@ -108,7 +108,7 @@ def _spark_call(action, check_open, master: str):
         result = action()
     except Exception as exc:
         check_open()
-        err = _translate_error(exc, master)
+        err = translate_error(exc, master)
         if missing_module(str(exc)):  # Spark's Java trace adds nothing to it
             raise err from None
         raise err from exc
@@ -116,7 +116,7 @@ def _spark_call(action, check_open, master: str):
     return result
 
 
-def _missing_module_message(python: str | None, error: str) -> str:
+def missing_module_message(python: str | None, error: str) -> str:
     """The one-paragraph error for executors whose Python ``python`` raised ``error`` importing."""
     which = f" ({python})" if python else ""
     return (
@@ -128,7 +128,7 @@ def _missing_module_message(python: str | None, error: str) -> str:
 
 
 # ---------------------------------------------------------------------- driver side errors
-def _translate_error(exc: Exception, master: str) -> Exception:
+def translate_error(exc: Exception, master: str) -> Exception:
     """A failed Spark action as a distfusion error.
 
     Spark's message holds the failed attempt's Python traceback as text; the
@@ -151,7 +151,7 @@ def _translate_error(exc: Exception, master: str) -> Exception:
         return TaskError(err.stage_id, err.task_index, err.worker, cause, tb)
     missing = missing_module(text)
     if missing:
-        return TransportError(_missing_module_message(None, missing))
+        return TransportError(missing_module_message(None, missing))
     last = _last_python_line(text) or text.strip().splitlines()[0] if text.strip() else repr(exc)
     return TransportError(f"Spark job failed on {master}: {last}")
 

@@ -52,21 +52,21 @@ from distfusion.protocol.errors import (
 from distfusion.resolver import SparkWorkerResolver
 from distfusion.runtime.spark.config import (
     DATA_PLANES,
-    _same_interpreter,
     encryption_settings,
     import_pyspark,
     is_connect_session,
+    same_interpreter,
     with_local_retries,
 )
-from distfusion.runtime.spark.flight_plane import _SparkFlightQuery
-from distfusion.runtime.spark.jobs import _missing_module_message, _translate_error, missing_module
+from distfusion.runtime.spark.flight_plane import SparkFlightQuery
+from distfusion.runtime.spark.jobs import missing_module, missing_module_message, translate_error
 from distfusion.runtime.spark.session import gateway_ends_with_this_process, stop_session
-from distfusion.runtime.spark.shuffle_plane import _SparkQuery
+from distfusion.runtime.spark.shuffle_plane import SparkShuffleQuery
 from distfusion.stages import StageGraph
 from distfusion.transport.feed_endpoint import FeedEndpoint
 from distfusion.transport.tls import self_signed_tls
 from distfusion.worker.memory import spark_memory_per_task_bytes
-from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, DataPlaneAccess, _import_probe
+from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, DataPlaneAccess, import_probe
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class SparkRuntime:
         self.executor_urls: set[str] = set()  # Flight workers tasks reported, all queries
         self._feed_endpoint = None  # the driver's FeedEndpoint, started by the first feed
         self._driver_worker = None  # the driver's FlightWorker, started by the first small stage
-        self._live_runs: dict[str, _SparkFlightQuery] = {}  # query id -> run, until it is closed
+        self._live_runs: dict[str, SparkFlightQuery] = {}  # query id -> run, until it is closed
         self._endpoint_lock = threading.Lock()
         self._memory_per_task_bytes: int | None = None
         self.held_results: dict[str, QueryRun] = {}  # query id -> run of a result Spark reads
@@ -430,8 +430,8 @@ class SparkRuntime:
         """
         self.check_executor_python()
         if self.data_plane == "flight":
-            return _SparkFlightQuery(self, query_id)
-        return _SparkQuery(self, query_id)
+            return SparkFlightQuery(self, query_id)
+        return SparkShuffleQuery(self, query_id)
 
     def _use_driver_python(self) -> None:
         """Run a local-mode session's Python workers with this interpreter when nobody chose one.
@@ -484,17 +484,17 @@ class SparkRuntime:
             if python == self._checked_python:
                 return
             local = self.sc.master.startswith("local")
-            if not (local and _same_interpreter(python, sys.executable)):
-                probe = self.sc.parallelize([0], 1).mapPartitions(_import_probe())
+            if not (local and same_interpreter(python, sys.executable)):
+                probe = self.sc.parallelize([0], 1).mapPartitions(import_probe())
                 try:
                     failure = probe.collect()
                 except Exception as exc:  # e.g. a Python PySpark refuses (another version)
                     missing = missing_module(str(exc))
                     if missing:  # the embedded session's daemon did not start
-                        raise TransportError(_missing_module_message(python, missing)) from None
-                    raise _translate_error(exc, self.sc.master) from None
+                        raise TransportError(missing_module_message(python, missing)) from None
+                    raise translate_error(exc, self.sc.master) from None
                 if failure:
-                    raise TransportError(_missing_module_message(python, failure[0]))
+                    raise TransportError(missing_module_message(python, failure[0]))
             self._checked_python = python
 
     def executor_worker_args(self) -> tuple[str, str | None, tuple, int, str]:
@@ -532,7 +532,7 @@ class SparkRuntime:
         """A task of ``query_id`` panicked on an executor (``error``: its encoded TaskPanicked).
 
         Called by the driver's worker (``task_failed``) while the task's Spark
-        job still runs; the query's run fails at once (:meth:`_SparkFlightQuery.panicked`).
+        job still runs; the query's run fails at once (:meth:`SparkFlightQuery.panicked`).
         """
         run = self._live_runs.get(query_id)
         err = error_from_dict(error)

@@ -52,16 +52,16 @@ from distfusion.errors import (
 from distfusion.metrics.observer import observer_for
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.task_plan import TaskPlan
-from distfusion.runtime.spark.dataframes import _spark_input, spark_scan
-from distfusion.runtime.spark.jobs import _CallSite, _spark_call, _spark_progress, job_group
+from distfusion.runtime.spark.dataframes import spark_input, spark_scan
+from distfusion.runtime.spark.jobs import CallSite, job_group, spark_call, spark_progress
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.worker.execute_task import run_task, stream_head_stage
 from distfusion.worker.memory import TaskMemory
-from distfusion.worker.spark_records import _decode, _output_records, _partition_stats
-from distfusion.worker.spark_tasks import _task_function
+from distfusion.worker.spark_records import decode_records, output_records, partition_stats
+from distfusion.worker.spark_tasks import task_function
 
 
-class _SparkQuery:
+class SparkShuffleQuery:
     """One query on Spark's shuffle, stage by stage, on the driver (a ``QueryRun``).
 
     A stage that ran keeps its output where Spark put it for every later graph
@@ -99,7 +99,7 @@ class _SparkQuery:
         self.acc = self.sc.accumulator({}, _merge_param())
         self.metrics_acc = self.sc.accumulator({}, _merge_param())  # (stage, task) -> metrics dict
         self.observer = observer_for(query_id)
-        self.observer.add_refresher(lambda: _spark_progress(self.sc, self.group))
+        self.observer.add_refresher(lambda: spark_progress(self.sc, self.group))
         # Closed from another thread (ResultStream.close): its Spark jobs end, so the
         # thread reading the result stops waiting; that thread then closes the run.
         self.observer.add_canceller(lambda: self.sc.cancelJobGroup(self.group))
@@ -143,7 +143,7 @@ class _SparkQuery:
         self._report_metrics()
         yield from stream_head_stage(
             plan,
-            lambda i: _decode(inputs[i]),
+            lambda i: decode_records(inputs[i]),
             self.feeds.local_chunks(head),
             TaskMemory(budget, None),
             cancelled=lambda: self.closed,
@@ -180,9 +180,9 @@ class _SparkQuery:
             for sid in [sid for sid in cache if sid not in self.ran]:
                 del cache[sid]
 
-    def _named(self, stage_ids: list[int]) -> _CallSite:
+    def _named(self, stage_ids: list[int]) -> CallSite:
         """The Spark jobs started in the block run stages ``stage_ids`` (their description)."""
-        return _CallSite(self.sc, self.group, self.observer.description(stage_ids))
+        return CallSite(self.sc, self.group, self.observer.description(stage_ids))
 
     def _report_metrics(self) -> None:
         """The tasks' metrics the accumulator gathered so far, to the observer."""
@@ -250,8 +250,8 @@ class _SparkQuery:
             raise QueryCancelledError(msg)
 
     def _spark_call(self, action):
-        """Run a Spark action (:func:`_spark_call`)."""
-        return _spark_call(action, self._check_open, self.sc.master)
+        """Run a Spark action (:func:`spark_call`)."""
+        return spark_call(action, self._check_open, self.sc.master)
 
     def _records(self, stage_id: int):
         """The RDD of ``stage_id``'s output records ``(p, (task, ipc))``, never computed twice.
@@ -337,16 +337,16 @@ class _SparkQuery:
         )
         tasks = [(stage_id, t) for t in range(stage.num_tasks)]
         if scan is None:
-            rdd = base.mapPartitionsWithIndex(_task_function(tasks, "_run_task", *args))
+            rdd = base.mapPartitionsWithIndex(task_function(tasks, "_run_task", *args))
         else:
             # Over the DataFrame's partitions; tasks past them read an empty one.
-            arrow, parts, read_schema = _spark_input(self.sc, stage, scan)
+            arrow, parts, read_schema = spark_input(self.sc, stage, scan)
             table = scan.source.name
             spark = (table, read_schema, 0, False)
-            rdd = arrow.mapPartitionsWithIndex(_task_function(tasks, "_run_task", *args, spark))
+            rdd = arrow.mapPartitionsWithIndex(task_function(tasks, "_run_task", *args, spark))
             if parts < stage.num_tasks:
                 rest = stage.num_tasks - parts
-                fn = _task_function(tasks[parts:], "_run_task", *args, (table, None, parts, True))
+                fn = task_function(tasks[parts:], "_run_task", *args, (table, None, parts, True))
                 pad = self.sc.parallelize(range(rest), rest).mapPartitionsWithIndex(fn)
                 rdd = self.sc.union([rdd, pad])
         rdd.setName(f"distfusion {self.query_id[:8]} stage {stage_id}")
@@ -412,15 +412,15 @@ class _SparkQuery:
         with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
             parts = run_task(
                 plan,
-                lambda i: _decode(inputs[i]),
+                lambda i: decode_records(inputs[i]),
                 worker=worker,
                 feed_chunks=self.feeds.local_chunks(stage),
                 memory=TaskMemory(budget, spill_dir),
                 on_metrics=self.observer.task_finished,
             )
-        self.acc.add(_partition_stats(stage.stage_id, 0, parts))
+        self.acc.add(partition_stats(stage.stage_id, 0, parts))
         self.values[stage.stage_id] = [
-            (p, 0, ipc) for p, (_, ipc) in _output_records(0, parts, self.runtime.compression)
+            (p, 0, ipc) for p, (_, ipc) in output_records(0, parts, self.runtime.compression)
         ]
         self.on_driver.add(stage.stage_id)
         self._hold(sum(len(v[2]) for v in self.values[stage.stage_id]))
