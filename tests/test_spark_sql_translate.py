@@ -72,13 +72,13 @@ def test_unknown_constructs_stop_the_translation():
         ("SELECT FROM WHERE", "parser"),
     ):
         with pytest.raises(SparkSemanticsError, match=reason):
-            translate(sql, schemas)
+            translate(sql, schemas.get)
 
 
 def test_ansi_mode_decides_overflow_and_division_by_zero():
     schemas = {"t": pa.schema([("i", pa.int32()), ("b", pa.int64())])}
-    on = translate("SELECT b * 2, i / 0 FROM t", schemas, SparkSettings(ansi=True))
-    off = translate("SELECT b * 2, i / 0 FROM t", schemas, SparkSettings(ansi=False))
+    on = translate("SELECT b * 2, i / 0 FROM t", schemas.get, SparkSettings(ansi=True))
+    off = translate("SELECT b * 2, i / 0 FROM t", schemas.get, SparkSettings(ansi=False))
     assert "DECIMAL(20, 0)" in on  # computed wide, cast back: an overflow fails
     assert "NULLIF" in off and "DECIMAL(20, 0)" not in off
 

@@ -563,13 +563,15 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         See :mod:`distfusion.spark_sql`.
 
         Raises:
-            PlanningError: invalid Spark SQL.
-            SparkSemanticsError: no Spark-equal translation (the message says why).
+            SparkSemanticsError: no Spark-equal translation, or SQL sqlglot's
+                Spark parser rejects (the message says why).
         """
-        names = self.ctx.catalog().schema().names()
-        schemas = {name: self.ctx.table(name).schema() for name in names}
-        settings = self.config.spark_settings()
-        return translate_spark_sql(query, schemas, settings, udfs.registered_names())
+
+        def schema_of(name: str) -> pa.Schema | None:
+            return self.ctx.table(name).schema() if self.ctx.table_exist(name) else None
+
+        functions = udfs.registered_names()
+        return translate_spark_sql(query, schema_of, self.config.spark, functions)
 
     def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:
         """A distributed DataFrame of this context around DataFusion's ``df``."""

@@ -523,18 +523,17 @@ def sql(
                 raise SparkSemanticsError(f"Spark's result type has no Arrow form ({exc})") from exc
             df = as_spark_schema(df, arrow)
     except PlanningError as exc:
-        if isinstance(exc, SparkSemanticsError):
-            reason = str(exc)
-        elif expected is not None:
-            reason = f"DataFusion cannot plan the translated query: {exc}"
-        else:
-            for name, why in unreadable.items():
-                if re.search(rf"\b{re.escape(name)}\b", str(exc), re.IGNORECASE):
-                    raise PlanningError(why) from exc
-            raise
-        for name, why in unreadable.items():
-            if re.search(rf"\b{re.escape(name)}\b", reason, re.IGNORECASE):
-                reason = why
+        # A table distfusion could not register explains a failure that names it.
+        why = next(
+            (w for n, w in unreadable.items() if re.search(rf"\b{re.escape(n)}\b", str(exc), re.I)),
+            None,
+        )
+        semantic = isinstance(exc, SparkSemanticsError)
+        if not semantic and expected is None:  # Spark rejects it too: distfusion's error
+            if why is None:
+                raise
+            raise PlanningError(why) from exc
+        reason = why or (str(exc) if semantic else f"DataFusion cannot plan the translation: {exc}")
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)

@@ -277,9 +277,19 @@ class DistributedConfig:
             (docs/benchmarks.md, "Streamed exchanges"). The setting reaches
             every task in its plan (``TaskPlan.stream_inputs``), on every
             runtime.
+        sql_dialect: the SQL :meth:`DistributedContext.sql` reads.
+            ``"datafusion"`` (default): DataFusion's, answering as single-node
+            DataFusion does. ``"spark"``: Spark SQL, answering as Spark does
+            (NULL order, ``/``, decimal types and rounding, ANSI overflow;
+            :mod:`distfusion.spark_sql`); a query it cannot run with Spark's
+            semantics raises :class:`~distfusion.errors.SparkSemanticsError`
+            naming the construct. ``distfusion.spark.sql`` sets it.
+        spark: the Spark SQL settings the ``"spark"`` dialect follows (ANSI
+            mode, decimal precision loss); default: Spark 4's.
 
     Raises:
-        ValueError: ``memory_per_task_bytes`` is not a positive integer or None,
+        ValueError: ``sql_dialect`` is not one of :data:`SQL_DIALECTS`;
+            ``memory_per_task_bytes`` is not a positive integer or None,
             or ``in_place_bytes`` or ``in_place_rewrite_bytes`` is negative or
             not an integer.
     """
@@ -300,7 +310,7 @@ class DistributedConfig:
     in_place_bytes: int | None = None
     in_place_rewrite_bytes: int | None = 64 * 1024 * 1024
     sql_dialect: str = "datafusion"
-    spark: SparkSettings | None = None
+    spark: SparkSettings = dataclasses.field(default_factory=SparkSettings)
 
     def __post_init__(self) -> None:
         if self.sql_dialect not in SQL_DIALECTS:
@@ -318,10 +328,6 @@ class DistributedConfig:
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 0):
             msg = f"in_place_rewrite_bytes must be a number of bytes (0 or more) or None, got {b!r}"
             raise ValueError(msg)
-
-    def spark_settings(self) -> SparkSettings:
-        """The Spark SQL settings of the ``"spark"`` dialect (``spark`` or Spark 4's defaults)."""
-        return self.spark or SparkSettings()
 
     def task_estimator(self, profile: RuntimeProfile | None = None) -> TaskEstimator:
         """The estimator the planner uses on a runtime of ``profile`` (see ``bytes_per_task``).

@@ -76,4 +76,4 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
             )
             raise SparkSemanticsError(msg)
         columns.append(col(have.name).cast(want.type).alias(want.name))
-    return df._derive(df.df.select(*columns))
+    return df.select(*columns)

@@ -102,13 +102,10 @@ class _Writer(Spark):
 
     NULL_ORDERING = "nulls_are_large"
 
-    class Generator(Spark.Generator):
-        pass
-
 
 def translate(
     query: str,
-    schemas: dict[str, pa.Schema],
+    schema_of: Callable[[str], pa.Schema | None],
     settings: SparkSettings | None = None,
     functions: frozenset[str] = frozenset(),
 ) -> str:
@@ -118,8 +115,10 @@ def translate(
 
     Args:
         query: one Spark SQL query (``SELECT``, ``WITH``, set operations).
-        schemas: every table the query may read, by name (lower case), as
-            registered in the DataFusion context that plans the result.
+        schema_of: the schema of a table the query names (its lower-case
+            name), as registered in the DataFusion context that plans the
+            result; None for a name it does not know (a CTE's). Asked once
+            per table the query names.
         settings: the session's Spark settings (default: Spark 4's).
         functions: names (lower case) of the context's Python UDFs: calls
             to them pass as written (they are the user's own functions).
@@ -146,15 +145,16 @@ def translate(
     if not isinstance(ast, exp.Query):
         msg = f"a {ast.key.upper()} statement, not a query: Spark SQL owns it"
         raise SparkSemanticsError(msg)
-    for name, schema in schemas.items():
+    catalog = {}
+    for name in {t.name.lower() for t in ast.find_all(exp.Table)}:
+        schema = schema_of(name)
+        if schema is None:
+            continue
         mixed = [f.name for f in schema if f.name != f.name.lower()]
-        if mixed and _names_table(ast, name):
+        if mixed:
             msg = f"table {name!r} has mixed-case column names ({mixed[0]!r})"
             raise SparkSemanticsError(msg)
-    catalog = {
-        name: {f.name: st.arrow_to_sql_type(f.type) for f in schema}
-        for name, schema in schemas.items()
-    }
+        catalog[name] = {f.name: st.arrow_to_sql_type(f.type) for f in schema}
     try:
         ast = qualify(ast, schema=catalog, dialect="spark", identify=False)
         ast = annotate_types(ast, schema=catalog, dialect="spark")
@@ -162,10 +162,6 @@ def translate(
         msg = f"its columns do not resolve against the tables distfusion reads: {exc}"
         raise SparkSemanticsError(msg) from exc
     return _Translator(settings, functions).run(ast).sql(dialect=_Writer, comments=False)
-
-
-def _names_table(ast: exp.Expression, name: str) -> bool:
-    return any(t.name.lower() == name for t in ast.find_all(exp.Table))
 
 
 # ----------------------------------------------------------------------------- types
@@ -195,6 +191,11 @@ def _known(t: exp.DataType | None) -> bool:
 
 
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _is_iso_date(node: exp.Expression) -> bool:
+    """A string literal ``yyyy-mm-dd``: both engines read it as the same DATE."""
+    return isinstance(node, exp.Literal) and node.is_string and bool(_ISO_DATE.match(node.this))
 
 
 # ----------------------------------------------------------------------------- rules
@@ -294,7 +295,7 @@ class _Translator:
             if new is None:  # dropped (a hint)
                 node.pop()
                 continue
-            self.types[id(new)] = self.types.get(id(node)) or self.type_of(node)
+            self.types[id(new)] = self.type_of(node)
             if parent is None:
                 root = new
             else:
@@ -689,19 +690,13 @@ def _rule_like(t: _Translator, node: exp.Like) -> exp.Expression:
 
 def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expression:
     """Comparisons: both sides of one type family, or a date with an ISO date literal."""
-    lt, rt = t.type_of(node.left), t.type_of(node.right)
-    if lt is None or rt is None:
-        return node
+    lt, rt = t.need(node.left, "comparison"), t.need(node.right, "comparison")
     if _family(lt) == _family(rt):
         return node
-    for a, b in ((lt, node.right), (rt, node.left)):
-        if (
-            a.this == T.DATE
-            and isinstance(b, exp.Literal)
-            and b.is_string
-            and _ISO_DATE.match(b.this)
-        ):
-            return node
+    if (lt.this == T.DATE and _is_iso_date(node.right)) or (
+        rt.this == T.DATE and _is_iso_date(node.left)
+    ):
+        return node
     msg = f"comparison {node.sql('spark')!r} of a {lt.sql('spark')} with a {rt.sql('spark')}"
     raise SparkSemanticsError(msg + ": Spark's implicit casts differ from DataFusion's")
 
@@ -728,12 +723,7 @@ def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
     to = node.to
     src = t.type_of(node.this)
     arg = node.this
-    if (
-        to.this == T.DATE
-        and isinstance(arg, exp.Literal)
-        and arg.is_string
-        and _ISO_DATE.match(arg.this)
-    ):
+    if to.this == T.DATE and _is_iso_date(arg):
         return node
     if src is None:
         raise SparkSemanticsError(f"CAST of {arg.sql('spark')!r}: its type is not known here")
