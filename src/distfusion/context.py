@@ -80,8 +80,11 @@ __all__ = [
 
 
 def _session_config(config: DistributedConfig) -> SessionConfig:
-    """The coordinator's DataFusion settings: Spark SQL's parser settings for that dialect."""
-    session = SessionConfig()
+    """The coordinator's DataFusion settings: Spark SQL's parser settings for that dialect.
+
+    ``information_schema`` is on, as in datafusion-python's ``SessionContext()``.
+    """
+    session = SessionConfig().with_information_schema(True)
     if config.sql_dialect == "spark":
         for key, value in SPARK_PARSER_SETTINGS.items():
             session = session.set(key, value)
