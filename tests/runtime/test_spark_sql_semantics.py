@@ -87,7 +87,7 @@ def test_statements_spark_owns_run_on_spark(sem):
 
 def test_syntax_error_is_sparks(sem):
     with pytest.raises(Exception, match="PARSE_SYNTAX_ERROR|Syntax error"):
-        distfusion.spark.sql(sem, "SELECT FROM WHERE")
+        distfusion.spark.sql(sem, "SELECT i FROM sem WHERE i >")
 
 
 def test_ansi_off_wraps_and_divides_by_zero_to_null(sem):
