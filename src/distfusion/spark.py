@@ -107,7 +107,8 @@ from distfusion.runtime.spark import (
 )
 from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
 from distfusion.sources import spark_source
-from distfusion.spark_sql import SparkSettings
+from distfusion.spark_sql import SparkSettings, table_names
+from distfusion.spark_sql import parse as parse_spark_sql
 from distfusion.spark_sql.schema import as_spark_schema, spark_schema
 from distfusion.worker.spark_tasks import frame_function
 
@@ -504,15 +505,19 @@ def sql(
             ctx.register_iceberg(name.lower(), df)
         elif not _is_spark_dataframe(df) or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
-    names = _referenced_names(query)
+    own_tables = bool(_referenced_names(query) & {n.lower() for n in tables or ()})
+    try:  # no table is registered, and Spark analyzes nothing, for what cannot be translated
+        parsed = parse_spark_sql(query)
+    except SparkSemanticsError as exc:
+        if fallback == "error" or own_tables:  # own tables: Spark's catalog lacks them
+            raise
+        return _SparkSqlResult(ctx, spark, query, str(exc))
     unreadable: dict[str, str] = {}
-    for table in spark.catalog.listTables():
-        if table.name.lower() in names and table.name.lower() not in ctx.sources:
-            try:
-                register_spark_table(ctx, spark, table.name)
-            except PlanningError as exc:
-                unreadable[table.name.lower()] = str(exc)
-    own_tables = bool(names & {n.lower() for n in tables or ()})  # Spark's catalog lacks them
+    for name in table_names(parsed) - set(ctx.sources):  # by name: listTables() takes ~0.3 s
+        try:
+            register_spark_table(ctx, spark, name)
+        except PlanningError as exc:
+            unreadable[name] = str(exc)
     expected = None if own_tables else spark_schema(spark, query)
     try:
         df = ctx.sql(query)

@@ -8,6 +8,13 @@ plans every ``sql()`` of a context this way; ``distfusion.spark.sql`` does,
 and hands what cannot be translated to Spark SQL itself.
 """
 
-from distfusion.spark_sql.translate import PARSER_SETTINGS, RULES, SparkSettings, translate
+from distfusion.spark_sql.translate import (
+    PARSER_SETTINGS,
+    RULES,
+    SparkSettings,
+    parse,
+    table_names,
+    translate,
+)
 
-__all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "translate"]
+__all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "parse", "table_names", "translate"]

@@ -46,7 +46,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 
-__all__ = ["SparkSettings", "translate", "RULES", "PARSER_SETTINGS"]
+__all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "parse", "table_names", "translate"]
 
 T = exp.DataType.Type
 
@@ -133,20 +133,9 @@ def translate(
             Spark-equal translation (the message names it).
     """
     settings = settings or SparkSettings()
-    try:
-        statements = [s for s in sqlglot.parse(query, read="spark") if s is not None]
-    except ParseError as exc:  # Spark's own parser may still read it
-        msg = f"sqlglot's Spark parser rejects it: {exc}"
-        raise SparkSemanticsError(msg) from exc
-    if len(statements) != 1:
-        msg = f"{len(statements)} statements: Spark SQL runs one statement at a time"
-        raise SparkSemanticsError(msg)
-    ast = statements[0]
-    if not isinstance(ast, exp.Query):
-        msg = f"a {ast.key.upper()} statement, not a query: Spark SQL owns it"
-        raise SparkSemanticsError(msg)
+    ast = parse(query)
     catalog = {}
-    for name in {t.name.lower() for t in ast.find_all(exp.Table)}:
+    for name in table_names(ast):
         schema = schema_of(name)
         if schema is None:
             continue
@@ -165,6 +154,46 @@ def translate(
 
 
 # ----------------------------------------------------------------------------- types
+
+
+def parse(query: str) -> exp.Query:
+    """Spark SQL ``query`` as sqlglot's tree, every node of a class :data:`RULES` knows.
+
+    What the translation needs no table for: a query that fails here runs on
+    Spark SQL without registering a table or asking Spark for its schema.
+
+    Raises:
+        SparkSemanticsError: sqlglot's Spark parser rejects ``query``; several
+            statements; a statement that is not a query; a construct without
+            a rule (the outermost one, as the query wrote it).
+    """
+    try:
+        statements = [s for s in sqlglot.parse(query, read="spark") if s is not None]
+    except ParseError as exc:  # Spark's own parser may still read it
+        msg = f"sqlglot's Spark parser rejects it: {exc}"
+        raise SparkSemanticsError(msg) from exc
+    if len(statements) != 1:
+        msg = f"{len(statements)} statements: Spark SQL runs one statement at a time"
+        raise SparkSemanticsError(msg)
+    ast = statements[0]
+    if not isinstance(ast, exp.Query):
+        msg = f"a {ast.key.upper()} statement, not a query: Spark SQL owns it"
+        raise SparkSemanticsError(msg)
+    _check_constructs(ast)
+    return ast
+
+
+def table_names(ast: exp.Expression) -> set[str]:
+    """The lower-case names of the tables ``ast`` reads (CTEs and subqueries aside)."""
+    ctes = {c.alias_or_name.lower() for c in ast.find_all(exp.CTE)}
+    return {t.name.lower() for t in ast.find_all(exp.Table)} - ctes
+
+
+def _check_constructs(ast: exp.Expression) -> None:
+    """Raise for the outermost node whose class has no rule (the reason names what was written)."""
+    for node in ast.walk(bfs=False):
+        if type(node) not in RULES and type(node) not in _PASS:  # exact: no subclass
+            raise SparkSemanticsError(_unsupported(node))
 
 
 def _literal_type(node: exp.Literal) -> exp.DataType:
@@ -277,10 +306,8 @@ class _Translator:
 
     def run(self, ast: exp.Expression) -> exp.Expression:
         self._link_derived_columns(ast)
+        _check_constructs(ast)  # again: qualify() wrote nodes of its own
         nodes = list(ast.walk(bfs=False))
-        for node in nodes:  # outermost first: the reason names what the query wrote
-            if type(node) not in RULES and type(node) not in _PASS:  # exact: no subclass
-                raise SparkSemanticsError(_unsupported(node))
         for node in nodes:
             self.type_of(node)
         root = ast
