@@ -194,10 +194,28 @@ CASES = [
         "accepted, not followed",
     ),
     Case(
-        "date_format",
-        "SELECT date_format(dt, 'yyyy-MM') FROM sem",
+        "date_format of a DATE",
+        "SELECT date_format(dt, 'yyyy-MM-dd'), date_format(dt, 'd/M/yy EEE MMM'), "
+        "date_format(dt, 'EEEE, MMMM dd yyyy \\'at\\' D') FROM sem ORDER BY dt",
+        "native",
+        "Java pattern letters of a date: y M L d D E",
+    ),
+    Case(
+        "date_format with a time of day",
+        "SELECT date_format(dt, 'yyyy-MM-dd HH:mm') FROM sem",
         "spark",
-        "Java datetime patterns",
+        "times are formatted in the session time zone",
+    ),
+    Case(
+        "date_add, date_sub, datediff",
+        "SELECT date_add(dt, 30), date_sub(dt, i), datediff(dt, '2024-01-01'), "
+        "datediff(date_add(dt, i), dt) FROM sem ORDER BY dt",
+        "native",
+    ),
+    Case(
+        "dayofweek, dayofmonth, dayofyear, weekofyear",
+        "SELECT dayofweek(dt), dayofmonth(dt), dayofyear(dt), weekofyear(dt) FROM sem ORDER BY dt",
+        "native",
     ),
     Case("to_date with a pattern", "SELECT to_date('31/01/2024', 'dd/MM/yyyy')", "spark"),
     Case(

@@ -16,6 +16,7 @@ from distfusion import DistributedConfig, DistributedContext, LocalRuntime
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import SparkSettings, translate
 from distfusion.spark_sql import types as st
+from distfusion.spark_sql.datetime import to_chrono
 
 
 @pytest.fixture
@@ -97,3 +98,22 @@ def test_spark_decimal_rules():
 def test_sql_dialect_is_checked():
     with pytest.raises(ValueError, match="sql_dialect"):
         DistributedConfig(sql_dialect="hive")
+
+
+@pytest.mark.parametrize(
+    ("java", "chrono"),
+    [
+        ("yyyy-MM-dd", "%Y-%m-%d"),
+        ("d/M/yy", "%-d/%-m/%y"),
+        ("EEE, MMMM D", "%a, %B %-j"),
+        ("yyyy'T'MM '%' ''", "%YT%m %% '"),
+    ],
+)
+def test_java_date_patterns_become_chrono(java, chrono):
+    assert to_chrono(java) == chrono
+
+
+@pytest.mark.parametrize("java", ["yyyy-MM-dd HH:mm", "yyy", "QQ", "yyyy 'open"])
+def test_java_patterns_without_an_equal_are_refused(java):
+    with pytest.raises(SparkSemanticsError, match="datetime pattern"):
+        to_chrono(java)

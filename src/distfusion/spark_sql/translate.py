@@ -45,6 +45,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
+from distfusion.spark_sql.datetime import to_chrono
 
 __all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "parse", "table_names", "translate"]
 
@@ -775,7 +776,9 @@ def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
 
 
 def _rule_to_date(t: _Translator, node: exp.TsOrDsToDate) -> exp.Expression:
-    """Sqlglot's reading of a date function's argument: a DATE is itself."""
+    """A date function's argument as sqlglot reads it: a DATE, or an ISO date literal."""
+    if _is_iso_date(node.this) and not node.args.get("format"):
+        return _cast(node.this, "DATE")
     at = t.type_of(node.this)
     if at is None or at.this != T.DATE or node.args.get("format"):
         raise SparkSemanticsError("to_date() of a string has no Spark-equal translation")
@@ -789,8 +792,20 @@ def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expression:
     return node
 
 
+_DATE_PARTS = {
+    exp.Year: "YEAR",
+    exp.Month: "MONTH",
+    exp.Day: "DAY",
+    exp.DayOfMonth: "DAY",
+    exp.Quarter: "QUARTER",
+    exp.DayOfYear: "DOY",
+    exp.WeekOfYear: "WEEK",  # ISO 8601 weeks in both
+    exp.DayOfWeek: "DOW",  # DataFusion's 0 is Sunday, Spark's 1
+}
+
+
 def _rule_date_part(t: _Translator, node: exp.Expression) -> exp.Expression:
-    """``year(d)``, ``month(d)``, ``EXTRACT(... FROM d)`` of a DATE (INT in both engines)."""
+    """``year(d)``, ``dayofweek(d)``, ``EXTRACT(... FROM d)`` of a DATE (INT in both)."""
     arg = node.expression if isinstance(node, exp.Extract) else node.this
     at = t.type_of(arg)
     if at is None or at.this != T.DATE:
@@ -800,10 +815,71 @@ def _rule_date_part(t: _Translator, node: exp.Expression) -> exp.Expression:
         if unit not in ("YEAR", "MONTH", "DAY", "QUARTER"):
             raise SparkSemanticsError(f"EXTRACT({unit} ...) has no Spark-equal translation")
         return _cast(node, "INT")
-    unit = {exp.Year: "YEAR", exp.Month: "MONTH", exp.Day: "DAY", exp.Quarter: "QUARTER"}[
-        type(node)
-    ]
-    return _cast(exp.Extract(this=exp.var(unit), expression=arg), "INT")
+    unit = _DATE_PARTS[type(node)]
+    part = _cast(exp.Extract(this=exp.var(unit), expression=arg), "INT")
+    return exp.Add(this=part, expression=exp.Literal.number(1)) if unit == "DOW" else part
+
+
+def _days(node: exp.Expression) -> exp.Expression:
+    """A DATE as its days since 1970-01-01 (INT)."""
+    return exp.Anonymous(this="arrow_cast", expressions=[node, exp.Literal.string("Int32")])
+
+
+def _date_arg(t: _Translator, node: exp.Expression, what: str) -> exp.Expression:
+    """``node`` as a DATE: a DATE, or an ISO date literal cast (Spark casts it the same)."""
+    if _is_iso_date(node):
+        return _cast(node, "DATE")
+    at = t.type_of(node)
+    if at is None or at.this != T.DATE:
+        shown = at.sql("spark") if at is not None else "an unknown type"
+        raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
+    return node
+
+
+def _rule_date_add(t: _Translator, node: exp.TsOrDsAdd) -> exp.Expression:
+    """``date_add(d, n)`` / ``date_sub(d, n)`` on a DATE: the day number plus ``n``."""
+    unit = node.args.get("unit")
+    if unit is not None and unit.name.upper() != "DAY":
+        raise SparkSemanticsError(f"date_add by {unit.name} has no Spark-equal translation")
+    days = node.expression
+    dt = t.need(days, "date_add")
+    if not st.is_integral(dt) or dt.this == T.BIGINT:
+        raise SparkSemanticsError(f"date_add() by a {dt.sql('spark')}: Spark takes an INT")
+    total = exp.Add(this=_days(_date_arg(t, node.this, "date_add")), expression=_cast(days, "INT"))
+    return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
+
+
+def _rule_datediff(t: _Translator, node: exp.DateDiff) -> exp.Expression:
+    """``datediff(end, start)`` of DATEs: days from ``start`` to ``end`` (INT)."""
+    if node.args.get("unit") is not None:
+        raise SparkSemanticsError("datediff() with a unit has no Spark-equal translation")
+    end = _date_arg(t, node.this, "datediff")
+    start = _date_arg(t, node.expression, "datediff")
+    return exp.Paren(this=exp.Sub(this=_days(end), expression=_days(start)))
+
+
+def _rule_date_format(t: _Translator, node: exp.TimeToStr) -> exp.Expression:
+    """``date_format(d, pattern)`` of a DATE with a literal pattern: chrono's ``to_char``.
+
+    Timestamps are formatted in the session time zone by Spark: they run on
+    Spark SQL.
+    """
+    arg = node.this.this if isinstance(node.this, exp.TimeStrToTime) else node.this
+    fmt = node.args.get("format")
+    if not (isinstance(fmt, exp.Literal) and fmt.is_string):
+        raise SparkSemanticsError("date_format() with a pattern that is not a literal")
+    java = sqlglot.parse_one(Spark().generator().format_time(node), read="spark").this
+    chrono = to_chrono(java)
+    return exp.Anonymous(
+        this="to_char", expressions=[_date_arg(t, arg, "date_format"), exp.Literal.string(chrono)]
+    )
+
+
+def _rule_date_format_arg(t: _Translator, node: exp.TimeStrToTime) -> exp.Expression:
+    # sqlglot wraps date_format's argument; _rule_date_format reads through it.
+    if isinstance(node.parent, exp.TimeToStr) and node.arg_key == "this":
+        return node
+    raise SparkSemanticsError(_unsupported(node))
 
 
 def _rule_interval(t: _Translator, node: exp.Interval) -> exp.Expression:
@@ -846,10 +922,11 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.JoinHint: lambda t, n: None,
     exp.Substring: _rule_substring,
     exp.Extract: _rule_date_part,
-    exp.Year: _rule_date_part,
-    exp.Month: _rule_date_part,
-    exp.Day: _rule_date_part,
-    exp.Quarter: _rule_date_part,
+    **{c: _rule_date_part for c in _DATE_PARTS},
+    exp.TsOrDsAdd: _rule_date_add,
+    exp.DateDiff: _rule_datediff,
+    exp.TimeToStr: _rule_date_format,
+    exp.TimeStrToTime: _rule_date_format_arg,
     exp.Interval: _rule_interval,
     exp.Grouping: _rule_grouping,
     **{c: _rule_compare for c in _COMPARISONS},
