@@ -213,6 +213,19 @@ CASES = [
         "native",
     ),
     Case(
+        "DATE + / - an integer",
+        "SELECT dt + 5, dt - i FROM sem WHERE dt + 1 > '2024-01-20' ORDER BY dt",
+        "native",
+        "date_add / date_sub",
+    ),
+    Case(
+        "stddev, variance (samp, pop)",
+        "SELECT s, stddev_samp(d), stddev(i), variance(d), var_pop(b), stddev_pop(f) "
+        "FROM sem GROUP BY s ORDER BY s",
+        "native",
+        "over doubles; one row's sample deviation is NULL",
+    ),
+    Case(
         "dayofweek, dayofmonth, dayofyear, weekofyear",
         "SELECT dayofweek(dt), dayofmonth(dt), dayofyear(dt), weekofyear(dt) FROM sem ORDER BY dt",
         "native",

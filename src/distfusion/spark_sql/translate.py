@@ -393,7 +393,8 @@ class _Translator:
         if lt is None or rt is None:
             return None
         if lt.this == T.DATE and isinstance(node, exp.Add | exp.Sub):
-            return lt if isinstance(node.right, exp.Interval) else None
+            days = st.is_integral(rt) and rt.this != T.BIGINT  # Spark's date_add / date_sub
+            return lt if isinstance(node.right, exp.Interval) or days else None
         if st.is_fractional(lt) or st.is_fractional(rt):
             numeric = (
                 st.is_fractional(t) or st.is_integral(t) or st.is_decimal(t) for t in (lt, rt)
@@ -524,7 +525,10 @@ def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
     lt, rt = t.type_of(node.left), t.type_of(node.right)
     left, right = _paren(node.left), _paren(node.right)
     if out.this == T.DATE:
-        return node
+        if isinstance(node.right, exp.Interval):
+            return node
+        days = node.__class__(this=_days(left), expression=_cast(right, "INT"))
+        return exp.Anonymous(this="arrow_cast", expressions=[days, exp.Literal.string("Date32")])
     if st.is_fractional(out):
         return node.__class__(this=_cast(left, "DOUBLE"), expression=_cast(right, "DOUBLE"))
     if st.is_integral(out):
@@ -635,6 +639,31 @@ def _rule_avg(t: _Translator, node: exp.Avg) -> exp.Expression:
             return new
         return _cast(new, out)
     return new
+
+
+def _rule_deviation(t: _Translator, node: exp.AggFunc) -> exp.Expression:
+    """``stddev``, ``variance`` and their ``_samp`` / ``_pop``: over doubles, as Spark computes.
+
+    One row's sample deviation is NULL in both (Spark 3.1+ without
+    ``spark.sql.legacy.statisticalAggregate``).
+    """
+    at = t.need(node.this, node.sql_name().lower())
+    if not (st.is_integral(at) or st.is_fractional(at) or st.is_decimal(at)):
+        raise SparkSemanticsError(_unsupported(node))
+    if isinstance(node.this, exp.Distinct):
+        raise SparkSemanticsError(f"{_unsupported(node)} over DISTINCT values")
+    t.types[id(node)] = exp.DataType.build("DOUBLE")
+    return exp.Anonymous(this=_DEVIATIONS[type(node)], expressions=[_cast(node.this, "DOUBLE")])
+
+
+_DEVIATIONS = {
+    exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.Variance: "var_samp",
+    exp.VariancePop: "var_pop",
+}
+"""Spark's deviation aggregates -> DataFusion's function of the same meaning."""
 
 
 def _rule_window(t: _Translator, node: exp.Window) -> exp.Expression:
@@ -908,6 +937,7 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.Sum: _rule_sum,
     exp.Avg: _rule_avg,
     exp.Window: _rule_window,
+    **{c: _rule_deviation for c in _DEVIATIONS},
     exp.Round: _rule_round,
     exp.If: _rule_if_inside_case,
     exp.Case: _rule_branches,
