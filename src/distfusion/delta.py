@@ -400,18 +400,40 @@ def _latest_hint(dl, uri: str, options) -> str:
     return f": no such version (its versions run to {latest})"
 
 
-def is_delta_table(path: str, storage_options: dict[str, str] | None = None) -> bool:
-    """Whether ``path`` is the root of a Delta table (False when deltalake is not installed)."""
-    try:
-        dl = import_deltalake()
-    except ImportError:
+def is_delta_table(path: str, timeout_s: float = object_store.PROBE_TIMEOUT_S) -> bool:
+    """Whether ``path`` (a local path, ``file://`` or object store URL) is a Delta table's root.
+
+    A Delta table's root holds ``_delta_log/``: a local directory of that
+    name, or on an object store any object below ``<path>/_delta_log/``
+    (one listing request through the store of the bucket,
+    :func:`distfusion.object_store.has_objects_below`, within ``timeout_s``
+    seconds). deltalake is not asked: its ``DeltaTable.is_deltatable`` holds
+    Python's GIL while it waits, so a server in the same process cannot
+    answer it, and an error of it would read as "not a Delta table". A glob
+    is never a table's root.
+
+    Called by the PySpark drop-in for the paths of ``tables=`` before it
+    reads them as Parquet files: a Delta table's directory also holds the
+    files its log removed, which a listing would read again.
+
+    Raises:
+        PlanningError: the store cannot be reached or refuses within
+            ``timeout_s`` (the message names the URL and the cause): whether
+            it is a Delta table is then unknown, and it is not read as Parquet.
+    """
+    if any(ch in path for ch in "*?["):
         return False
-    if object_store.is_url(path) and storage_options is None:
-        storage_options = storage_options_for(path)
+    if not object_store.is_url(path):
+        return os.path.isdir(os.path.join(_local(path), "_delta_log"))
+    log = path.rstrip("/") + "/_delta_log/"
     try:
-        return bool(dl.DeltaTable.is_deltatable(path, storage_options))
-    except Exception:  # unreachable, refused: not known to be one
-        return False
+        return object_store.has_objects_below(log, timeout_s)
+    except Exception as exc:  # obstore's: unreachable, refused, no bucket; or a bad URL
+        msg = (
+            f"cannot tell whether {path} is a Delta table or Parquet files: listing "
+            f"{log} failed: {object_store.describe(exc)}"
+        )
+        raise PlanningError(msg) from None
 
 
 # ---------------------------------------------------------------------- the source

@@ -81,6 +81,7 @@ __all__ = [
     "delete_objects",
     "deregister",
     "describe",
+    "has_objects_below",
     "hint",
     "install",
     "is_url",
@@ -526,19 +527,32 @@ server that does not answer fails registration within seconds (object_store's
 default retries for three minutes)."""
 
 _CLIENT = {"connect_timeout": timedelta(seconds=5), "timeout": timedelta(seconds=60)}
-_OBSTORES: dict[tuple[StoreSpec, str], Any] = {}
+_OBSTORES: dict[tuple[StoreSpec, str, float | None], Any] = {}
+
+PROBE_TIMEOUT_S = 10.0
+"""Seconds a probe of the coordinator (:func:`has_objects_below`) waits at most,
+retries included, before it fails naming the URL."""
 
 
-def _obstore(spec: StoreSpec, key: str) -> Any:
-    """An obstore store equivalent to ``spec`` (cached per process)."""
-    cached = _OBSTORES.get((spec, key))
+def _obstore(spec: StoreSpec, key: str, timeout_s: float | None = None) -> Any:
+    """An obstore store equivalent to ``spec`` (cached per process).
+
+    ``timeout_s``: every request, and its retries, end within this many
+    seconds (default: :data:`_CLIENT`'s timeouts, :data:`COORDINATOR_RETRY`).
+    """
+    cached = _OBSTORES.get((spec, key, timeout_s))
     if cached is not None:
         return cached
     a = {k: v for k, v in spec.arguments if v is not None}
     client = dict(_CLIENT)
+    retry = COORDINATOR_RETRY
+    if timeout_s is not None:
+        bound = timedelta(seconds=timeout_s)
+        client = {"connect_timeout": min(client["connect_timeout"], bound), "timeout": bound}
+        retry = {**COORDINATOR_RETRY, "retry_timeout": bound}
     if a.get("allow_http"):
         client["allow_http"] = True
-    common = {"client_options": client, "retry_config": COORDINATOR_RETRY}
+    common = {"client_options": client, "retry_config": retry}
     if spec.kind == "s3":
         config = {
             name: a[arg]
@@ -581,16 +595,39 @@ def _obstore(spec: StoreSpec, key: str) -> Any:
         store = HTTPStore.from_url(key, **common)
     else:
         store = LocalStore(a.get("prefix"))
-    _OBSTORES[(spec, key)] = store
+    _OBSTORES[(spec, key, timeout_s)] = store
     return store
 
 
-def _located(url: str) -> tuple[Any, str]:
+def _located(url: str, timeout_s: float | None = None) -> tuple[Any, str]:
     """``(obstore store, path inside it)`` for ``url`` (a store from the environment if none)."""
     spec = spec_for(url)
     key = store_url(url)
     path = urlparse(url).path.lstrip("/")
-    return _obstore(spec, key), path
+    return _obstore(spec, key, timeout_s), path
+
+
+def has_objects_below(url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether any object's key starts with ``url``'s path and ``/`` (``url`` as a "directory").
+
+    One listing request for one key, through the store registered for
+    ``url``'s bucket (or made from the environment), ending within
+    ``timeout_s`` seconds, retries included. obstore waits without holding
+    Python's GIL, so a server in this very process (moto's
+    ``ThreadedMotoServer``) answers it. Used to tell a Delta table's root
+    (``_delta_log/``) from Parquet files before anything is read.
+
+    Raises:
+        ValueError: ``url`` is not an object store URL.
+        OSError: the store cannot be reached within ``timeout_s``, or refuses
+            (credentials, a missing bucket): obstore's error.
+    """
+    store, path = _located(url, timeout_s)
+    prefix = path.rstrip("/")
+    for chunk in obstore.list(store, prefix + "/" if prefix else None, chunk_size=1):
+        if chunk:
+            return True
+    return False
 
 
 def _hidden(relative: str) -> bool:

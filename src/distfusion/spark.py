@@ -630,15 +630,18 @@ def _is_spark_dataframe(df) -> bool:
 def _register_delta(ctx: DistributedContext, name: str, table) -> bool:
     """Register ``table`` natively when it is a Delta table (a ``DeltaTable``, or its root).
 
-    A path or URL is a Delta table when it holds ``_delta_log``: then only the
-    files of its current version are read (a listing would read every file
-    ever written there, removed ones included).
+    A path or URL is a Delta table when it holds ``_delta_log``, looked up
+    through its store within seconds (:func:`distfusion.delta.is_delta_table`):
+    then only the files of its current version are read (a listing would
+    read every file ever written there, removed ones included).
 
     Returns:
         False when ``table`` is no Delta table (a Spark DataFrame, Parquet files).
 
     Raises:
-        PlanningError: see :meth:`~distfusion.context.DistributedContext.register_delta`.
+        PlanningError: see :meth:`~distfusion.context.DistributedContext.register_delta`;
+            also when the store of a URL cannot be reached or refuses, so that
+            whether it is a Delta table is unknown (never read as Parquet then).
     """
     if isinstance(table, str | os.PathLike):
         if not delta.is_delta_table(os.fspath(table)):
