@@ -249,7 +249,7 @@ class QueryExecution:
             for scan in stage.scans
             if scan.source.is_feed
         ]
-        if runs_in_place(self.stage_graph(), ctx.config):
+        if runs_in_place(self.stage_graph(), ctx.config, ctx._not_on_coordinator):
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
             scans = [(s.source.name, s.task_units[0]) for s in graph.head.scans]
             batches = run_in_place(self.df, query_id, scans, graph.head.stage_id)

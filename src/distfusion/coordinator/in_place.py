@@ -9,7 +9,7 @@ coordinator's DataFusion planned it, with no Substrait round trip and no task
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pyarrow as pa
 from datafusion import DataFrame
@@ -33,7 +33,9 @@ def on_coordinator(df: DataFrame) -> Iterator[pa.RecordBatch]:
     yield from stream_batches(df, lambda: False)
 
 
-def runs_in_place(graph: StageGraph, config: DistributedConfig) -> bool:
+def runs_in_place(
+    graph: StageGraph, config: DistributedConfig, not_on_coordinator: Collection[str] = ()
+) -> bool:
     """Whether ``graph`` runs as single-node DataFusion on the coordinator's own context.
 
     A plan of one stage (the head, one task, on the coordinator anyway) that
@@ -42,12 +44,21 @@ def runs_in_place(graph: StageGraph, config: DistributedConfig) -> bool:
     rows without a Substrait round trip or a fresh task context, and reuses
     that context's caches of file listings and Parquet footers (on an object
     store, a request each per file otherwise). Not when the user set a memory
-    budget per task (the head task runs within it).
+    budget per task (the head task runs within it), nor when it reads a
+    table of ``not_on_coordinator`` (names of tables the coordinator's
+    context cannot read: a Delta table on an object store with column
+    mapping or deletion vectors, whose delta-rs reader finds no store
+    there; a pruned read of one counts by its registered name); its task
+    reads that table's files as every task does.
     """
     return (
         len(graph.stages) == 1
         and not graph.head.inputs
         and not any(s.source.streamed for s in graph.head.scans)
+        and not any(
+            s.source.options.get("table", s.source.name) in not_on_coordinator
+            for s in graph.head.scans
+        )
         and config.memory_per_task_bytes is None
     )
 
