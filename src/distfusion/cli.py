@@ -8,6 +8,7 @@ distfusion query "SELECT ..." --table name=path ... [--tpch DIR] [--udf module:n
                  [--explain-analyze] [--verbose-plan] [--dot plan.dot] [-v | --log-level LEVEL]
                  [--in-place-bytes BYTES]
 distfusion datagen tpch --scale 1 --out data/tpch-sf1
+distfusion datagen tpcds --scale 1 --out data/tpcds-sf1
 distfusion bench tpch --data data/tpch-sf1 --runtime local --workers 2
                  [--queries 1,3,5] [--runs 5]
                  [--peers datafusion,spark-sql,local,flight,static,no-metrics]
@@ -32,7 +33,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from distfusion import object_store, tpch, udfs
+from distfusion import object_store, tpcds, tpch, udfs
 from distfusion.bench import run_tpch_bench
 from distfusion.context import DistributedConfig, DistributedContext
 from distfusion.coordinator.query_run import Runtime
@@ -228,11 +229,13 @@ def _write(table, path: str) -> None:
 
 
 def cmd_datagen(args) -> int:
-    """Generate TPC-H Parquet with tpchgen-cli."""
+    """Generate TPC-H Parquet with tpchgen-cli, or TPC-DS Parquet with tpcgen-cli."""
     start = time.perf_counter()
-    tpch.generate(args.scale, args.out, args.parts)
+    benchmark = {"tpch": (tpch, "TPC-H"), "tpcds": (tpcds, "TPC-DS")}
+    module, title = benchmark[args.benchmark]
+    module.generate(args.scale, args.out, args.parts)
     print(
-        f"TPC-H scale factor {args.scale:g} written to {args.out} "
+        f"{title} scale factor {args.scale:g} written to {args.out} "
         f"in {time.perf_counter() - start:.1f} s"
     )
     return 0
@@ -360,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_query)
 
     d = sub.add_parser("datagen", help="generate benchmark data")
-    d.add_argument("benchmark", choices=["tpch"])
+    d.add_argument("benchmark", choices=["tpch", "tpcds"])
     d.add_argument("--scale", type=float, default=1.0, help="scale factor (default: %(default)s)")
     d.add_argument("--out", required=True, help="output directory")
     d.add_argument(
