@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from urllib.request import Request, urlopen
@@ -30,6 +32,20 @@ from urllib.request import Request, urlopen
 __all__ = ["S3Server", "main"]
 
 _READY = "listening on "
+
+_INSTALL = "the local S3 server needs moto and boto3: pip install 'distfusion[test]'"
+
+_MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): (.+)")
+_TAIL_LINES = 20  # of the server's error output, in the error of a server that did not start
+
+
+def _exits_soon(proc: subprocess.Popen, wait_s: float = 5.0) -> bool:
+    """Whether ``proc`` ends within ``wait_s`` seconds (its error output is then complete)."""
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 class _Recorder:
@@ -96,31 +112,36 @@ def _QuietHandler(base):  # noqa: N802 -- a class factory
 class S3Server:
     """A running ``python -m distfusion.testing.s3_server`` process; :attr:`endpoint` is its URL.
 
+    Args:
+        timeout_s: seconds to wait for the server to announce its URL.
+
     Raises:
-        RuntimeError: the server did not announce its URL within ``timeout_s``.
+        ImportError: boto3 is missing here, or moto (or another module) in the
+            server's process: names the module and says to install the
+            ``test`` extra (``pip install 'distfusion[test]'``).
+        RuntimeError: the server did not announce its URL within ``timeout_s``,
+            or exited; the message ends with its error output.
     """
 
     def __init__(self, timeout_s: float = 60.0) -> None:
+        try:
+            import boto3  # optional: the test extra
+        except ImportError as exc:
+            raise ImportError(f"{exc}: {_INSTALL}") from exc
+        # The server's stderr goes to a file, not a pipe nobody reads while it runs.
+        self._stderr = tempfile.TemporaryFile(mode="w+", prefix="distfusion-s3-")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "distfusion.testing.s3_server"],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._stderr,
             text=True,
         )
         line = ""
         if select.select([self.proc.stdout], [], [], timeout_s)[0]:
             line = self.proc.stdout.readline()
         if not line.startswith(_READY):
-            self.stop()
-            msg = f"the S3 test server did not start: {line!r}"
-            raise RuntimeError(msg)
+            self._fail(line, timeout_s)
         self.endpoint = line[len(_READY) :].strip()
-        try:
-            import boto3  # optional: the test extra
-        except ImportError as exc:
-            self.stop()
-            msg = "the local S3 server needs boto3 and moto: pip install 'distfusion[test]'"
-            raise ImportError(msg) from exc
         self.client = boto3.client(
             "s3",
             endpoint_url=self.endpoint,
@@ -128,6 +149,23 @@ class S3Server:
             aws_secret_access_key="testing",
             region_name="us-east-1",
         )
+
+    def _fail(self, line: str, timeout_s: float) -> None:
+        """Stop the server that did not start and raise what it said (see the class's Raises)."""
+        exited = self.proc.poll() is not None or _exits_soon(self.proc)
+        self._end_process()
+        self._stderr.seek(0)
+        said = self._stderr.read().strip()
+        self.stop()
+        missing = _MISSING_MODULE.findall(said)
+        if missing:
+            msg = f"the S3 test server did not start: {missing[-1]}: {_INSTALL}"
+            raise ImportError(msg)
+        why = f"it exited ({self.proc.returncode})" if exited else f"no URL in {timeout_s:g} s"
+        tail = "\n".join(said.splitlines()[-_TAIL_LINES:])
+        said = (line + tail).strip() or "(nothing)"
+        msg = f"the S3 test server did not start: {why}; its output:\n{said}"
+        raise RuntimeError(msg)
 
     def create_bucket(self, name: str) -> None:
         """Make bucket ``name`` (no error when it exists)."""
@@ -166,6 +204,12 @@ class S3Server:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 5 s."""
+        self._end_process()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+    def _end_process(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -173,8 +217,6 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
 
 
 if __name__ == "__main__":
