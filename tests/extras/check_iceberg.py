@@ -25,7 +25,9 @@ ctx.register_iceberg("t", StaticTable.from_metadata(metadata))
 rows = ctx.sql("SELECT count(*) AS n, count(DISTINCT k) AS keys FROM t").to_pylist()
 assert rows == [{"n": expected, "keys": 5}], rows
 
-stamps = pa.array([datetime.datetime(1970, 1, 2, 3), datetime.datetime(2024, 3, 15)], pa.timestamp("us"))
+stamps = pa.array(
+    [datetime.datetime(1970, 1, 2, 3), datetime.datetime(2024, 3, 15)], pa.timestamp("us")
+)
 days = DayTransform().pyarrow_transform(TimestampType())(stamps)  # what append() calls per row
 months = MonthTransform().pyarrow_transform(TimestampType())(stamps)
 assert days.to_pylist() == [1, 19797], days  # days since 1970-01-01
