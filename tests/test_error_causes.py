@@ -11,8 +11,11 @@ import os
 import textwrap
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from distfusion import DistributedContext, LocalRuntime, PlanningError
 from distfusion.testing.s3_server import S3Server
 
 # A sitecustomize for a child Python: moto cannot be imported there, as when
@@ -45,3 +48,53 @@ def test_the_s3_test_server_without_moto_says_so_and_what_to_install(tmp_path, m
     message = str(caught.value)
     assert "No module named 'moto'" in message
     assert "pip install 'distfusion[test]'" in message
+
+
+# ------------------------------------------------- item 12: a non-Parquet file in a directory
+def _directory_with_a_stray_file(root) -> tuple[str, str]:
+    """A directory of two Parquet files and one named ``.parquet`` that is not; both paths."""
+    root.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"a": [i, i + 1]}), root / f"part-{i}.parquet")
+    stray = root / "notes.parquet"
+    stray.write_text("meeting notes, not Parquet\n")
+    return str(root), str(stray)
+
+
+@pytest.fixture
+def local_ctx():
+    ctx = DistributedContext(runtime=LocalRuntime(workers=2))
+    yield ctx
+    ctx.close()
+
+
+def test_a_directory_with_a_file_that_is_not_parquet_names_the_file(local_ctx, tmp_path):
+    directory, stray = _directory_with_a_stray_file(tmp_path / "t")
+    for path in (directory, f"{directory}/*.parquet"):
+        with pytest.raises(PlanningError) as caught:
+            local_ctx.register_parquet("t", path)
+        assert stray in str(caught.value)
+        assert f"the file {stray} is not Parquet" in str(caught.value)
+    with pytest.raises(PlanningError, match="notes.parquet"):
+        local_ctx.read_parquet(directory)
+    assert not local_ctx.ctx.table_exist("t")
+
+
+def test_a_list_whose_first_file_is_not_parquet_names_it(local_ctx, tmp_path):
+    directory, stray = _directory_with_a_stray_file(tmp_path / "t")
+    with pytest.raises(PlanningError) as caught:
+        local_ctx.register_parquet("t", [stray, f"{directory}/part-0.parquet"])
+    assert f"the file {stray} is not Parquet" in str(caught.value)
+    assert "leave it out of the list" in str(caught.value)
+
+
+def test_an_object_store_directory_with_a_file_that_is_not_parquet_names_it(
+    local_ctx, tmp_path, s3_server, s3_store
+):
+    directory, _ = _directory_with_a_stray_file(tmp_path / "t")
+    s3_server.create_bucket("stray")
+    s3_server.upload_dir(directory, "stray", "t")
+    local_ctx.register_object_store("s3://", s3_store("stray"), "stray")
+    with pytest.raises(PlanningError) as caught:
+        local_ctx.register_parquet("t", "s3://stray/t/")
+    assert "the file s3://stray/t/notes.parquet is not Parquet: no PAR1" in str(caught.value)

@@ -35,7 +35,12 @@ from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionConfig, Sessio
 
 from distfusion import delta, object_store, udfs
 from distfusion.coordinator.adaptive import AdaptiveReport
-from distfusion.coordinator.catalog import TableCatalog, check_path
+from distfusion.coordinator.catalog import (
+    TableCatalog,
+    check_path,
+    not_parquet_message,
+    unreadable_parquet,
+)
 from distfusion.coordinator.execution import QueryExecution
 from distfusion.coordinator.explain import (
     EXPLAIN,
@@ -202,8 +207,9 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         query is planned (``explain()`` says how many files remain).
 
         Raises:
-            PlanningError: no Parquet file at ``path``, DataFusion cannot read
-                its schema, or a file is not below a ``column=value`` directory
+            PlanningError: no Parquet file at ``path``, a file there is not
+                Parquet (the message names it), DataFusion cannot read its
+                schema, or a file is not below a ``column=value`` directory
                 of every partition column.
         """
         if isinstance(path, list | tuple):
@@ -223,6 +229,9 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             self._forget(name)
             if isinstance(exc, PlanningError):
                 raise
+            found = unreadable_parquet(path)  # DataFusion's error names no file
+            if found is not None:
+                raise PlanningError(not_parquet_message(name, path, *found)) from exc
             raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
         self._add(source)
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from distfusion import object_store
 from distfusion.coordinator.statements import table_name
@@ -21,10 +23,15 @@ from distfusion.sources import (
     TableSource,
     csv_source,
     list_files,
+    list_sized,
     parquet_source,
     register_scan,
+    sized_files,
     sql_name,
 )
+
+FOOTER_THREADS = 16
+"""Footers :func:`unreadable_parquet` reads at the same time."""
 
 
 def check_path(name: str, path: str, extension: str) -> None:
@@ -33,6 +40,64 @@ def check_path(name: str, path: str, extension: str) -> None:
         list_files(path, extension)
     except PlanningError as exc:
         raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from None
+
+
+def unreadable_parquet(path: str | list[str]) -> tuple[str, str] | None:
+    """The first Parquet file at ``path`` whose footer cannot be read, and why; None if none.
+
+    Asked by :meth:`~distfusion.context.DistributedContext.register_parquet`
+    after DataFusion refused ``path``: DataFusion's error names no file
+    (``Parquet error: Invalid Parquet file. Corrupt footer``), so a directory
+    holding one file that is not Parquet (named ``.parquet``) would be
+    reported as the directory. Every footer is read again, :data:`FOOTER_THREADS`
+    at a time, only on that failure path.
+
+    Args:
+        path: a file, a directory, a glob or an object store URL, or a list of files.
+
+    Returns:
+        ``(file, cause)``, the file as listed (an absolute path or a URL); None
+        when every footer reads, or ``path`` cannot be listed (DataFusion's
+        error then stands).
+    """
+    try:
+        files = sized_files(path) if isinstance(path, list) else list_sized(path, ".parquet")
+    except PlanningError:
+        return None
+
+    def cause(item: tuple[str, int]) -> str | None:
+        file, size = item
+        try:
+            if object_store.is_url(file):
+                object_store.read_parquet_metadata(file, size)
+            else:
+                pq.read_metadata(file)
+        except Exception as exc:  # pyarrow's ArrowInvalid, obstore's, OSError
+            return object_store.describe(exc)
+        return None
+
+    with ThreadPoolExecutor(min(FOOTER_THREADS, max(1, len(files)))) as pool:
+        for (file, _), why in zip(files, pool.map(cause, files), strict=True):
+            if why is not None:
+                return file, why
+    return None
+
+
+def not_parquet_message(name: str, path: str | list[str], file: str, why: str) -> str:
+    """What :func:`unreadable_parquet`'s find says: the table, the file and what to do."""
+    where = f"{len(path)} files" if isinstance(path, list) else repr(path)
+    # object_store's message names the file too: "<url> is not a Parquet file (no PAR1 ...)"
+    why = why.removeprefix(f"{file} is not a Parquet file ").removeprefix("(").removesuffix(")")
+    why = why.rstrip(".")
+    leave_out = (
+        "leave it out of the list"
+        if isinstance(path, list)
+        else "remove it, or register a glob or a list of the Parquet files without it"
+    )
+    return (
+        f"cannot register {where} as table {name!r}: the file {file} is not Parquet: {why}; "
+        f"{leave_out}"
+    )
 
 
 class TableCatalog:
@@ -99,6 +164,9 @@ class TableCatalog:
             self._forget(name)
             if isinstance(exc, PlanningError):
                 raise
+            found = unreadable_parquet(files) if fmt == "parquet" else None
+            if found is not None:
+                raise PlanningError(not_parquet_message(name, files, *found)) from exc
             msg = f"cannot register {len(files)} files ({files[0]}, ...) as table {name!r}: {exc}"
             raise PlanningError(msg) from exc
         self._add(source)
