@@ -500,7 +500,7 @@ def delta_source(name: str, dt: Any, schema: pa.Schema) -> TableSource:
                 partition_values=values[i],
             )
         )
-    options: dict = {}
+    options: dict = {"files_from": f"its Delta log (version {dt.version()})"}
     if partition_cols:
         options["partition_cols"] = partition_cols
     if mode == "name":

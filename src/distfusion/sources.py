@@ -551,7 +551,7 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     this task's share. With no unit, the table is empty with the source's schema.
 
     Raises:
-        FileNotFoundError: a unit's file no longer exists (:func:`check_files_exist`).
+        FileNotFoundError: a unit's file no longer exists (:func:`check_source_files`).
         ValueError: a file has fewer rows than its deletion vector covers.
         Exception: DataFusion's error when a file cannot be opened (the caller
             wraps it into a :class:`~distfusion.errors.TaskError`).
@@ -568,7 +568,7 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
                 batches.extend(r)
         ctx.register_record_batches(sql_name(source.name), [batches])
         return
-    check_files_exist(source.name, [u.path for u in units])
+    check_source_files(source, units)
     frames = []
     plain = not source.options.get("partition_cols") and not source.options.get("file_columns")
     for u in units:
@@ -593,7 +593,7 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
     ctx.register_view(sql_name(source.name), df)
 
 
-def check_files_exist(table: str, paths: list[str]) -> None:
+def check_files_exist(table: str, paths: list[str], files_from: str | None = None) -> None:
     """Raise unless every file of ``paths`` (a table's units) exists now.
 
     DataFusion reads a file path that names nothing as an empty table (it
@@ -601,20 +601,51 @@ def check_files_exist(table: str, paths: list[str]) -> None:
     would lose its rows without a word; single-node DataFusion and Spark fail
     such a read.
 
+    Args:
+        table: the table's registered name (for the message).
+        paths: the files to look up.
+        files_from: where the table's files were named, when not by a listing
+            at registration (which saw them all): a Delta table's are named
+            by its log (``options["files_from"]``, e.g. ``"its Delta log
+            (version 3)"``), which says nothing of when a file went missing.
+
     Raises:
         FileNotFoundError: a file is gone (names the table and up to 3 files,
-            and how to register the table again).
+            what is known of it, and how to register the table again).
         OSError: an object store refused or could not be reached (names the cause).
     """
     gone = missing_files(f"table {table!r}", paths)
-    if gone:
+    if not gone:
+        return
+    if files_from:
+        msg = (
+            f"table {table!r}: source file {listed(gone)} does not exist: {files_from} "
+            "names it as one of the table's files, but it was deleted outside that log (a "
+            "VACUUM that kept too little history, a delete by hand), before or after the "
+            "table was registered; register the table again to read its latest version, "
+            "or repair the table's log"
+        )
+    else:
         msg = (
             f"table {table!r}: source file {listed(gone)} no longer exists: it "
             "was removed after the table was registered; if the table's files changed on "
             "purpose, register it again (ctx.register_parquet / register_csv / register_delta) "
             "to list them anew"
         )
-        raise FileNotFoundError(msg)
+    raise FileNotFoundError(msg)
+
+
+def check_source_files(source: TableSource, units: tuple[WorkUnit, ...]) -> None:
+    """:func:`check_files_exist` for ``units`` of ``source`` (a pruned read: its table's name).
+
+    Raises:
+        FileNotFoundError, OSError: as :func:`check_files_exist`.
+    """
+    check_files_exist(
+        source.options.get("table", source.name),
+        [u.path for u in units],
+        source.options.get("files_from"),
+    )
 
 
 def missing_files(what: str, paths: list[str]) -> list[str]:

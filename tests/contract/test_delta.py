@@ -413,7 +413,32 @@ def test_removed_data_file_fails_the_query(runtime, workers, tmp_path):
     shutil.os.remove(gone)
     with pytest.raises(TaskError) as info:
         ctx.sql("SELECT count(*) FROM t").to_arrow_table()
-    assert gone in str(info.value) and "no longer exists" in str(info.value)
+    assert gone in str(info.value) and "does not exist" in str(info.value)
+    wait_idle(runtime)
+
+
+def test_data_file_missing_before_registration_is_named_as_the_log_names_it(
+    runtime, workers, tmp_path
+):
+    """A file the log names but which was gone before registration: not "removed after".
+
+    Registration reads the log, not the files, so all that is known is that
+    the log names a file that is not there; in place on the coordinator and
+    in tasks alike.
+    """
+    path = tmp_path / "t"
+    write_deltalake(str(path), _rows(range(30)), partition_by=["region"])
+    gone = os.path.join(
+        path, DeltaTable(str(path)).get_add_actions(flatten=True)["path"][0].as_py()
+    )
+    os.remove(gone)
+    for ctx in (DistributedContext(runtime=runtime), _context(runtime, workers, str(path))):
+        ctx.register_delta("t", str(path))
+        with pytest.raises(TaskError) as info:
+            ctx.sql("SELECT count(*) FROM t").to_arrow_table()
+        text = str(info.value)
+        assert gone in text and "its Delta log (version 0) names it" in text, text
+        assert "removed after the table was registered" not in text
     wait_idle(runtime)
 
 

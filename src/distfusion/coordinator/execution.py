@@ -251,7 +251,7 @@ class QueryExecution:
         ]
         if runs_in_place(self.stage_graph(), ctx.config, ctx._not_on_coordinator):
             graph = dataclasses.replace(self.stage_graph(), query_id=query_id)
-            scans = [(s.source.name, s.task_units[0]) for s in graph.head.scans]
+            scans = [(s.source, s.task_units[0]) for s in graph.head.scans]
             batches = run_in_place(self.df, query_id, scans, graph.head.stage_id)
             return batches, lambda: graph
         if not ctx.config.adaptive:
@@ -402,7 +402,7 @@ class QueryExecution:
                 msg = "no workers: the worker resolver returned an empty list"
                 raise PlanningError(msg)
             sources = self.context.sources
-            scans = [(n, sources[n].units) for n in small]
+            scans = [(sources[n], sources[n].units) for n in small]
             batches = run_in_place(self._in_place_df(), query_id, scans, operators=False)
             stream = self._observed(observer, batches, lambda: None)
             stream = with_progress(stream, observer) if progress else stream

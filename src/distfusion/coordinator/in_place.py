@@ -19,7 +19,7 @@ from distfusion.metrics.observer import observer_for
 from distfusion.metrics.task import TaskMeter
 from distfusion.planner.config import DistributedConfig
 from distfusion.protocol.errors import task_error
-from distfusion.sources import check_files_exist
+from distfusion.sources import TableSource, WorkUnit, check_source_files
 from distfusion.stages import StageGraph
 from distfusion.worker.execute_task import COORDINATOR, stream_batches
 
@@ -66,7 +66,7 @@ def runs_in_place(
 def run_in_place(
     df: DataFrame,
     query_id: str,
-    scans: list[tuple[str, tuple]],
+    scans: list[tuple[TableSource, tuple[WorkUnit, ...]]],
     stage_id: int = 1,
     operators: bool = True,
 ) -> Iterator[pa.RecordBatch]:
@@ -75,7 +75,7 @@ def run_in_place(
     Args:
         df: the query, planned on the coordinator's context.
         query_id: the run's id (its observer gets the task's metrics).
-        scans: ``(table, work units)`` of every source it reads.
+        scans: ``(source, work units)`` of every table it reads.
         stage_id: the stage the task's metrics are reported under.
         operators: collect DataFusion's operator metrics from the executed
             plan (~0.5 ms); False for a query never planned, whose metrics
@@ -94,8 +94,8 @@ def run_in_place(
     )
     rows = nbytes = 0
     try:
-        for table, units in scans:
-            check_files_exist(table, [u.path for u in units])
+        for source, units in scans:
+            check_source_files(source, units)
         meter.executed(df)
         for batch in on_coordinator(df):
             rows += batch.num_rows
