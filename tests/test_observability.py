@@ -131,6 +131,20 @@ def test_explain_format_is_checked(ctx):
         ctx.sql("EXPLAIN FORMAT JSON SELECT 1")
 
 
+def test_show_of_an_explain_prints_the_plan_not_the_rows(ctx, capsys):
+    """As DataFusion's ``show()`` of an EXPLAIN: the rows ``(plan_type, plan)``."""
+    sql = "SELECT n_nationkey * 1000003 AS k FROM nation WHERE n_nationkey = 7"
+    ctx.sql("EXPLAIN " + sql).show()
+    out = capsys.readouterr().out
+    assert "plan_type" in out and "Stage" in out and "7000021" not in out, out
+    df = ctx.sql("EXPLAIN ANALYZE " + sql)
+    df.show()
+    out = capsys.readouterr().out
+    assert "plan_type" in out and "Stage" in out and "7000021" not in out, out
+    assert df.metrics().rows == 1  # ANALYZE ran the query, for its metrics
+    assert f"Query {df.metrics().query_id[:8]}" in out
+
+
 # ---------------------------------------------------------------------- metrics
 def test_metrics_add_up_to_what_the_query_returned(ctx):
     df = ctx.sql(GROUP_BY)

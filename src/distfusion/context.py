@@ -995,3 +995,12 @@ class _ExplainDataFrame(DistributedDataFrame):
     def to_arrow_table(self, progress: bool = False) -> pa.Table:
         """The rows ``(plan_type, plan)`` as a table."""
         return pa.Table.from_batches(self.collect(progress=progress), schema=EXPLAIN_SCHEMA)
+
+    def _head(self, num: int) -> pa.Table:
+        """The first ``num`` rows ``(plan_type, plan)``: what :meth:`show` prints.
+
+        The plan, as DataFusion's ``show()`` of an EXPLAIN prints it, never
+        the explained query's rows (with ANALYZE, the query runs once, for
+        its metrics).
+        """
+        return self.to_arrow_table().slice(0, num)
