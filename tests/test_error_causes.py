@@ -15,7 +15,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from distfusion import DistributedContext, LocalRuntime, PlanningError
+from distfusion import (
+    ContextClosedError,
+    DistributedConfig,
+    DistributedContext,
+    FlightRuntime,
+    LocalRuntime,
+    PlanningError,
+    QueryCancelledError,
+    WorkerUnavailableError,
+)
 from distfusion.testing.s3_server import S3Server
 
 # A sitecustomize for a child Python: moto cannot be imported there, as when
@@ -98,3 +107,51 @@ def test_an_object_store_directory_with_a_file_that_is_not_parquet_names_it(
     with pytest.raises(PlanningError) as caught:
         local_ctx.register_parquet("t", "s3://stray/t/")
     assert "the file s3://stray/t/notes.parquet is not Parquet: no PAR1" in str(caught.value)
+
+
+# --------------------------------------------------------------- item 10: a closed context
+def _query_after_close(ctx: DistributedContext, tmp_path) -> list:
+    """What each way of using ``ctx`` after its close() raises (after one query ran)."""
+    ctx.from_pydict({"a": [1, 2, 3]}, name="t")
+    df = ctx.sql("SELECT sum(a) AS s FROM t")
+    assert df.to_pylist() == [{"s": 6}]  # the runtime started and ran a query
+    ctx.close()
+    raised = []
+    for use in (
+        df.to_pylist,  # a DataFrame made before close
+        lambda: ctx.sql("SELECT count(*) FROM t").collect(),
+        lambda: ctx.table("t").collect(),
+        lambda: df.write_parquet(tmp_path / "out"),
+    ):
+        with pytest.raises(ContextClosedError) as caught:
+            use()
+        raised.append(caught.value)
+    ctx.close()  # closing again does nothing
+    return raised
+
+
+@pytest.mark.parametrize("in_place_bytes", [0, None], ids=["distributed", "in-place"])
+def test_a_closed_local_context_says_it_is_closed(tmp_path, in_place_bytes):
+    config = DistributedConfig(in_place_bytes=in_place_bytes)
+    ctx = DistributedContext(runtime=LocalRuntime(workers=2), config=config)
+    for error in _query_after_close(ctx, tmp_path):
+        assert "this DistributedContext was closed (its LocalRuntime is stopped)" in str(error)
+        assert "make a new DistributedContext" in str(error)
+        assert isinstance(error, RuntimeError) and not isinstance(error, QueryCancelledError)
+    assert ctx.closed
+
+
+def test_a_closed_flight_context_says_it_is_closed(tmp_path):
+    ctx = DistributedContext(runtime=FlightRuntime.with_local_workers(2))
+    for error in _query_after_close(ctx, tmp_path):
+        assert "closed (its FlightRuntime is stopped)" in str(error)
+        assert not isinstance(error, WorkerUnavailableError)
+
+
+def test_a_context_closed_before_its_runtime_started_starts_none():
+    started = []
+    ctx = DistributedContext(runtime=lambda: started.append(1) or LocalRuntime(workers=1))
+    ctx.close()
+    with pytest.raises(ContextClosedError, match="this DistributedContext was closed: "):
+        ctx.from_pydict({"a": [1]}).collect()
+    assert started == []

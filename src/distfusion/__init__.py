@@ -12,6 +12,7 @@ from distfusion.context import DistributedConfig, DistributedContext, Distribute
 from distfusion.coordinator.query_run import Runtime
 from distfusion.errors import (
     AuthenticationError,
+    ContextClosedError,
     DistfusionError,
     FeedError,
     PlanningError,
@@ -62,6 +63,7 @@ from distfusion.work_unit_feed import (
 __all__ = [
     "AuthenticationError",
     "BoundaryMetrics",
+    "ContextClosedError",
     "DefaultTaskEstimator",
     "DistfusionError",
     "DistributedConfig",

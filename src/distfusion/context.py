@@ -35,12 +35,8 @@ from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionConfig, Sessio
 
 from distfusion import delta, object_store, udfs
 from distfusion.coordinator.adaptive import AdaptiveReport
-from distfusion.coordinator.catalog import (
-    TableCatalog,
-    check_path,
-    not_parquet_message,
-    unreadable_parquet,
-)
+from distfusion.coordinator.catalog import TableCatalog, check_path, parquet_register_error
+from distfusion.coordinator.checks import check_open
 from distfusion.coordinator.execution import QueryExecution
 from distfusion.coordinator.explain import (
     EXPLAIN,
@@ -133,6 +129,8 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             None if callable(runtime) and not isinstance(runtime, Runtime) else runtime
         )
         self._runtime_factory = runtime
+        self.closed = False
+        """Whether :meth:`close` ran: the context runs no more queries."""
         self.config = config or DistributedConfig()
         self.ctx = SessionContext(_session_config(self.config))
         self._marker = mark_session(self.ctx)  # tells this context's DataFrames apart
@@ -229,10 +227,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             self._forget(name)
             if isinstance(exc, PlanningError):
                 raise
-            found = unreadable_parquet(path)  # DataFusion's error names no file
-            if found is not None:
-                raise PlanningError(not_parquet_message(name, path, *found)) from exc
-            raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
+            raise parquet_register_error(name, path, exc) from exc
         self._add(source)
 
     def register_csv(
@@ -591,15 +586,25 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
 
     @property
     def runtime(self) -> Runtime:
-        """The runtime, created now if it was given as a callable (or defaulted)."""
+        """The runtime, created now if it was given as a callable (or defaulted).
+
+        Raises:
+            ContextClosedError: the context was closed.
+        """
+        check_open(self.closed, self._runtime)
         if self._runtime is None:
             self._runtime = self._runtime_factory()
         return self._runtime
 
     def close(self) -> None:
-        """Release the runtime (if it was ever started)."""
-        if self._runtime is not None:
+        """Release the runtime (if it was ever started); closing again does nothing.
+
+        Then a query of this context, or of a DataFrame made from it, raises
+        :class:`~distfusion.errors.ContextClosedError`.
+        """
+        if not self.closed and self._runtime is not None:
             self._runtime.close()
+        self.closed = True
 
     def __enter__(self) -> DistributedContext:
         return self
@@ -828,6 +833,7 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
             PlanningError: see :meth:`stage_graph`.
             TaskError: a task failed; names the stage, the task and the worker.
             TransportError: a worker could not be reached.
+            ContextClosedError: the DataFrame's context was closed.
         """
         return ResultStream(*self._run(progress))
 
@@ -873,7 +879,8 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
                 the result, or all of them.
             OutputExistsError: ``path`` has files and ``mode`` is ``"error"``
                 (also a ``FileExistsError``).
-            PlanningError, TaskError, TransportError: as :meth:`execute_stream`.
+            PlanningError, TaskError, TransportError, ContextClosedError: as
+                :meth:`execute_stream`.
         """
         return self._write_files("parquet", path, partition_by, mode)
 

@@ -16,6 +16,8 @@ DistfusionError
  │    └── AuthenticationError       a worker rejected the shared secret token
  ├── FeedError                      a work unit feed's provider failed (names feed, partition)
  ├── QueryCancelledError            the result stream was closed before it ended
+ ├── ContextClosedError (RuntimeError)
+ │                                  a context used after its close()
  └── TransientError                 retry-safe: running the same query again may succeed
 ```
 
@@ -35,6 +37,7 @@ from typing import ClassVar
 
 __all__ = [
     "AuthenticationError",
+    "ContextClosedError",
     "DistfusionError",
     "FeedError",
     "NotDistributableError",
@@ -181,6 +184,19 @@ class AuthenticationError(_WorkerCallError):
 
 class QueryCancelledError(DistfusionError):
     """The query was cancelled (its result stream was closed) before it finished."""
+
+
+class ContextClosedError(DistfusionError, RuntimeError):
+    """A :class:`~distfusion.context.DistributedContext` was used after its ``close()``.
+
+    Raised when a query of the context (or of a DataFrame made from it) is
+    run, or its runtime is asked for, after
+    :meth:`~distfusion.context.DistributedContext.close` released the runtime
+    (stopped its workers or its Spark session): without this check the query
+    would reach the stopped workers and fail as cancelled or unreachable. Not
+    transient: make a new context. A ``RuntimeError`` too, as Python's own
+    "used after shutdown" errors are (``concurrent.futures``, ``asyncio``).
+    """
 
 
 QueryCancelled = QueryCancelledError

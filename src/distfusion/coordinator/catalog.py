@@ -83,21 +83,29 @@ def unreadable_parquet(path: str | list[str]) -> tuple[str, str] | None:
     return None
 
 
-def not_parquet_message(name: str, path: str | list[str], file: str, why: str) -> str:
-    """What :func:`unreadable_parquet`'s find says: the table, the file and what to do."""
-    where = f"{len(path)} files" if isinstance(path, list) else repr(path)
+def parquet_register_error(name: str, path: str | list[str], exc: Exception) -> PlanningError:
+    """The error of registering Parquet ``path`` as table ``name`` after DataFusion raised ``exc``.
+
+    Names the file that is not Parquet when there is one
+    (:func:`unreadable_parquet`), and what to do; else keeps DataFusion's message.
+    """
+    where = f"{len(path)} files ({path[0]}, ...)" if isinstance(path, list) else repr(path)
+    found = unreadable_parquet(path)
+    if found is None:
+        return PlanningError(f"cannot register {where} as table {name!r}: {exc}")
+    file, why = found
     # object_store's message names the file too: "<url> is not a Parquet file (no PAR1 ...)"
     why = why.removeprefix(f"{file} is not a Parquet file ").removeprefix("(").removesuffix(")")
-    why = why.rstrip(".")
     leave_out = (
         "leave it out of the list"
         if isinstance(path, list)
         else "remove it, or register a glob or a list of the Parquet files without it"
     )
-    return (
-        f"cannot register {where} as table {name!r}: the file {file} is not Parquet: {why}; "
-        f"{leave_out}"
+    msg = (
+        f"cannot register {where} as table {name!r}: the file {file} is not Parquet: "
+        f"{why.rstrip('.')}; {leave_out}"
     )
+    return PlanningError(msg)
 
 
 class TableCatalog:
@@ -164,9 +172,8 @@ class TableCatalog:
             self._forget(name)
             if isinstance(exc, PlanningError):
                 raise
-            found = unreadable_parquet(files) if fmt == "parquet" else None
-            if found is not None:
-                raise PlanningError(not_parquet_message(name, files, *found)) from exc
+            if fmt == "parquet":
+                raise parquet_register_error(name, files, exc) from exc
             msg = f"cannot register {len(files)} files ({files[0]}, ...) as table {name!r}: {exc}"
             raise PlanningError(msg) from exc
         self._add(source)

@@ -1,11 +1,13 @@
 """The checks before a query is planned, or run on the coordinator alone.
 
-What the Substrait plan lost (:func:`lost_in_substrait`), whether the runtime
-can read the Spark DataFrames a stage graph reads (:func:`check_spark_reads`),
-and whether a query run whole on the coordinator reads a table only tasks can
+Whether the query's context is still open (:func:`check_open`), what the
+Substrait plan lost (:func:`lost_in_substrait`), whether the runtime can read
+the Spark DataFrames a stage graph reads (:func:`check_spark_reads`), and
+whether a query run whole on the coordinator reads a table only tasks can
 read (:func:`check_coordinator_reads`). A failed check is a
-:class:`~distfusion.errors.PlanningError` raised before any task starts, or
-the reason a query runs on the coordinator only.
+:class:`~distfusion.errors.PlanningError` (a closed context's a
+:class:`~distfusion.errors.ContextClosedError`) raised before any task
+starts, or the reason a query runs on the coordinator only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 from datafusion import DataFrame, SessionContext
 
 from distfusion.coordinator.query_run import Runtime, RuntimeProfile
-from distfusion.errors import PlanningError
+from distfusion.errors import ContextClosedError, PlanningError
 from distfusion.planner.detect_substrait_losses import substrait_losses
 from distfusion.sources import TableSource, sql_name
 from distfusion.stages import StageGraph
@@ -60,6 +62,25 @@ def lost_in_substrait(ctx: SessionContext, logical, plan_bytes: bytes) -> str | 
         for name in ctx.catalog().schema().names() - tables:
             ctx.deregister_table(name)
     return None
+
+
+def check_open(closed: bool, runtime: object | None) -> None:
+    """Refuse to run a query of a :class:`~distfusion.context.DistributedContext` closed.
+
+    Args:
+        closed: the context's ``closed``.
+        runtime: its runtime, None when it never started.
+
+    Raises:
+        ContextClosedError: ``closed``; names the runtime that was stopped.
+    """
+    if closed:
+        stopped = f" (its {type(runtime).__name__} is stopped)" if runtime is not None else ""
+        msg = (
+            f"this DistributedContext was closed{stopped}: its queries cannot run; "
+            "make a new DistributedContext (a `with` block closes it at its end)"
+        )
+        raise ContextClosedError(msg)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -27,6 +27,7 @@ from distfusion import object_store
 from distfusion.coordinator.adaptive import AdaptiveReport, plan_final, run_adaptive
 from distfusion.coordinator.checks import (
     check_coordinator_reads,
+    check_open,
     check_spark_reads,
     first_line,
     lost_in_substrait,
@@ -311,6 +312,7 @@ class QueryExecution:
         self, fmt: str, path: str | os.PathLike, partition_by: list[str] | None, mode: str
     ) -> list[WrittenFile]:
         """See :meth:`write_parquet`."""
+        check_open(self.context.closed, self.context._runtime)
         if not self._is_query():
             msg = "the statement returns no columns (DDL): there is nothing to write"
             raise PlanningError(msg)
@@ -389,6 +391,7 @@ class QueryExecution:
 
         See :meth:`~distfusion.context.DistributedDataFrame.execute_stream`.
         """
+        check_open(self.context.closed, self.context._runtime)
         if not self._is_query():
             return iter(()), lambda: None
         if writes(self.df):
