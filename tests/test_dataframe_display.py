@@ -66,3 +66,17 @@ def test_explain_takes_datafusions_argument_order(ctx):
 def test_query_cancelled_error_keeps_its_old_name():
     assert distfusion.QueryCancelled is distfusion.QueryCancelledError
     assert issubclass(distfusion.QueryCancelledError, distfusion.DistfusionError)
+
+
+def test_show_off_a_terminal_prints_what_datafusion_prints(ctx, oracle, capsys):
+    """16 columns, none wrapped or cut (issue 41, item 7); pytest's capture is no terminal."""
+    for query, num in (
+        ("SELECT * FROM lineitem ORDER BY l_orderkey, l_linenumber", 5),  # 16 columns
+        ("SELECT n_name, NULL AS nothing FROM nation ORDER BY n_nationkey", 3),
+        ("SELECT n_name FROM nation WHERE n_nationkey < 0", 20),  # no rows
+    ):
+        ctx.sql(query).show(num)
+        ours = capsys.readouterr().out
+        oracle.sql(query).show(num)
+        assert ours == capsys.readouterr().out, query
+        assert "…" not in ours

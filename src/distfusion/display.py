@@ -1,4 +1,10 @@
-"""Terminal output: result tables and the live progress line, via rich."""
+"""Terminal output: result tables and the live progress line, via rich.
+
+Off a terminal (a pipe, a file, a notebook, pytest's capture), a result table
+is printed by DataFusion itself, as ``datafusion.DataFrame.show`` prints it
+(:func:`show_table`): every column and every cell whole, never wrapped to a
+width nobody reads.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,11 @@ import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
+from datafusion import SessionContext
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["print_table", "with_progress"]
+__all__ = ["print_table", "show_table", "with_progress"]
 
 
 def print_table(table: pa.Table, limit: int = 20, console: Console | None = None) -> None:
@@ -21,6 +28,24 @@ def print_table(table: pa.Table, limit: int = 20, console: Console | None = None
     console.print(out)
     more = f" (showing {limit})" if table.num_rows > limit else ""
     console.print(f"{table.num_rows} rows{more}")
+
+
+def show_table(table: pa.Table, num: int = 20) -> None:
+    """Print the first ``num`` rows of ``table`` on stdout, as ``datafusion.DataFrame.show`` does.
+
+    Called by :meth:`~distfusion.context.DistributedDataFrame.show` with the
+    rows of its query run with ``LIMIT num``. Off a terminal, DataFusion's
+    ``show`` prints them itself: ``DataFrame()`` and the table in arrow's
+    pretty format, a column per field however many there are and cells
+    whole, NULL as an empty cell, or ``DataFrame has no rows``; so the output
+    equals single-node DataFusion's for the same query (a file, a pipe, a
+    notebook, pytest's capture). On a terminal (rich's detection, as
+    :func:`print_table`), a rich table fitted to its width and the row count.
+    """
+    if Console().is_terminal:
+        print_table(table, limit=num)
+        return
+    SessionContext().from_arrow(table).show(num)
 
 
 def with_progress(
