@@ -55,13 +55,20 @@ from distfusion.coordinator.statements import (
     table_name,
 )
 from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
-from distfusion.display import show_table
+from distfusion.display import print_table
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
 from distfusion.iceberg import IcebergTable
 from distfusion.metrics.query import QueryMetrics
 from distfusion.planner.config import DistributedConfig
 from distfusion.runtime.registry import runtime_from_name
-from distfusion.sources import TableSource, csv_source, feed_source, memory_source, parquet_source
+from distfusion.sources import (
+    TableSource,
+    csv_source,
+    feed_source,
+    json_source,
+    memory_source,
+    parquet_source,
+)
 from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.stages import StageGraph
@@ -195,7 +202,11 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         columns then; without ``schema``, the first file's). It may be an object store URL (``s3://bucket/tpch/lineitem/``,
         ``gs://``, ``az://``, ``https://``): listed and its footers read through
         the store (:meth:`register_object_store`); every task reads its files
-        from there.
+        from there. A glob in such a URL (``s3://bucket/t/*.parquet``, with
+        ``table_partition_cols`` too) is listed through the store, as
+        DataFusion lists globs in local paths only; the coordinator knows the
+        table by its schema only, so its queries run in tasks
+        (docs/object-stores.md).
 
         ``table_partition_cols`` (as DataFusion's ``register_parquet``): the table
         is partitioned by directory, Hive style, as Spark's ``partitionBy``
@@ -217,8 +228,11 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             self._register_files(name, "parquet", list(path), schema)
             return
         path = self._stores_for(os.fspath(path), ".parquet")
-        check_path(name, path, ".parquet")
         cols = [(c, t) for c, t in (table_partition_cols or [])]
+        if object_store.is_url(path) and object_store.is_glob(path):
+            self._register_glob(name, "parquet", path, schema, partition_cols=cols)
+            return
+        check_path(name, path, ".parquet")
         try:
             self.ctx.register_parquet(name, path, schema=schema, table_partition_cols=cols or None)
             table_schema = self.ctx.table(name).schema()
@@ -240,17 +254,20 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
     ) -> None:
         """Register the CSV file, directory or glob at ``path`` as ``name``.
 
-        ``path`` may be an object store URL or a list of files, as for
-        :meth:`register_parquet`.
+        ``path`` may be an object store URL (a glob too) or a list of files,
+        as for :meth:`register_parquet`.
 
         Raises:
             PlanningError: no CSV file at ``path``, or DataFusion cannot infer a schema.
         """
+        options = {"has_header": has_header, "delimiter": delimiter}
         if isinstance(path, list | tuple):
-            options = {"has_header": has_header, "delimiter": delimiter}
             self._register_files(name, "csv", list(path), schema, options)
             return
         path = self._stores_for(os.fspath(path), ".csv")
+        if object_store.is_url(path) and object_store.is_glob(path):
+            self._register_glob(name, "csv", path, schema, options)
+            return
         check_path(name, path, ".csv")
         try:
             self.ctx.register_csv(
@@ -261,6 +278,37 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             self._forget(name)
             raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
         self._add(csv_source(name, path, table_schema, has_header, delimiter))
+
+    def register_json(
+        self, name: str, path: str | os.PathLike | list, schema: pa.Schema | None = None
+    ) -> None:
+        """Register the newline-delimited JSON file, directory or glob at ``path`` as ``name``.
+
+        As DataFusion's ``register_json`` (files ending ``.json``): each file
+        is one work unit, read by DataFusion in the tasks. ``path`` may be an
+        object store URL (a glob too) or a list of files, as for
+        :meth:`register_parquet`. Without ``schema``, DataFusion infers it
+        (from the first file, for a glob on an object store or a list).
+
+        Raises:
+            PlanningError: no ``.json`` file at ``path``, or DataFusion cannot
+                infer a schema (the message names the path).
+        """
+        if isinstance(path, list | tuple):
+            self._register_files(name, "json", list(path), schema)
+            return
+        path = self._stores_for(os.fspath(path), ".json")
+        if object_store.is_url(path) and object_store.is_glob(path):
+            self._register_glob(name, "json", path, schema)
+            return
+        check_path(name, path, ".json")
+        try:
+            self.ctx.register_json(name, path, schema=schema)
+            table_schema = self.ctx.table(name).schema()
+        except Exception as exc:
+            self._forget(name)
+            raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
+        self._add(json_source(name, path, table_schema))
 
     def register_delta(
         self,
@@ -930,13 +978,8 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
         return self.to_arrow_table().to_pylist()
 
     def show(self, num: int = 20) -> None:
-        """Print the first ``num`` rows as DataFusion's ``show`` does (the query runs with a LIMIT).
-
-        Off a terminal the text is DataFusion's own, every column and cell
-        whole; on a terminal, a table fitted to its width
-        (:func:`~distfusion.display.show_table`).
-        """
-        show_table(self._head(num), num)
+        """Print the first ``num`` rows as a table (the query runs with ``LIMIT num``)."""
+        print_table(self._head(num), limit=num)
 
     def __repr__(self) -> str:
         """The query's label and columns; plans and runs nothing (``explain()`` shows the plan)."""

@@ -81,8 +81,10 @@ __all__ = [
     "delete_objects",
     "deregister",
     "describe",
+    "glob_base",
     "has_objects_below",
     "hint",
+    "is_glob",
     "install",
     "is_url",
     "list_objects",
@@ -600,10 +602,18 @@ def _obstore(spec: StoreSpec, key: str, timeout_s: float | None = None) -> Any:
 
 
 def _located(url: str, timeout_s: float | None = None) -> tuple[Any, str]:
-    """``(obstore store, path inside it)`` for ``url`` (a store from the environment if none)."""
+    """``(obstore store, path inside it)`` for ``url`` (a store from the environment if none).
+
+    The path is everything after the bucket: a key may hold ``?`` or ``#``
+    (a glob's ``?``), which are no query or fragment in a bucket's URL; an
+    HTTP(S) URL's path is its URL path.
+    """
     spec = spec_for(url)
     key = store_url(url)
-    path = urlparse(url).path.lstrip("/")
+    if spec.kind == "http":
+        path = urlparse(url).path.lstrip("/")
+    else:
+        path = url.partition("://")[2].partition("/")[2].lstrip("/")
     return _obstore(spec, key, timeout_s), path
 
 
@@ -641,6 +651,22 @@ def _glob_match(key: str, pattern: str) -> bool:
     return len(parts) == len(pats) and all(
         fnmatch.fnmatchcase(k, p) for k, p in zip(parts, pats, strict=True)
     )
+
+
+def is_glob(path: str) -> bool:
+    """Whether ``path`` holds a glob character (``*``, ``?``, ``[``)."""
+    return any(ch in path for ch in "*?[")
+
+
+def glob_base(url: str) -> str:
+    """The "directory" of glob ``url`` before its first glob character, without the ``/``.
+
+    Example:
+        >>> glob_base("s3://lake/t/dt=*/part-*.parquet")
+        's3://lake/t'
+    """
+    cut = min(i for i, ch in enumerate(url) if ch in "*?[")
+    return url[:cut].rsplit("/", 1)[0]
 
 
 def list_objects(url: str, extension: str) -> list[tuple[str, int]]:

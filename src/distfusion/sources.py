@@ -59,6 +59,7 @@ __all__ = [
     "WorkUnit",
     "parquet_source",
     "csv_source",
+    "json_source",
     "memory_source",
     "feed_source",
     "spark_source",
@@ -98,7 +99,8 @@ class TableSource:
 
     Attributes:
         name: the table name used in SQL.
-        format: ``"parquet"``, ``"csv"``, ``"memory"``, ``"feed"`` or ``"spark"``.
+        format: ``"parquet"``, ``"csv"``, ``"json"`` (newline-delimited),
+            ``"memory"``, ``"feed"`` or ``"spark"``.
         schema: the Arrow schema DataFusion reads the table with.
         units: the table's work units, in a stable order.
         column_bytes: uncompressed bytes per column over all units (Parquet), used
@@ -402,7 +404,10 @@ def _partition_values(
     """
     if not partition_cols:
         return ()
-    if object_store.is_url(root):
+    if object_store.is_url(root) and object_store.is_glob(root):
+        base = object_store.glob_base(root)
+        parts = file[len(base) :].strip("/").split("/")[:-1] if file.startswith(base) else []
+    elif object_store.is_url(root):
         base = root.rstrip("/") if not root.endswith(".parquet") else root.rsplit("/", 1)[0]
         parts = file[len(base) :].strip("/").split("/")[:-1] if file.startswith(base) else []
     else:
@@ -451,6 +456,22 @@ def csv_source(
     units = tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
     options = {"has_header": has_header, "delimiter": delimiter}
     return TableSource(name, "csv", schema, units, {}, options)
+
+
+def json_source(name: str, path: str | os.PathLike | list[str], schema: pa.Schema) -> TableSource:
+    """Describe the newline-delimited JSON files at ``path`` (as :func:`csv_source`).
+
+    ``path``: a file, a directory (its ``.json`` files), a glob, or a list of files.
+
+    Raises:
+        PlanningError: no ``.json`` file at ``path``; a listed file does not exist.
+    """
+    if isinstance(path, list | tuple):
+        files = sized_files(list(path))
+    else:
+        files = list_sized(os.fspath(path), ".json")
+    units = tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
+    return TableSource(name, "json", schema, units)
 
 
 def memory_source(name: str, partitions: list[list[pa.RecordBatch]]) -> TableSource:
@@ -578,6 +599,8 @@ def register_scan(ctx: SessionContext, source: TableSource, units: tuple[WorkUni
             )
         elif source.format == "parquet":
             frames.append(_read_parquet_unit(ctx, source, u))
+        elif source.format == "json":
+            frames.append(ctx.read_json(object_store.datafusion_url(u.path), schema=source.schema))
         else:
             frames.append(
                 ctx.read_csv(

@@ -4,15 +4,22 @@ The 22 TPC-H queries read from ``s3://`` equal single-node DataFusion reading
 the same files from local disk; a file removed after registration fails the
 query naming it (local disk and S3); each file's footer is read once per query
 whatever the task count; bad URLs, buckets, endpoints and files fail
-registration within seconds, naming what is wrong.
+registration within seconds, naming what is wrong; globs on S3 (Parquet,
+CSV, JSON) read the objects they match.
 """
 
 from __future__ import annotations
 
+import glob as glob_module
+import json
 import shutil
 import time
 
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 import pytest
+from datafusion import SessionContext
 
 from distfusion import DistributedConfig, DistributedContext, tpch
 from distfusion.errors import PlanningError, TaskError
@@ -126,3 +133,86 @@ def test_bad_object_store_input_fails_registration_quickly(runtime, s3_server, s
     with pytest.raises(PlanningError, match="s3://away/t/"):
         ctx.register_parquet("t", "s3://away/t/")
     assert time.monotonic() - start < 30
+
+
+# ---------------------------------------------------------------------- globs
+@pytest.fixture(scope="module")
+def glob_files(s3_server, s3_tpch, tpch_dir, tmp_path_factory):
+    """Local files and their copies below ``s3://tpch/globs/``: ``(local root, S3 root)``.
+
+    ``orders/`` (TPC-H's four Parquet files), ``events/region=<r>/part-<i>.parquet``
+    (Hive-partitioned), ``csv/`` and ``json/`` (``a-0``, ``a-1``, ``b-0``).
+    """
+    root = tmp_path_factory.mktemp("globs")
+    shutil.copytree(tpch_dir / "orders", root / "orders")
+    for r, region in enumerate(("EU", "US")):
+        (root / "events" / f"region={region}").mkdir(parents=True)
+        for i in range(2):
+            ids = [r * 100 + i * 10 + k for k in range(5)]
+            pq.write_table(
+                pa.table({"id": ids}), root / "events" / f"region={region}" / f"part-{i}.parquet"
+            )
+    (root / "csv").mkdir()
+    (root / "json").mkdir()
+    for stem, n in (("a-0", 3), ("a-1", 4), ("b-0", 5)):
+        rows = pa.table({"k": [f"{stem}/{i}" for i in range(n)], "v": list(range(n))})
+        pa_csv.write_csv(rows, root / "csv" / f"{stem}.csv")
+        text = "".join(json.dumps(r) + "\n" for r in rows.to_pylist())
+        (root / "json" / f"{stem}.json").write_text(text)
+    s3_server.upload_dir(root, "tpch", "globs")
+    return root, "s3://tpch/globs"
+
+
+GLOBS = (
+    # method, glob, arguments, what single-node DataFusion reads the same rows from
+    ("register_parquet", "orders/orders.[13].parquet", {}, None),
+    (
+        "register_parquet",
+        "events/region=*/part-1.parquet",
+        {"table_partition_cols": [("region", pa.string())]},
+        # DataFusion lists no glob below partition directories, even on disk
+        ("events", "SELECT * FROM g WHERE id % 100 >= 10"),
+    ),
+    ("register_csv", "csv/a-*.csv", {}, None),
+    ("register_json", "json/a-?.json", {}, None),
+)
+
+
+@pytest.mark.parametrize(("method", "glob", "kwargs", "oracle"), GLOBS, ids=[g[1] for g in GLOBS])
+def test_globs_on_s3_read_the_files_they_match(
+    runtime, workers, s3_store, glob_files, method, glob, kwargs, oracle
+):
+    """A glob on S3 reads the objects it matches, as DataFusion reads the same glob on disk.
+
+    Distributed on every runtime, with default settings (a small query too:
+    its task reads the files) and with a task per worker; a query that can
+    only run on the coordinator is refused naming the table and why.
+    """
+    local, remote = glob_files
+    where, query = oracle or (glob, "SELECT * FROM g")
+    single = SessionContext()
+    getattr(single, method)("g", str(local / where), **kwargs)
+    expected = single.sql(f"SELECT * FROM ({query}) ORDER BY 1").to_arrow_table()
+    assert 0 < expected.num_rows
+    sql = "SELECT * FROM g ORDER BY 1"
+    matched = len(glob_module.glob(str(local / glob)))
+    for config in (DistributedConfig(), DistributedConfig(tasks_per_stage=workers)):
+        ctx = DistributedContext(runtime=runtime, config=config)
+        ctx.register_object_store("s3://", s3_store(), "tpch")
+        getattr(ctx, method)("g", f"{remote}/{glob}", **kwargs)
+        assert len(ctx.sources["g"].units) == matched
+        assert f"scan g ({matched} work units" in ctx.sql(sql).explain()
+        assert_same_result(ctx.sql(sql).to_arrow_table(), expected, ordered=True)
+    with pytest.raises(PlanningError, match=r"table 'g'.*glob s3://tpch/globs/"):
+        ctx.sql("SELECT unnest(make_array(count(*))) AS n FROM g").to_arrow_table()
+    wait_idle(runtime)
+
+
+def test_a_glob_on_s3_matching_nothing_names_it(runtime, s3_store, glob_files):
+    ctx = DistributedContext(runtime=runtime)
+    ctx.register_object_store("s3://", s3_store(), "tpch")
+    with pytest.raises(
+        PlanningError, match=r"no .csv files found at 's3://tpch/globs/csv/c-\*.csv'"
+    ):
+        ctx.register_csv("g", "s3://tpch/globs/csv/c-*.csv")
+    assert ctx.table_names() == []

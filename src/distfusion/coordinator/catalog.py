@@ -3,8 +3,9 @@
 :class:`TableCatalog` is the part of
 :class:`~distfusion.context.DistributedContext` that keeps the two in step:
 the object store of a path made known to DataFusion, exact lists of files
-registered as a view, tables only tasks read (a Spark DataFrame) known here
-as empty, sources added and forgotten with their table.
+registered as a view, tables only tasks read (a Spark DataFrame, the objects
+of a glob on an object store) known here as empty, sources added and
+forgotten with their table.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from distfusion.errors import PlanningError
 from distfusion.sources import (
     TableSource,
     csv_source,
+    json_source,
     list_files,
     list_sized,
     parquet_source,
@@ -154,15 +156,11 @@ class TableCatalog:
         options = options or {}
         try:
             if schema is None:
-                first = files[0]
-                df = (
-                    self.ctx.read_parquet(first)
-                    if fmt == "parquet"
-                    else self.ctx.read_csv(first, **options)
-                )
-                schema = df.schema()
+                schema = self._first_file_schema(fmt, files[0], None, options)
             if fmt == "parquet":
                 source = parquet_source(name, files, schema)
+            elif fmt == "json":
+                source = json_source(name, files, schema)
             else:
                 source = csv_source(name, files, schema, **options)
             self._forget(name)
@@ -177,6 +175,84 @@ class TableCatalog:
             msg = f"cannot register {len(files)} files ({files[0]}, ...) as table {name!r}: {exc}"
             raise PlanningError(msg) from exc
         self._add(source)
+
+    def _first_file_schema(
+        self,
+        fmt: str,
+        first: str,
+        schema: pa.Schema | None,
+        options: dict,
+        partition_cols: list[tuple] | None = None,
+    ) -> pa.Schema:
+        """The schema DataFusion reads ``first`` with (``fmt``'s options; ``schema`` if given).
+
+        ``partition_cols`` (Parquet): ``(column, type)`` appended, typed as
+        DataFusion's ``table_partition_cols`` types them.
+
+        Raises:
+            Exception: DataFusion's error reading the file (the caller wraps it).
+        """
+        url = object_store.datafusion_url(first)
+        if fmt == "parquet":
+            df = self.ctx.read_parquet(url, schema=schema, table_partition_cols=partition_cols)
+        elif fmt == "json":
+            df = self.ctx.read_json(url, schema=schema)
+        else:
+            df = self.ctx.read_csv(url, schema=schema, **options)
+        return df.schema()
+
+    def _register_glob(
+        self,
+        name: str,
+        fmt: str,
+        url: str,
+        schema: pa.Schema | None,
+        options: dict | None = None,
+        partition_cols: list[tuple] | None = None,
+    ) -> None:
+        """Register the objects glob ``url`` matches (``s3://lake/t/*.parquet``) as ``name``.
+
+        DataFusion expands globs in local paths only (a URL with one lists no
+        file: "No files found"), so the objects are listed here, through the
+        store (:func:`distfusion.object_store.list_objects`: ``*``, ``?``,
+        ``[...]`` per path segment), one work unit each, read by the tasks.
+        The schema is DataFusion's of the first file (``schema`` if given;
+        ``partition_cols`` appended, read from ``col=value`` directories below
+        the glob's literal prefix). The coordinator's context knows the table
+        by that schema only, as an empty table: a query over it runs in tasks,
+        never in place on the coordinator, and one that can only run on the
+        coordinator is refused naming the table (``_not_on_coordinator``).
+
+        Raises:
+            PlanningError: nothing matches, a file cannot be read, or a file is
+                not below a ``col=value`` directory of every partition column
+                (the message names the table, the URL and the cause).
+        """
+        options = options or {}
+        cols = list(partition_cols or [])
+        extension = f".{fmt}"
+        try:
+            first = list_files(url, extension)[0]
+            table_schema = self._first_file_schema(fmt, first, schema, options, cols or None)
+            if fmt == "parquet":
+                source = parquet_source(name, url, table_schema, tuple(c for c, _ in cols))
+            elif fmt == "json":
+                source = json_source(name, url, table_schema)
+            else:
+                source = csv_source(name, url, table_schema, **options)
+        except Exception as exc:
+            if isinstance(exc, PlanningError):
+                raise PlanningError(f"cannot register {url!r} as table {name!r}: {exc}") from None
+            msg = f"cannot register {url!r} as table {name!r}: {object_store.describe(exc)}"
+            raise PlanningError(msg) from exc
+        self._forget(name)
+        empty = pa.RecordBatch.from_pylist([], schema=table_schema)
+        self.ctx.register_record_batches(name, [[empty]])
+        self._add(source)
+        self._not_on_coordinator[table_name(name)] = (
+            f"it is the {len(source.units)} objects glob {url} matches, which DataFusion "
+            "cannot list here (it expands globs in local paths only)"
+        )
 
     def _register_streamed(self, source: TableSource, held: object) -> None:
         """Register a table read at run time (a Spark DataFrame), keeping ``held`` alive with it.
