@@ -8,6 +8,9 @@ message names what went wrong, in time.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -25,7 +28,9 @@ from distfusion import (
     QueryCancelledError,
     WorkerUnavailableError,
 )
+from distfusion.runtime.spark.reach import check_connect_server, check_master
 from distfusion.testing.s3_server import S3Server
+from tests.test_docs import CONNECT_URL, code_blocks
 
 # A sitecustomize for a child Python: moto cannot be imported there, as when
 # the test extra is not installed.
@@ -155,3 +160,75 @@ def test_a_context_closed_before_its_runtime_started_starts_none():
     with pytest.raises(ContextClosedError, match="this DistributedContext was closed: "):
         ctx.from_pydict({"a": [1]}).collect()
     assert started == []
+
+
+# ------------------------------------------------------ items 8 and 9: Spark that cannot answer
+def _free_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on (bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_python(code: str, cwd) -> tuple[subprocess.CompletedProcess, float]:
+    """``code`` in a new interpreter (no SparkSession active there); its result and seconds."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    return done, time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    ("master", "cause"),
+    [
+        ("spark://no-such-host.invalid:7077", "host 'no-such-host.invalid' does not resolve"),
+        (f"spark://127.0.0.1:{_free_port()}", "(connection refused)"),
+    ],
+    ids=["unresolvable", "refused"],
+)
+def test_a_spark_master_that_cannot_be_reached_is_named_at_once(master, cause, tmp_path):
+    done, seconds = _run_python(
+        f"from distfusion import SparkRuntime\nSparkRuntime(master={master!r})", tmp_path
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("distfusion.errors.TransportError: "), done.stderr[-3000:]
+    assert f"the Spark master {master} cannot be reached: " in last and cause in last
+    assert "start-master.sh" in last
+    assert seconds < 20  # Spark itself: 67 s, then "Py4JJavaError: <exception str() failed>"
+
+
+def test_a_reachable_master_and_masters_without_an_address_pass():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        check_master(f"spark://no-such-host.invalid:7077,127.0.0.1:{port}")  # one of two
+    for master in ("local[2]", "local-cluster[2,1,1024]", "yarn"):
+        check_master(master)
+
+
+def _readme_connect_block() -> str:
+    """The README's Spark Connect example, with the test data (tests/test_docs.py's rules)."""
+    (block,) = [b for b in code_blocks("README.md") if b.lang == "python" and CONNECT_URL in b.code]
+    return block.code
+
+
+def test_the_readme_connect_example_without_a_server_says_how_to_start_one(tmp_path, tpch_dir):
+    pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
+    url = f"sc://localhost:{_free_port()}"
+    code = _readme_connect_block().replace("data/tpch-sf1", str(tpch_dir))
+    done, seconds = _run_python(code.replace(CONNECT_URL, url), tmp_path)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"distfusion.errors.TransportError: no Spark Connect server answers at {url}: "
+    )
+    assert "(connection refused)" in last and "sbin/start-connect-server.sh" in last
+    assert seconds < 20  # the example ends too: pyspark's exit hook does not retry the server
+
+
+def test_a_connect_session_whose_server_answers_passes_at_once(connect_session):
+    start = time.monotonic()
+    check_connect_server(connect_session)
+    assert time.monotonic() - start < 10
+    assert not connect_session.client.is_closed

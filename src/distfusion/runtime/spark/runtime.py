@@ -60,6 +60,7 @@ from distfusion.runtime.spark.config import (
 )
 from distfusion.runtime.spark.flight_plane import SparkFlightQuery
 from distfusion.runtime.spark.jobs import missing_module, missing_module_message, translate_error
+from distfusion.runtime.spark.reach import check_connect_server, check_master
 from distfusion.runtime.spark.session import gateway_ends_with_this_process, stop_session
 from distfusion.runtime.spark.shuffle_plane import SparkShuffleQuery
 from distfusion.stages import StageGraph
@@ -123,6 +124,11 @@ class SparkRuntime:
 
     Raises:
         ImportError: pyspark is not installed.
+        TransportError: ``master`` names a host that does not resolve or takes
+            no connection (checked in seconds, before Spark starts:
+            :func:`~distfusion.runtime.spark.reach.check_master`); ``spark`` is
+            a Connect session whose server does not answer
+            (:func:`~distfusion.runtime.spark.reach.check_connect_server`).
         PlanningError: a cluster master has no executor after ``executor_wait_s``.
     """
 
@@ -150,7 +156,13 @@ class SparkRuntime:
     None on a Spark Connect runtime, which keeps no workers warm this way."""
 
     def __new__(cls, spark=None, *args, **kwargs):
-        """A :attr:`connect_runtime` for a Spark Connect session, else a SparkRuntime."""
+        """A :attr:`connect_runtime` for a Spark Connect session, else a SparkRuntime.
+
+        Raises:
+            TransportError: ``spark`` is a Connect session whose server does not answer.
+        """
+        if is_connect_session(spark):
+            check_connect_server(spark)  # before any call, which would retry for minutes
         if cls is SparkRuntime and is_connect_session(spark) and cls.connect_runtime is not None:
             cls = cls.connect_runtime
         return super().__new__(cls)
@@ -198,6 +210,7 @@ class SparkRuntime:
                     "spark.python.daemon.module": "distfusion_spark_daemon",
                     **(conf or {}),
                 }
+                check_master(master)  # Spark takes ~67 s to fail, and hides the cause
                 builder = SparkSession.builder.master(
                     with_local_retries(master, task_max_failures)
                 ).appName("distfusion")
