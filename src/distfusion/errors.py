@@ -11,7 +11,8 @@ DistfusionError
  │                                  semantics (the drop-in hands it to Spark SQL)
  ├── TaskError                      a task failed on a worker (names stage, task, worker)
  │    └── TaskPanicked              its native code panicked (not retried)
- ├── TransportError                 a worker could not be reached or answered badly
+ ├── TransportError                 a worker (a Spark master, a Connect server) could
+ │    │                             not be reached or answered badly
  │    ├── WorkerUnavailableError (TransientError)
  │    └── AuthenticationError       a worker rejected the shared secret token
  ├── FeedError                      a work unit feed's provider failed (names feed, partition)
@@ -147,7 +148,11 @@ class TaskPanicked(TaskError):
 
 
 class TransportError(DistfusionError):
-    """A worker could not be reached, or answered something the coordinator cannot read."""
+    """A worker could not be reached, or answered something the coordinator cannot read.
+
+    Also a Spark master or Spark Connect server that does not answer, found
+    in seconds before Spark is asked (:mod:`distfusion.runtime.spark.reach`).
+    """
 
 
 class _WorkerCallError(TransportError):

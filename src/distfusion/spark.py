@@ -372,6 +372,8 @@ def from_spark(
 
     Raises:
         ImportError: pyspark is not installed.
+        TransportError: ``df``'s session is a Spark Connect session whose
+            server does not answer (names its URL and how to start one).
         TypeError: ``df`` is not a Spark DataFrame.
         PlanningError: a table ``name`` exists already in the context; as
             :func:`register_spark_dataframe` (a type Arrow cannot express,
@@ -465,6 +467,8 @@ def sql(
 
     Raises:
         ImportError: pyspark is not installed.
+        TransportError: ``spark`` is a Spark Connect session whose server does
+            not answer (names its URL and how to start one), found in seconds.
         ValueError: ``fallback`` is not one of :data:`FALLBACKS`.
         SparkSemanticsError: with ``fallback="error"``, the reason it would
             run on Spark SQL; also when it reads ``tables`` that Spark's

@@ -75,6 +75,8 @@ def runtime_from_name(name: str, workers: int | None = None, **options: Any) -> 
         ImportError: the runtime's optional dependency is missing (pyspark,
             pyarrow.flight); says what to install.
         RuntimeError: a local Flight worker did not start.
+        TransportError: (``spark``) the ``master`` or the ``connect`` server
+            does not answer (:mod:`distfusion.runtime.spark.reach`).
     """
     try:
         factory = RUNTIMES[name]
