@@ -28,12 +28,11 @@ import datetime
 import html
 import os
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow as pa
 from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionConfig, SessionContext, WindowUDF
 
-from distfusion import delta, object_store, udfs
+from distfusion import object_store, udfs
 from distfusion.coordinator.adaptive import AdaptiveReport
 from distfusion.coordinator.catalog import TableCatalog, check_path, parquet_register_error
 from distfusion.coordinator.checks import check_open
@@ -65,7 +64,6 @@ from distfusion.sources import (
     TableSource,
     csv_source,
     feed_source,
-    json_source,
     memory_source,
     parquet_source,
 )
@@ -278,121 +276,6 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             self._forget(name)
             raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
         self._add(csv_source(name, path, table_schema, has_header, delimiter))
-
-    def register_json(
-        self, name: str, path: str | os.PathLike | list, schema: pa.Schema | None = None
-    ) -> None:
-        """Register the newline-delimited JSON file, directory or glob at ``path`` as ``name``.
-
-        As DataFusion's ``register_json`` (files ending ``.json``): each file
-        is one work unit, read by DataFusion in the tasks. ``path`` may be an
-        object store URL (a glob too) or a list of files, as for
-        :meth:`register_parquet`. Without ``schema``, DataFusion infers it
-        (from the first file, for a glob on an object store or a list).
-
-        Raises:
-            PlanningError: no ``.json`` file at ``path``, or DataFusion cannot
-                infer a schema (the message names the path).
-        """
-        if isinstance(path, list | tuple):
-            self._register_files(name, "json", list(path), schema)
-            return
-        path = self._stores_for(os.fspath(path), ".json")
-        if object_store.is_url(path) and object_store.is_glob(path):
-            self._register_glob(name, "json", path, schema)
-            return
-        check_path(name, path, ".json")
-        try:
-            self.ctx.register_json(name, path, schema=schema)
-            table_schema = self.ctx.table(name).schema()
-        except Exception as exc:
-            self._forget(name)
-            raise PlanningError(f"cannot register {path!r} as table {name!r}: {exc}") from exc
-        self._add(json_source(name, path, table_schema))
-
-    def register_delta(
-        self,
-        name: str,
-        table: Any,
-        version: int | None = None,
-        storage_options: dict[str, str] | None = None,
-        timestamp: datetime.datetime | str | None = None,
-    ) -> None:
-        """Register a Delta Lake table (its latest version, or one version of it) as ``name``.
-
-        The table is read through its own log, with delta-rs (``pip install
-        'distfusion[delta]'``): every active data file of the version is one
-        work unit (its URL, size and row count from the log, never listed),
-        read natively by DataFusion in the tasks. Partition values come from
-        the log, so a filter on a partition column keeps only the matching
-        files; deletion vectors and column mapping are applied, schema
-        evolution reads added columns as NULL in older files
-        (:mod:`distfusion.delta`, docs/delta.md).
-
-        On an object store (``s3://bucket/path``), the tasks read the files
-        through the store registered for the bucket
-        (:meth:`register_object_store`), and delta-rs reads the log with
-        ``storage_options`` made from that store unless given. A table given
-        ``storage_options`` for a bucket with no store registered gets a store
-        made from them (:func:`distfusion.delta.store_from_options`).
-
-        Args:
-            name: the table name in SQL.
-            table: the table's root (a path, ``file://`` or object store URL:
-                the directory holding ``_delta_log``) or a
-                ``deltalake.DeltaTable``.
-            version: the version to read (time travel); default the latest
-                (or the ``DeltaTable``'s loaded version).
-            storage_options: delta-rs's storage options (``AWS_ENDPOINT_URL``,
-                ``AWS_REGION``, keys, ...) for reading the log.
-            timestamp: read the version that was current at this time
-                (``datetime``, naive meaning UTC, or an ISO 8601 string), as
-                ``DeltaTable.load_as_version``; not with ``version``.
-
-        Raises:
-            ImportError: deltalake is not installed.
-            PlanningError: ``table`` is no Delta table; the version does not
-                exist or the time is before the table; the log is corrupt or
-                unreachable; the table needs a reader feature distfusion does
-                not apply (the message names the table, where it is and why).
-
-        Example:
-            >>> import tempfile, pyarrow as pa
-            >>> from deltalake import write_deltalake
-            >>> from distfusion import DistributedContext, LocalRuntime
-            >>> path = tempfile.mkdtemp()
-            >>> write_deltalake(path, pa.table({"x": [1, 2, 3]}))
-            >>> ctx = DistributedContext(runtime=LocalRuntime())
-            >>> ctx.register_delta("t", path)
-            >>> ctx.sql("SELECT sum(x) AS s FROM t").to_pylist()
-            [{'s': 6}]
-        """
-        dt = delta.load_delta(name, table, version, timestamp, storage_options)
-        uri = dt.table_uri
-        options = storage_options or getattr(dt, "_storage_options", None)
-        if object_store.is_url(uri):
-            key = object_store.store_url(uri)
-            if key not in object_store.registered() and options:
-                store = delta.store_from_options(uri, options)
-                if store is not None:
-                    scheme, _, host = key.partition("://")
-                    self.register_object_store(scheme + "://", store, host)
-            self._stores_for(uri)
-        self._forget(name)
-        try:
-            schema, unreadable = delta.register_on_coordinator(self.ctx, name, dt)
-            source = delta.delta_source(name, dt, schema)
-            for key in {object_store.store_url(u.path) for u in source.units if "://" in u.path}:
-                self._stores_for(key)  # files elsewhere (a shallow clone's): their stores
-        except Exception as exc:
-            self._forget(name)
-            if isinstance(exc, PlanningError):
-                raise
-            msg = f"cannot register the Delta table at {uri} as table {name!r}: {exc}"
-            raise PlanningError(object_store.redact(msg)) from exc
-        self._add(source)
-        if unreadable:
-            self._not_on_coordinator[table_name(name)] = unreadable
 
     def register_udf(self, udf: ScalarUDF) -> None:
         """Register a Python scalar UDF for SQL on this context and in every task.
