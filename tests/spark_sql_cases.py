@@ -139,7 +139,8 @@ CASES = [
     ),
     Case(
         "date +/- INTERVAL",
-        "SELECT dt + INTERVAL '1' MONTH, dt - INTERVAL '3' DAY FROM sem ORDER BY i",
+        "SELECT dt + INTERVAL '1' MONTH, dt - INTERVAL '3' DAY, dt + interval 30 days, "
+        "dt - interval 2 years FROM sem ORDER BY i",
         "native",
     ),
     Case(

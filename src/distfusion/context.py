@@ -54,7 +54,7 @@ from distfusion.coordinator.statements import (
     table_name,
 )
 from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
-from distfusion.display import print_table
+from distfusion.display import show_table
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
 from distfusion.iceberg import IcebergTable
 from distfusion.metrics.query import QueryMetrics
@@ -835,9 +835,8 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
     def to_arrow_table(self, progress: bool = False) -> pa.Table:
         """The result as an Arrow table (see :meth:`execute_stream` for ``progress`` and errors)."""
         batches = self.collect(progress=progress)
-        schema = self.df.schema()
         if not batches:
-            return schema.empty_table()
+            return self.schema().empty_table()
         return pa.Table.from_batches(batches)
 
     def to_pandas(self):
@@ -861,8 +860,13 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
         return self.to_arrow_table().to_pylist()
 
     def show(self, num: int = 20) -> None:
-        """Print the first ``num`` rows as a table (the query runs with ``LIMIT num``)."""
-        print_table(self._head(num), limit=num)
+        """Print the first ``num`` rows as DataFusion's ``show`` does (the query runs with a LIMIT).
+
+        Off a terminal the text is DataFusion's own, every column and cell
+        whole; on a terminal, a table fitted to its width
+        (:func:`~distfusion.display.show_table`).
+        """
+        show_table(self._head(num), num)
 
     def __repr__(self) -> str:
         """The query's label and columns; plans and runs nothing (``explain()`` shows the plan)."""

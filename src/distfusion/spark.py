@@ -109,7 +109,7 @@ from distfusion.runtime.spark.connect_frames import file_scan, is_connect_datafr
 from distfusion.sources import spark_source
 from distfusion.spark_sql import SparkSettings, table_names
 from distfusion.spark_sql import parse as parse_spark_sql
-from distfusion.spark_sql.schema import as_spark_schema, spark_schema
+from distfusion.spark_sql.schema import as_spark_schema, spark_names, spark_schema
 from distfusion.worker.spark_tasks import frame_function
 
 __all__ = [
@@ -148,11 +148,19 @@ class SparkDataFrame(DistributedDataFrame):
             column names name :meth:`to_spark`'s columns.
     """
 
-    def __init__(self, context: DistributedContext, df, spark, query: str | None = None) -> None:
+    def __init__(
+        self,
+        context: DistributedContext,
+        df,
+        spark,
+        query: str | None = None,
+        names: list[str] | None = None,
+    ) -> None:
         label = df.label if isinstance(df, DistributedDataFrame) else ""
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
         self.query = query
+        self._names = names  # Spark's names where they repeat (DataFusion's are made distinct)
         self.fallback: str | None = None
         """Why the query runs as ``spark.sql(query)`` itself, or None when distfusion runs it."""
         self._held: list[_HeldResult] = []
@@ -170,6 +178,20 @@ class SparkDataFrame(DistributedDataFrame):
             One name per result column, in order.
         """
         return list(self.schema().names)
+
+    def schema(self) -> pa.Schema:
+        """The result's Arrow schema, with Spark's column names."""
+        schema = super().schema()
+        return schema if self._names is None else _renamed(schema, self._names)
+
+    def execute_stream(self, progress: bool = False) -> ResultStream:
+        """As :meth:`DistributedDataFrame.execute_stream`, batches with Spark's column names."""
+        stream = super().execute_stream(progress=progress)
+        if self._names is None:
+            return stream
+        schema = self.schema()
+        renamed = _renamed_batches(stream.batches, schema)
+        return ResultStream(renamed, stream.close)
 
     def _derive(self, df) -> SparkDataFrame:
         """A transformation's result: a SparkDataFrame of the same context and session."""
@@ -546,7 +568,21 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    return SparkDataFrame(ctx, df, spark, query)
+    names = spark_names(arrow) if expected is not None else None
+    return SparkDataFrame(ctx, df, spark, query, names)
+
+
+def _renamed(schema: pa.Schema, names: list[str]) -> pa.Schema:
+    return pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
+
+
+def _renamed_batches(batches, schema: pa.Schema):
+    """``batches`` with ``schema``'s names; closing this closes ``batches`` (cancels the run)."""
+    try:
+        for batch in batches:
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    finally:
+        batches.close()
 
 
 class _SparkSqlResult(SparkDataFrame):
@@ -564,7 +600,10 @@ class _SparkSqlResult(SparkDataFrame):
         self._frame = frame
         time_zone = spark.conf.get("spark.sql.session.timeZone")
         self._arrow_schema = spark_arrow_schema(frame.schema, time_zone)
-        empty = ctx.ctx.from_arrow(self._arrow_schema.empty_table())
+        placeholder = pa.schema(  # DataFusion's names must differ; Spark's may repeat
+            [f.with_name(f"c{i}") for i, f in enumerate(self._arrow_schema)]
+        )
+        empty = ctx.ctx.from_arrow(placeholder.empty_table())
         super().__init__(ctx, empty, spark, query)
         self.fallback = reason
         self._registered = False

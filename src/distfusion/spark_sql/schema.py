@@ -13,7 +13,7 @@ from datafusion import col
 
 from distfusion.errors import SparkSemanticsError
 
-__all__ = ["as_spark_schema", "same_values", "spark_schema"]
+__all__ = ["as_spark_schema", "same_values", "spark_names", "spark_schema"]
 
 
 def spark_schema(spark, query: str):
@@ -56,18 +56,21 @@ def same_values(got: pa.DataType, spark: pa.DataType) -> bool:
 def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
     """``df`` (a DistributedDataFrame) with Spark's column names and types (``expected``).
 
+    A name Spark repeats (``SELECT a.x, b.x``) is made distinct with a
+    ``#<position>`` suffix, as DataFusion's projections need distinct names:
+    :func:`spark_names` gives the names to show.
+
     Raises:
-        SparkSemanticsError: the column counts differ, a type differs so
-            that the values would (:func:`same_values`), or Spark's names
-            repeat (DataFusion's projections need distinct names).
+        SparkSemanticsError: the column counts differ, or a type differs so
+            that the values would (:func:`same_values`).
     """
     got = df.schema()
     if len(got) != len(expected):
         msg = f"the translation gives {len(got)} columns where Spark gives {len(expected)}"
         raise SparkSemanticsError(msg)
-    if len(set(expected.names)) != len(expected.names):
-        raise SparkSemanticsError("the result repeats a column name")
     columns = []
+    seen: set[str] = set()
+    qualified = _qualified_names(df, got)
     for have, want in zip(got, expected, strict=True):
         if not same_values(have.type, want.type):
             msg = (
@@ -75,5 +78,34 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
                 f"{want.type}"
             )
             raise SparkSemanticsError(msg)
-        columns.append(col(have.name).cast(want.type).alias(want.name))
+        name = want.name if want.name not in seen else f"{want.name}#{len(columns)}"
+        seen.add(name)
+        columns.append(col(qualified[len(columns)]).cast(want.type).alias(name))
     return df.select(*columns)
+
+
+def _qualified_names(df: Any, got: pa.Schema) -> list[str]:
+    """Each output column's reference: its name, or ``"q"."name"`` where the name repeats.
+
+    ``SELECT a.x, b.x`` has two columns ``x``, told apart by their qualifiers
+    (DataFusion's schema of the plan).
+    """
+    names = got.names
+    if len(set(names)) == len(names):
+        return names
+    plan_names = df.df.logical_plan().to_variant().schema().field_names()
+    out = []
+    for name, full in zip(names, plan_names, strict=True):
+        qualifier = full[: -len(name) - 1] if full.endswith("." + name) else ""
+        if names.count(name) == 1 or not qualifier:
+            out.append(name)
+        else:
+            parts = [*qualifier.split("."), name]
+            out.append(".".join('"' + p.replace('"', '""') + '"' for p in parts))
+    return out
+
+
+def spark_names(expected: pa.Schema) -> list[str] | None:
+    """Spark's column names where they repeat (what :func:`as_spark_schema` renamed), else None."""
+    names = list(expected.names)
+    return names if len(set(names)) != len(names) else None

@@ -912,12 +912,14 @@ def _rule_date_format_arg(t: _Translator, node: exp.TimeStrToTime) -> exp.Expres
 
 
 def _rule_interval(t: _Translator, node: exp.Interval) -> exp.Expression:
+    """``INTERVAL n DAY[S] | MONTH[S] | YEAR[S]`` added to or subtracted from a DATE."""
     unit = node.unit.name.upper() if node.unit else ""
-    if not isinstance(node.parent, exp.Add | exp.Sub) or unit not in ("DAY", "MONTH", "YEAR"):
+    singular = unit.removesuffix("S")
+    if not isinstance(node.parent, exp.Add | exp.Sub) or singular not in ("DAY", "MONTH", "YEAR"):
         raise SparkSemanticsError(
             f"INTERVAL {unit} outside date +/- has no Spark-equal translation"
         )
-    return node
+    return exp.Interval(this=node.this, unit=exp.var(singular))
 
 
 def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
