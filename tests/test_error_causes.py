@@ -232,3 +232,20 @@ def test_a_connect_session_whose_server_answers_passes_at_once(connect_session):
     check_connect_server(connect_session)
     assert time.monotonic() - start < 10
     assert not connect_session.client.is_closed
+
+
+def test_a_port_that_is_no_connect_server_is_named_too(tmp_path):
+    pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
+    with socket.create_server(("127.0.0.1", 0)) as server:  # takes connections, speaks no gRPC
+        url = f"sc://127.0.0.1:{server.getsockname()[1]}"
+        code = (
+            "from pyspark.sql.connect.session import SparkSession\n"
+            "from distfusion import SparkRuntime\n"
+            f"SparkRuntime(spark=SparkSession.builder.remote({url!r}).create())\n"
+        )
+        done, seconds = _run_python(code, tmp_path)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"distfusion.errors.TransportError: no Spark Connect server answers at {url}: no gRPC connection within 5 s"
+    ), done.stderr[-3000:]
+    assert seconds < 20

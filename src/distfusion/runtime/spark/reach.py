@@ -14,6 +14,7 @@ names the URL, the host and the cause, and says what to do.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import threading
@@ -122,14 +123,28 @@ def check_master(master: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
 def connect_server_hint() -> str:
     """How to start a Spark Connect server on this machine (pip's pyspark ships the script)."""
     script = "sbin/start-connect-server.sh"
-    with contextlib.suppress(ImportError):
-        import pyspark  # optional dependency
-
-        script = os.path.join(os.path.dirname(pyspark.__file__), script)
+    spec = importlib.util.find_spec("pyspark")  # its directory, without importing it
+    if spec is not None and spec.submodule_search_locations:
+        script = os.path.join(spec.submodule_search_locations[0], script)
     return (
         f"start one with {script} (it listens on port 15002; pass --master to choose "
         'where its tasks run), or use SparkSession.builder.remote("local") for a local one'
     )
+
+
+def _ready(channel, timeout_s: float) -> bool:
+    """Whether gRPC ``channel`` connects within ``timeout_s`` (as ``grpc.channel_ready_future``)."""
+    ready = threading.Event()
+
+    def watch(state) -> None:  # a grpc.ChannelConnectivity
+        if state.name == "READY":
+            ready.set()
+
+    channel.subscribe(watch, try_to_connect=True)
+    try:
+        return ready.wait(timeout_s)
+    finally:
+        channel.unsubscribe(watch)
 
 
 def _proxied() -> bool:
@@ -155,8 +170,6 @@ def check_connect_server(spark, timeout_s: float = REACH_TIMEOUT_S) -> None:
         TransportError: no connection within ``timeout_s``; names the
             ``sc://`` URL and the cause, and says how to start a server.
     """
-    import grpc  # pyspark[connect]'s dependency, there whenever a Connect session is
-
     client = spark.client
     if getattr(client, "is_closed", False):
         return
@@ -167,11 +180,8 @@ def check_connect_server(spark, timeout_s: float = REACH_TIMEOUT_S) -> None:
     # stands between: then only gRPC, which goes through it, can tell.
     why = None if _proxied() else unreachable(host.strip("[]"), int(port), timeout_s)
     channel = getattr(client, "_channel", None)
-    if why is None and channel is not None:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            why = f"no gRPC connection within {timeout_s:g} s (not a Connect server? TLS?)"
+    if why is None and channel is not None and not _ready(channel, timeout_s):
+        why = f"no gRPC connection within {timeout_s:g} s (not a Connect server? TLS?)"
     if why is None:
         return
     with contextlib.suppress(Exception):
