@@ -1,4 +1,4 @@
-"""The PySpark drop-in against Spark SQL on the same session: TPC-H in Spark's dialect (issue #38).
+"""The PySpark drop-in against Spark SQL on the same session: TPC-H or TPC-DS in Spark's dialect.
 
 ```
 spark.read.parquet(<table>) -> temp views, one SparkSession (local[N])
@@ -13,10 +13,13 @@ distfusion ran it natively or on Spark SQL (``fallback``), and the sum over
 the queries. The fallback rows (queries distfusion hands to Spark SQL) show
 what the hand-over costs on top of Spark's own time. The warm-up round's
 answers are compared (names, types and rows; ``answer_equal`` in the JSON).
+A query Spark itself fails (TPC-DS q30 reads a column tpcgen-cli names
+otherwise) is reported, and must fail in distfusion too.
 
-Run (about ten minutes at SF1 on 2 cores)::
+Run (TPC-H about ten minutes at SF1 on 2 cores, TPC-DS about an hour)::
 
     .venv/bin/python benchmarks/spark_sql_dropin.py --data data/tpch-sf1 --runs 3 --json out.json
+    .venv/bin/python benchmarks/spark_sql_dropin.py --suite tpcds --data data/tpcds-sf1 --runs 3
 """
 
 from __future__ import annotations
@@ -27,16 +30,20 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import distfusion.spark
-from distfusion import tpch
+from distfusion import tpcds, tpch
 from distfusion.runtime.spark import SparkRuntime
 
-# Queries distfusion hands to Spark SQL (a Java datetime pattern, a double rounded):
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.compare
+from tests.compare import assert_same_result, is_ordered  # noqa: E402
+
+# Queries distfusion hands to Spark SQL (an approximate percentile, a double rounded):
 # the hand-over's cost over Spark's own time.
 FALLBACK_QUERIES = {
-    "fb-date_format": (
-        "SELECT date_format(o_orderdate, 'yyyy-MM') AS m, count(*) AS n FROM orders "
+    "fb-percentile": (
+        "SELECT o_orderpriority, percentile_approx(o_totalprice, 0.5) AS p FROM orders "
         "GROUP BY 1 ORDER BY 1"
     ),
     "fb-round-double": (
@@ -52,16 +59,21 @@ def _timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def _rows(table) -> list[tuple]:
-    """The table's rows, sorted (an unordered result's order is no part of its answer)."""
-    rows = [tuple(r.values()) for r in table.to_pylist()]
-    return sorted(rows, key=repr)
+def _same(got, expected, sql: str) -> bool:
+    """Names, types and rows equal (tests/compare.py's rules: doubles within 1e-9)."""
+    try:
+        assert_same_result(got, expected, ordered=is_ordered(sql))
+    except AssertionError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print a table and optionally write JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="TPC-H Parquet directory (distfusion datagen)")
+    p.add_argument("--suite", choices=("tpch", "tpcds"), default="tpch")
+    p.add_argument("--data", required=True, help="Parquet directory (distfusion datagen <suite>)")
+    p.add_argument("--queries", help="comma-separated query names (default: all)")
     p.add_argument("--runs", type=int, default=3, help="timed rounds (default: %(default)s)")
     p.add_argument("--master", default="local[2]", help="Spark master (default: %(default)s)")
     p.add_argument("--json", help="write the results here")
@@ -69,10 +81,16 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime = SparkRuntime(master=args.master)
     spark = runtime.spark
-    for table in tpch.TABLES:
-        spark.read.parquet(tpch.table_path(args.data, table)).createOrReplaceTempView(table)
-    queries = {f"q{q}": tpch.query(q) for q in range(1, 23) if q != 15}
-    queries.update(FALLBACK_QUERIES)
+    if args.suite == "tpch":
+        for table in tpch.TABLES:
+            spark.read.parquet(tpch.table_path(args.data, table)).createOrReplaceTempView(table)
+        queries = {f"q{q}": tpch.query(q) for q in range(1, 23) if q != 15}
+        queries.update(FALLBACK_QUERIES)
+    else:
+        tpcds.spark_views(spark, args.data)
+        queries = {name: tpcds.query(name) for name in tpcds.QUERIES}
+    if args.queries:
+        queries = {n: queries[n] for n in args.queries.split(",")}
     engines = {
         "distfusion": lambda sql: distfusion.spark.sql(
             spark, sql, runtime=runtime
@@ -82,14 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for name, sql in queries.items():
+            try:
+                expected = engines["spark-sql"](sql)  # warm-up
+            except Exception as exc:  # Spark's own error: distfusion must fail too
+                try:
+                    engines["distfusion"](sql)
+                    failed_too = False
+                except Exception:
+                    failed_too = True
+                first = str(exc).strip().splitlines()[0][:120]
+                rows.append({"query": name, "spark_error": first, "distfusion_fails": failed_too})
+                print(f"{name:>16} Spark fails ({first}); distfusion fails too: {failed_too}")
+                continue
             fallback = distfusion.spark.sql(spark, sql, runtime=runtime).fallback
-            answers = {engine: run(sql) for engine, run in engines.items()}  # warm-up
-            got, expected = answers["distfusion"], answers["spark-sql"]
-            same = (
-                got.column_names == expected.column_names
-                and got.schema.types == expected.schema.types
-                and _rows(got) == _rows(expected)
-            )
+            got = engines["distfusion"](sql)
+            same = _same(got, expected, sql)
             times: dict[str, list[float]] = {engine: [] for engine in engines}
             for r in range(args.runs):
                 order = list(engines) if r % 2 == 0 else list(reversed(engines))
@@ -114,14 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         runtime.close()
-    native = [r for r in rows if not r["fallback"]]
+    timed = [r for r in rows if "spark_error" not in r]
+    native = [r for r in timed if not r["fallback"]]
+    print(f"answers equal: {sum(r['answer_equal'] for r in timed)} of {len(timed)}")
     total_d = sum(r["distfusion_s"] for r in native)
     total_s = sum(r["spark_sql_s"] for r in native)
     print(
         f"native queries: {len(native)}; summed distfusion {total_d:.2f} s, "
         f"spark-sql {total_s:.2f} s: Spark SQL takes {total_s / total_d:.1f}x distfusion's time"
     )
-    for r in rows:
+    for r in timed:
         if r["fallback"]:
             extra_ms = (r["distfusion_s"] - r["spark_sql_s"]) * 1000
             print(
@@ -132,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(
                 {
                     "date": datetime.date.today().isoformat(),
+                    "suite": args.suite,
                     "data": args.data,
                     "runs": args.runs,
                     "master": args.master,

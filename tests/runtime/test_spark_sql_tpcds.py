@@ -1,0 +1,82 @@
+"""TPC-DS in Spark's dialect through the PySpark drop-in: Spark's answers, natively.
+
+Oracle: ``spark.sql(query)`` on the same session, over TPC-DS at scale factor
+0.01 (``tpcgen-cli``). Every one of the 103 queries must give Spark's names,
+types and values, or fail where Spark fails; all but :data:`ON_SPARK_SQL` run
+natively (no fallback). benchmarks/spark_sql_dropin.py checks the same at SF1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+import distfusion.spark
+from distfusion import tpcds
+from tests.compare import assert_same_result, is_ordered
+
+ON_SPARK_SQL = {
+    "q78": "round() of a DOUBLE",  # Spark rounds the decimal text, DataFusion the binary value
+}
+"""The queries distfusion hands to Spark SQL, and why (the start of the fallback reason)."""
+
+
+@pytest.fixture(scope="module")
+def tpcds_spark(spark_session, tmp_path_factory):
+    """The classic session with the 24 TPC-DS tables (SF 0.01) as temp views over Parquet."""
+    out = tmp_path_factory.mktemp("tpcds")
+    try:
+        tpcds.generate(0.01, out)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))  # tpcgen-cli missing: the datagen extra
+    tpcds.spark_views(spark_session, out)
+    yield spark_session
+    for table in tpcds.TABLES:
+        spark_session.catalog.dropTempView(table)
+
+
+@pytest.mark.parametrize("name", tpcds.QUERIES)
+def test_tpcds_in_spark_dialect_answers_as_spark(tpcds_spark, name):
+    sql = tpcds.query(name)
+    try:
+        expected = tpcds_spark.sql(sql).toArrow()
+    except Exception as spark_error:  # Spark's own: distfusion must not answer either
+        with pytest.raises(Exception) as ours:  # noqa: PT011 (Spark's or DataFusion's class)
+            distfusion.spark.sql(tpcds_spark, sql).to_arrow_table()
+        assert type(ours.value) is not AssertionError, spark_error
+        return
+    df = distfusion.spark.sql(tpcds_spark, sql)
+    if name in ON_SPARK_SQL:
+        assert df.fallback and df.fallback.startswith(ON_SPARK_SQL[name]), df.fallback
+    else:
+        assert df.fallback is None, df.fallback
+    got = df.to_arrow_table()
+    assert got.column_names == expected.column_names
+    assert got.schema.types == expected.schema.types, (got.schema, expected.schema)
+    keys = _order_keys(sql, expected.column_names)
+    if keys is None:  # an order by what is not an output column: the rows in order
+        assert_same_result(got, expected, ordered=is_ordered(sql))
+        return
+    # Rows that tie on every sort key may come in any order (q77's two rows
+    # ('catalog channel', NULL): a ROLLUP subtotal and a NULL id): the rows
+    # as a whole, and the sort keys in order.
+    assert_same_result(got, expected, ordered=False)
+    assert_same_result(got.select(keys), expected.select(keys), ordered=True)
+
+
+def _order_keys(sql: str, names: list[str]) -> list[int] | None:
+    """The output columns (positions) of the query's ORDER BY, or None when one is no column."""
+    order = sqlglot.parse_one(sql, read="spark").args.get("order")
+    if order is None:
+        return []
+    keys = []
+    for ordered in order.expressions:
+        key = ordered.this
+        if isinstance(key, exp.Literal) and key.is_int:
+            keys.append(int(key.this) - 1)
+        elif isinstance(key, exp.Column) and names.count(key.name) == 1:
+            keys.append(names.index(key.name))
+        else:
+            return None
+    return keys
