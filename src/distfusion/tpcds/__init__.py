@@ -23,6 +23,8 @@ import subprocess
 import sys
 from importlib import metadata
 
+from distfusion import tpch
+
 __all__ = [
     "TABLES",
     "QUERIES",
@@ -116,24 +118,14 @@ def _normalized(name: str | int) -> str | None:
 
 
 def table_path(data_dir: str | os.PathLike, table: str) -> str:
-    """Where ``table`` lives under ``data_dir``: a directory of files, or one file.
+    """Where ``table`` lives under ``data_dir``: ``<dir>/<table>/`` or ``<dir>/<table>.parquet``.
 
-    Under an object store URL (``s3://bucket/tpcds-sf1``), the directory
-    ``<url>/<table>/`` (not checked here: registering it lists it).
+    Under an object store URL, ``<url>/<table>/`` (not checked here).
 
     Raises:
-        FileNotFoundError: neither ``<dir>/<table>/`` nor ``<dir>/<table>.parquet`` exists.
+        FileNotFoundError: neither exists; says how to generate the data.
     """
-    if "://" in os.fspath(data_dir):
-        return f"{os.fspath(data_dir).rstrip('/')}/{table}/"
-    for candidate in (os.path.join(data_dir, table), os.path.join(data_dir, f"{table}.parquet")):
-        if os.path.exists(candidate):
-            return candidate
-    msg = (
-        f"TPC-DS table {table!r} not found under {os.fspath(data_dir)!r}; generate it with "
-        f"`distfusion datagen tpcds --scale 1 --out {os.fspath(data_dir)}`"
-    )
-    raise FileNotFoundError(msg)
+    return tpch.table_path(data_dir, table, suite="tpcds")
 
 
 def register_tpcds(ctx, data_dir: str | os.PathLike) -> None:

@@ -31,8 +31,11 @@ def query(n: int) -> str:
     return resources.files(__package__).joinpath("queries", f"q{n}.sql").read_text()
 
 
-def table_path(data_dir: str | os.PathLike, table: str) -> str:
+def table_path(data_dir: str | os.PathLike, table: str, suite: str = "tpch") -> str:
     """Where ``table`` lives under ``data_dir``: a directory of files, or one file.
+
+    ``suite`` (``"tpch"`` or ``"tpcds"``) names the ``distfusion datagen``
+    command the error suggests.
 
     Under an object store URL (``s3://bucket/tpch-sf1``), the directory
     ``<url>/<table>/`` (not checked here: registering it lists it).
@@ -45,9 +48,10 @@ def table_path(data_dir: str | os.PathLike, table: str) -> str:
     for candidate in (os.path.join(data_dir, table), os.path.join(data_dir, f"{table}.parquet")):
         if os.path.exists(candidate):
             return candidate
+    title = {"tpch": "TPC-H", "tpcds": "TPC-DS"}.get(suite, suite)
     msg = (
-        f"TPC-H table {table!r} not found under {os.fspath(data_dir)!r}; generate it with "
-        f"`distfusion datagen tpch --scale 1 --out {os.fspath(data_dir)}`"
+        f"{title} table {table!r} not found under {os.fspath(data_dir)!r}; generate it with "
+        f"`distfusion datagen {suite} --scale 1 --out {os.fspath(data_dir)}`"
     )
     raise FileNotFoundError(msg)
 
