@@ -64,7 +64,7 @@ def test_to_spark_has_spark_sqls_column_names(spark):
     assert frame.columns == ["N", "max(n_name)"] == spark.sql(small).columns
     assert frame.collect()[0]["N"] == 25
     # A query run on Spark SQL itself: Spark's names too.
-    spark_only = "SELECT date_format(DATE '2024-01-31', 'yyyy-MM') AS Month, n_name FROM nation"
+    spark_only = "SELECT date_format(DATE '2024-01-31', 'yyyy-MM HH') AS Month, n_name FROM nation"
     df = distfusion.spark.sql(spark, spark_only)
     assert df.fallback is not None
     assert df.to_spark().columns == ["Month", "n_name"] == df.to_arrow_table().column_names
@@ -184,7 +184,7 @@ def test_tables_from_object_store_urls(spark, s3_tpch, s3_store, tpch_dir):
 )
 def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
     from distfusion import object_store as stores
-    from distfusion.spark import native_path, s3_store_from_hadoop
+    from distfusion.runtime.spark.files import native_path, s3_store_from_hadoop
 
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     conf.set("fs.s3a.endpoint", "minio.local:9000")
@@ -250,7 +250,7 @@ def test_s3a_settings_of_a_connect_session(connect_session):
     Keys are not exposed to a Connect client (Spark hides them): the tasks
     take credentials from the executors' environment.
     """
-    from distfusion.spark import s3_store_from_hadoop
+    from distfusion.runtime.spark.files import s3_store_from_hadoop
 
     conf = connect_session.conf
     conf.set("spark.hadoop.fs.s3a.endpoint", "minio.local:9000")
