@@ -18,9 +18,6 @@ with ``--parts`` (tables under a million rows stay in one file) and
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from importlib import metadata
 
 from distfusion import tpch
@@ -179,25 +176,4 @@ def generate(scale: float, out: str | os.PathLike, parts: int | None = None) -> 
     Raises:
         RuntimeError: ``tpcgen-cli`` is not installed or fails.
     """
-    exe = shutil.which("tpcgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpcgen-cli")
-    if not os.path.exists(exe):
-        msg = "tpcgen-cli is not installed: pip install 'distfusion[datagen]' (or tpcgen-cli)"
-        raise RuntimeError(msg)
-    parts = parts or max(4, int(8 * scale))
-    os.makedirs(out, exist_ok=True)
-    cmd = [
-        exe,
-        "tpcds",
-        "parquet",
-        "--scale-factor",
-        str(scale),
-        "--parts",
-        str(parts),
-        "--output-dir",
-        os.fspath(out),
-        "--quiet",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        msg = f"tpcgen-cli failed ({' '.join(cmd)}): {proc.stderr.strip()[-2000:]}"
-        raise RuntimeError(msg)
+    tpch.run_generator("tpcgen-cli", ["tpcds", "parquet", "--quiet"], scale, out, parts)

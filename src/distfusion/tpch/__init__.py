@@ -13,7 +13,7 @@ import subprocess
 import sys
 from importlib import resources
 
-__all__ = ["TABLES", "QUERIES", "query", "register_tpch", "generate"]
+__all__ = ["TABLES", "QUERIES", "query", "table_path", "register_tpch", "generate", "run_generator"]
 
 TABLES = ("customer", "lineitem", "nation", "orders", "part", "partsupp", "region", "supplier")
 QUERIES = tuple(range(1, 23))
@@ -80,25 +80,29 @@ def generate(scale: float, out: str | os.PathLike, parts: int | None = None) -> 
     Raises:
         RuntimeError: ``tpchgen-cli`` is not installed or fails.
     """
-    exe = shutil.which("tpchgen-cli") or os.path.join(
-        os.path.dirname(sys.executable), "tpchgen-cli"
-    )
+    run_generator("tpchgen-cli", ["parquet"], scale, out, parts)
+
+
+def run_generator(
+    exe_name: str, command: list[str], scale: float, out: str | os.PathLike, parts: int | None
+) -> None:
+    """Run ``<exe_name> <command> --scale-factor S --parts N --output-dir OUT`` (TPC-H or TPC-DS).
+
+    ``parts`` defaults to 8 per scale factor unit, at least 4.
+
+    Raises:
+        RuntimeError: ``exe_name`` is not installed (found on PATH or next to
+            this Python), or it fails (its last 2,000 characters of stderr).
+    """
+    exe = shutil.which(exe_name) or os.path.join(os.path.dirname(sys.executable), exe_name)
     if not os.path.exists(exe):
-        msg = "tpchgen-cli is not installed: pip install 'distfusion[datagen]' (or tpchgen-cli)"
+        msg = f"{exe_name} is not installed: pip install 'distfusion[datagen]' (or {exe_name})"
         raise RuntimeError(msg)
     parts = parts or max(4, int(8 * scale))
     os.makedirs(out, exist_ok=True)
-    cmd = [
-        exe,
-        "parquet",
-        "--scale-factor",
-        str(scale),
-        "--parts",
-        str(parts),
-        "--output-dir",
-        os.fspath(out),
-    ]
+    cmd = [exe, *command, "--scale-factor", str(scale), "--parts", str(parts)]
+    cmd += ["--output-dir", os.fspath(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        msg = f"tpchgen-cli failed ({' '.join(cmd)}): {proc.stderr.strip()[-2000:]}"
+        msg = f"{exe_name} failed ({' '.join(cmd)}): {proc.stderr.strip()[-2000:]}"
         raise RuntimeError(msg)
