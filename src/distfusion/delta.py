@@ -421,7 +421,7 @@ def is_delta_table(path: str, timeout_s: float = object_store.PROBE_TIMEOUT_S) -
             ``timeout_s`` (the message names the URL and the cause): whether
             it is a Delta table is then unknown, and it is not read as Parquet.
     """
-    if any(ch in path for ch in "*?["):
+    if object_store.is_glob(path):
         return False
     if not object_store.is_url(path):
         return os.path.isdir(os.path.join(_local(path), "_delta_log"))

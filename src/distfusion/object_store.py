@@ -665,8 +665,8 @@ def glob_base(url: str) -> str:
         >>> glob_base("s3://lake/t/dt=*/part-*.parquet")
         's3://lake/t'
     """
-    cut = min(i for i, ch in enumerate(url) if ch in "*?[")
-    return url[:cut].rsplit("/", 1)[0]
+    head = url[: min(i for i, ch in enumerate(url) if ch in "*?[")]
+    return head.rsplit("/", 1)[0] if "/" in head else ""
 
 
 def list_objects(url: str, extension: str) -> list[tuple[str, int]]:
@@ -686,18 +686,14 @@ def list_objects(url: str, extension: str) -> list[tuple[str, int]]:
     """
     store, path = _located(url)
     base = store_url(url)
-    glob = any(ch in path for ch in "*?[")
+    glob = is_glob(path)
     if not glob and path.endswith(extension):
         try:
             meta = obstore.head(store, path)
             return [(f"{base}/{meta['path']}", int(meta["size"]))]
         except FileNotFoundError:
             pass  # a "directory" named like a file (Spark writes t.parquet/): list it
-    prefix = path
-    if glob:
-        cut = min(i for i, ch in enumerate(path) if ch in "*?[")
-        prefix = path[:cut].rsplit("/", 1)[0] if "/" in path[:cut] else ""
-    prefix = prefix.rstrip("/")
+    prefix = (glob_base(path) if glob else path).rstrip("/")
     out = []
     for chunk in obstore.list(store, prefix + "/" if prefix else None, chunk_size=1000):
         for meta in chunk:

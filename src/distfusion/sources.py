@@ -234,13 +234,13 @@ def list_sized(path: str, extension: str) -> list[tuple[str, int]]:
 
 
 def _local_files(path: str, extension: str) -> list[str]:
-    if not any(ch in path for ch in "*?[") and not os.path.exists(path):
+    if not object_store.is_glob(path) and not os.path.exists(path):
         msg = f"no such file or directory: {path!r}"
         raise PlanningError(msg)
     if os.path.isdir(path):
         files = sorted(glob.glob(os.path.join(path, "**", f"*{extension}"), recursive=True))
     else:
-        files = sorted(glob.glob(path)) if any(ch in path for ch in "*?[") else [path]
+        files = sorted(glob.glob(path)) if object_store.is_glob(path) else [path]
     files = [f for f in files if os.path.isfile(f)]
     if not files:
         msg = f"no {extension} files found at {path!r}"
@@ -404,11 +404,11 @@ def _partition_values(
     """
     if not partition_cols:
         return ()
-    if object_store.is_url(root) and object_store.is_glob(root):
-        base = object_store.glob_base(root)
-        parts = file[len(base) :].strip("/").split("/")[:-1] if file.startswith(base) else []
-    elif object_store.is_url(root):
-        base = root.rstrip("/") if not root.endswith(".parquet") else root.rsplit("/", 1)[0]
+    if object_store.is_url(root):
+        if object_store.is_glob(root):
+            base = object_store.glob_base(root)
+        else:
+            base = root.rstrip("/") if not root.endswith(".parquet") else root.rsplit("/", 1)[0]
         parts = file[len(base) :].strip("/").split("/")[:-1] if file.startswith(base) else []
     else:
         base = root if os.path.isdir(root) else os.path.dirname(root)
@@ -449,13 +449,8 @@ def csv_source(
     Raises:
         PlanningError: no ``.csv`` file at ``path``; a listed file does not exist.
     """
-    if isinstance(path, list | tuple):
-        files = sized_files(list(path))
-    else:
-        files = list_sized(os.fspath(path), ".csv")
-    units = tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
     options = {"has_header": has_header, "delimiter": delimiter}
-    return TableSource(name, "csv", schema, units, {}, options)
+    return TableSource(name, "csv", schema, _file_units(path, ".csv"), {}, options)
 
 
 def json_source(name: str, path: str | os.PathLike | list[str], schema: pa.Schema) -> TableSource:
@@ -466,12 +461,16 @@ def json_source(name: str, path: str | os.PathLike | list[str], schema: pa.Schem
     Raises:
         PlanningError: no ``.json`` file at ``path``; a listed file does not exist.
     """
+    return TableSource(name, "json", schema, _file_units(path, ".json"))
+
+
+def _file_units(path: str | os.PathLike | list[str], suffix: str) -> tuple[WorkUnit, ...]:
+    """One work unit per file: the list given, or the ``suffix`` files listed at ``path``."""
     if isinstance(path, list | tuple):
         files = sized_files(list(path))
     else:
-        files = list_sized(os.fspath(path), ".json")
-    units = tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
-    return TableSource(name, "json", schema, units)
+        files = list_sized(os.fspath(path), suffix)
+    return tuple(WorkUnit(path=f, size_bytes=size) for f, size in files)
 
 
 def memory_source(name: str, partitions: list[list[pa.RecordBatch]]) -> TableSource:

@@ -247,7 +247,7 @@ class TableCatalog:
             return path
         object_store.spec_for(path)
         object_store.add_to(self.ctx)
-        glob = any(ch in path for ch in "*?[")
+        glob = object_store.is_glob(path)
         if extension and not glob and not path.endswith((extension, "/")):
             return path + "/"
         return path
