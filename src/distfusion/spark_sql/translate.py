@@ -42,6 +42,7 @@ from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, traverse_scope
+from sqlglot.time import format_time
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
@@ -527,8 +528,7 @@ def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
     if out.this == T.DATE:
         if isinstance(node.right, exp.Interval):
             return node
-        days = node.__class__(this=_days(left), expression=_cast(right, "INT"))
-        return exp.Anonymous(this="arrow_cast", expressions=[days, exp.Literal.string("Date32")])
+        return _shifted_date(left, right, subtract=isinstance(node, exp.Sub))
     if st.is_fractional(out):
         return node.__class__(this=_cast(left, "DOUBLE"), expression=_cast(right, "DOUBLE"))
     if st.is_integral(out):
@@ -854,6 +854,15 @@ def _days(node: exp.Expression) -> exp.Expression:
     return exp.Anonymous(this="arrow_cast", expressions=[node, exp.Literal.string("Int32")])
 
 
+def _shifted_date(
+    date: exp.Expression, days: exp.Expression, subtract: bool = False
+) -> exp.Expression:
+    """The DATE ``days`` (an integer) after ``date``, or before with ``subtract``."""
+    kind = exp.Sub if subtract else exp.Add
+    total = kind(this=_days(date), expression=_cast(days, "INT"))
+    return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
+
+
 def _date_arg(t: _Translator, node: exp.Expression, what: str) -> exp.Expression:
     """``node`` as a DATE: a DATE, or an ISO date literal cast (Spark casts it the same)."""
     if _is_iso_date(node):
@@ -874,8 +883,7 @@ def _rule_date_add(t: _Translator, node: exp.TsOrDsAdd) -> exp.Expression:
     dt = t.need(days, "date_add")
     if not st.is_integral(dt) or dt.this == T.BIGINT:
         raise SparkSemanticsError(f"date_add() by a {dt.sql('spark')}: Spark takes an INT")
-    total = exp.Add(this=_days(_date_arg(t, node.this, "date_add")), expression=_cast(days, "INT"))
-    return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
+    return _shifted_date(_date_arg(t, node.this, "date_add"), days)
 
 
 def _rule_datediff(t: _Translator, node: exp.DateDiff) -> exp.Expression:
@@ -897,7 +905,8 @@ def _rule_date_format(t: _Translator, node: exp.TimeToStr) -> exp.Expression:
     fmt = node.args.get("format")
     if not (isinstance(fmt, exp.Literal) and fmt.is_string):
         raise SparkSemanticsError("date_format() with a pattern that is not a literal")
-    java = sqlglot.parse_one(Spark().generator().format_time(node), read="spark").this
+    # sqlglot keeps the pattern in strftime letters; Spark's inverse mapping gives it back
+    java = format_time(fmt.this, Spark.INVERSE_TIME_MAPPING, Spark.INVERSE_TIME_TRIE)
     chrono = to_chrono(java)
     return exp.Anonymous(
         this="to_char", expressions=[_date_arg(t, arg, "date_format"), exp.Literal.string(chrono)]
