@@ -196,7 +196,7 @@ def test_a_spark_master_that_cannot_be_reached_is_named_at_once(master, cause, t
     assert last.startswith("distfusion.errors.TransportError: "), done.stderr[-3000:]
     assert f"the Spark master {master} cannot be reached: " in last and cause in last
     assert "start-master.sh" in last
-    assert seconds < 20  # Spark itself: 67 s, then "Py4JJavaError: <exception str() failed>"
+    assert seconds < 40  # Spark itself: 67 s, then "Py4JJavaError: <exception str() failed>"
 
 
 def test_a_reachable_master_and_masters_without_an_address_pass():
@@ -224,13 +224,13 @@ def test_the_readme_connect_example_without_a_server_says_how_to_start_one(tmp_p
         f"distfusion.errors.TransportError: no Spark Connect server answers at {url}: "
     )
     assert "(connection refused)" in last and "sbin/start-connect-server.sh" in last
-    assert seconds < 20  # the example ends too: pyspark's exit hook does not retry the server
+    assert seconds < 40  # the example ends too: pyspark's exit hook does not retry the server
 
 
 def test_a_connect_session_whose_server_answers_passes_at_once(connect_session):
     start = time.monotonic()
     check_connect_server(connect_session)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20
     assert not connect_session.client.is_closed
 
 
@@ -248,4 +248,4 @@ def test_a_port_that_is_no_connect_server_is_named_too(tmp_path):
     assert last.startswith(
         f"distfusion.errors.TransportError: no Spark Connect server answers at {url}: no gRPC connection within 5 s"
     ), done.stderr[-3000:]
-    assert seconds < 20
+    assert seconds < 40

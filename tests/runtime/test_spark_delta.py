@@ -106,7 +106,7 @@ def test_a_delta_url_is_read_from_its_log_without_a_stall(spark_session, in_proc
     for url, kind in ((uri, "Delta"), (plain, "Parquet")):
         start = time.monotonic()
         df = distfusion.spark.sql(spark_session, "SELECT count(*) AS n FROM e", tables={"e": url})
-        assert time.monotonic() - start < 10, f"{kind} URL {url} took a stall to register"
+        assert time.monotonic() - start < 25, f"{kind} URL {url} took a stall to register"
         assert df.to_pylist() == [{"n": 100}], (kind, df.explain())
     # a bucket that is not there: whether it is a Delta table is unknown, and said so
     missing = object_store.AmazonS3(
