@@ -37,7 +37,7 @@ from distfusion import tpcds, tpch
 from distfusion.runtime.spark import SparkRuntime
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.compare
-from tests.compare import assert_same_result, is_ordered  # noqa: E402
+from tests.compare import assert_same_answer  # noqa: E402
 
 # Queries distfusion hands to Spark SQL (an approximate percentile, a double rounded):
 # the hand-over's cost over Spark's own time.
@@ -60,9 +60,9 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def _same(got, expected, sql: str) -> bool:
-    """Names, types and rows equal (tests/compare.py's rules: doubles within 1e-9)."""
+    """Names, types and rows equal: tests/compare.py's ``assert_same_answer``."""
     try:
-        assert_same_result(got, expected, ordered=is_ordered(sql))
+        assert_same_answer(got, expected, sql)
     except AssertionError:
         return False
     return True

@@ -9,12 +9,10 @@ natively (no fallback). benchmarks/spark_sql_dropin.py checks the same at SF1.
 from __future__ import annotations
 
 import pytest
-import sqlglot
-from sqlglot import exp
 
 import distfusion.spark
 from distfusion import tpcds
-from tests.compare import assert_same_result, is_ordered
+from tests.compare import assert_same_answer
 
 ON_SPARK_SQL = {
     "q78": "round() of a DOUBLE",  # Spark rounds the decimal text, DataFusion the binary value
@@ -54,29 +52,4 @@ def test_tpcds_in_spark_dialect_answers_as_spark(tpcds_spark, name):
     got = df.to_arrow_table()
     assert got.column_names == expected.column_names
     assert got.schema.types == expected.schema.types, (got.schema, expected.schema)
-    keys = _order_keys(sql, expected.column_names)
-    if keys is None:  # an order by what is not an output column: the rows in order
-        assert_same_result(got, expected, ordered=is_ordered(sql))
-        return
-    # Rows that tie on every sort key may come in any order (q77's two rows
-    # ('catalog channel', NULL): a ROLLUP subtotal and a NULL id): the rows
-    # as a whole, and the sort keys in order.
-    assert_same_result(got, expected, ordered=False)
-    assert_same_result(got.select(keys), expected.select(keys), ordered=True)
-
-
-def _order_keys(sql: str, names: list[str]) -> list[int] | None:
-    """The output columns (positions) of the query's ORDER BY, or None when one is no column."""
-    order = sqlglot.parse_one(sql, read="spark").args.get("order")
-    if order is None:
-        return []
-    keys = []
-    for ordered in order.expressions:
-        key = ordered.this
-        if isinstance(key, exp.Literal) and key.is_int:
-            keys.append(int(key.this) - 1)
-        elif isinstance(key, exp.Column) and names.count(key.name) == 1:
-            keys.append(names.index(key.name))
-        else:
-            return None
-    return keys
+    assert_same_answer(got, expected, sql)
