@@ -96,11 +96,13 @@ def test_deep_plan_equals_datafusion(runtime, workers, name):
         assert "deeper than DataFusion's Substrait decoder" in df.coordinator_only()
 
 
-def test_planning_a_40_table_join_takes_under_a_second(runtime_for):
+def test_planning_a_40_table_join_takes_seconds_at_most(runtime_for):
     ctx, _ = _contexts(runtime_for("local", 3), 3)
     df = ctx.sql(QUERIES["join-40-tables"])
     start = time.perf_counter()
     graph = df.stage_graph()
     elapsed_s = time.perf_counter() - start
     assert len(graph.stages) > 1
-    assert elapsed_s < 1.0, f"planning took {elapsed_s:.2f} s"
+    # About 0.5 s on an idle machine; a walk of the plan gone quadratic takes minutes. The
+    # bound leaves room for a busy machine (1 s failed with a benchmark on the same cores).
+    assert elapsed_s < 10.0, f"planning took {elapsed_s:.2f} s"
