@@ -32,6 +32,7 @@ import time
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
+from datafusion import AggregateUDF, ScalarUDF
 
 from distfusion import object_store, tpcds, tpch, udfs
 from distfusion.bench import run_tpch_bench
@@ -110,6 +111,16 @@ def _size_type():
     return size
 
 
+def _register_function(ctx, u) -> None:
+    """Register UDF ``u`` of ``--udf`` on ``ctx`` by its kind."""
+    if isinstance(u, ScalarUDF):
+        ctx.register_udf(u)
+    elif isinstance(u, AggregateUDF):
+        ctx.register_udaf(u)
+    else:
+        ctx.register_udwf(u)
+
+
 def _register_tables(ctx, args) -> None:
     if args.tpch:
         tpch.register_tpch(ctx, args.tpch)
@@ -148,13 +159,13 @@ def cmd_query(args) -> int:
         in_place_bytes=args.in_place_bytes,
     )
     try:
-        for reference in args.udf:
-            udfs.load(reference)
+        loaded = [u for reference in args.udf for u in udfs.load(reference)]
     except (ValueError, ImportError, AttributeError) as exc:
         print(f"error: --udf {exc}", file=sys.stderr)
         return 2
     with DistributedContext(runtime=lambda: make_runtime(args), config=config) as ctx:
-        udfs.add_to(ctx.ctx)
+        for u in loaded:
+            _register_function(ctx, u)
         _register_tables(ctx, args)
         df = ctx.sql(sql)
         if args.explain:

@@ -139,6 +139,9 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         self.config = config or DistributedConfig()
         self.ctx = SessionContext(_session_config(self.config))
         self._marker = mark_session(self.ctx)  # tells this context's DataFrames apart
+        # Its own UDFs and object stores, as a SessionContext's: shipped with its queries.
+        self.functions = udfs.Functions()
+        self.stores = object_store.Stores()
         self.sources: dict[str, TableSource] = {}
         self._written = False  # a write ran or may run: memory tables are read again
         self._feed_sources: dict[str, FeedTableSource] = {}
@@ -175,11 +178,13 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             >>> ctx = DistributedContext(runtime=LocalRuntime())
             >>> ctx.register_object_store("s3://", AmazonS3(bucket_name="lake"), "lake")
         """
-        object_store.register(scheme, store, host)
-        object_store.add_to(self.ctx)
+        self.stores.register(scheme, store, host)
+        object_store.register(scheme, store, host)  # the coordinator's listing and footer reads
+        self.stores.add_to(self.ctx)
 
     def deregister_object_store(self, scheme: str, host: str | None = None) -> None:
         """Stop reading ``scheme://host/...`` through the store registered for it (DataFusion's)."""
+        self.stores.deregister(scheme, host)
         object_store.deregister(scheme, host)
         try:
             self.ctx.deregister_object_store(scheme, host)
@@ -294,7 +299,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             msg = f"register_udf takes a datafusion ScalarUDF (see distfusion.udf), got {udf!r}"
             raise TypeError(msg)
         self.ctx.register_udf(udf)
-        udfs.register(udf)
+        self.functions.register(udf)
 
     def register_udaf(self, udaf: AggregateUDF) -> None:
         """Register a Python aggregate UDF for SQL on this context and in every task.
@@ -316,7 +321,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             )
             raise TypeError(msg)
         self.ctx.register_udaf(udaf)
-        udfs.register(udaf)
+        self.functions.register(udaf)
 
     def register_udwf(self, udwf: WindowUDF) -> None:
         """Register a Python window UDF for SQL on this context and in every task.
@@ -334,7 +339,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             msg = f"register_udwf takes a datafusion WindowUDF (see distfusion.udwf), got {udwf!r}"
             raise TypeError(msg)
         self.ctx.register_udwf(udwf)
-        udfs.register(udwf)
+        self.functions.register(udwf)
 
     def register_record_batches(self, name: str, partitions: list[list[pa.RecordBatch]]) -> None:
         """Register in-memory batches as ``name``; each batch is one work unit.
@@ -421,7 +426,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
                 delete files (named), a location no object store reads.
         """
         source = IcebergTable(table, snapshot_id, as_of, name=name, tasks=tasks)
-        object_store.add_to(self.ctx)
+        self._stores_for(table.location())  # the store its catalog's properties made
         self.register_feed_table(name, source)
 
     def deregister_table(self, name: str) -> None:
@@ -508,7 +513,7 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         def schema_of(name: str) -> pa.Schema | None:
             return self.ctx.table(name).schema() if self.ctx.table_exist(name) else None
 
-        functions = udfs.registered_names()
+        functions = self.functions.names()
         return translate_spark_sql(query, schema_of, self.config.spark, functions)
 
     def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:

@@ -18,14 +18,15 @@ from the environment when a table is registered (``s3://b`` -> ``AmazonS3(b)``
 with ``AWS_REGION`` / ``AWS_ENDPOINT_URL`` of the coordinator), as
 ``datafusion-cli`` does.
 
-**One registry per process** (as :mod:`distfusion.udfs`): a store registered on
-a context is known to every task of this process; a task's DataFusion session
-gets every store before its plan is decoded (:func:`add_to`). Other processes
-get the stores' *specs* (:class:`StoreSpec`: kind and arguments) and build them
-again (:func:`install`): Spark executors with each job's closure (pickled by
-Spark, as PySpark's UDFs are), Flight workers through a ``set_object_stores``
-call of the coordinator before their first task plan
-(:data:`~distfusion.protocol.messages.ACTION_SET_OBJECT_STORES`).
+**One registry per context**, as a DataFusion ``SessionContext`` has
+(:class:`Stores`): a store registered on a context is this context's, and its
+queries' task sessions get exactly its stores, before their plans are decoded
+(:mod:`distfusion.session`): Spark executors with each stage or task plan
+(pickled by Spark), Flight workers through a ``set_object_stores`` call for
+the query (:data:`~distfusion.protocol.messages.ACTION_SET_OBJECT_STORES`),
+kept for that query only. The coordinator's own listing and footer reads go
+through this process's registry (:data:`PROCESS`), which a context's
+registrations also update.
 
 **Credentials.** A store made without keys takes them, on every worker, from
 that worker's environment, as the AWS, Google and Azure SDKs and Spark
@@ -51,7 +52,6 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import io
-import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -314,13 +314,6 @@ def _tuples(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- the registry
-# "s3://bucket" -> the DataFusion store object, and its spec when it has one.
-_STORES: dict[str, Any] = {}
-_SPECS: dict[str, StoreSpec] = {}
-_LOCK = threading.Lock()
-_version = 0
-
-
 def _key(scheme: str, host: str | None) -> tuple[str, str, str]:
     """``(key, scheme://, host)`` of a registration, as DataFusion's ``register_object_store``."""
     scheme = scheme.lower()
@@ -329,97 +322,183 @@ def _key(scheme: str, host: str | None) -> tuple[str, str, str]:
     return scheme + host, scheme, host
 
 
-def register(scheme: str, store: Any, host: str | None = None) -> str:
-    """Make ``store`` known to this process's tasks for URLs ``scheme://host/...``.
+_BUILT: dict[tuple[str, StoreSpec], Any] = {}
+"""Stores built from shipped specs in this process, by ``(key, spec)``: an equal spec
+makes an equal store, so tasks of every query share one."""
 
-    Args:
-        scheme: ``"s3://"`` (or ``"s3"``), ``"gs://"``, ``"az://"``, ``"https://"``, ...
-        store: one of this module's store classes.
-        host: the bucket, container or host the store serves (as DataFusion's
-            ``host`` argument).
 
-    Returns:
-        The registry key, ``scheme://host``.
+class Stores:
+    """Object stores by ``scheme://host``: one :class:`~distfusion.context.DistributedContext`'s.
 
-    Raises:
-        TypeError: ``store`` is a plain DataFusion store (it cannot be built
-            again on another worker: use this module's class of the same name).
+    As a DataFusion ``SessionContext`` holds its stores, each context holds
+    its own, and its queries' task sessions get exactly those
+    (:class:`~distfusion.session.SessionSettings`). The module's functions
+    (:func:`register`, :func:`spec_for`, the listing and footer reads) use
+    the process's registry, :data:`PROCESS`, for the coordinator's own reads.
+    Thread-safe.
     """
-    if not isinstance(store, _Remembers):
-        name = type(store).__name__
-        msg = (
-            f"register_object_store takes distfusion.object_store.{name} (the same class and "
-            f"arguments as DataFusion's {name}, which also remembers them so that every "
-            f"worker can build the store again), got {type(store).__module__}.{name}"
-        )
-        raise TypeError(msg)
-    key, _, _ = _key(scheme, host)
-    global _version
-    with _LOCK:
-        _STORES[key] = store
-        _SPECS[key] = store.spec()
-        _version += 1
-    return key
+
+    def __init__(self) -> None:
+        # "s3://bucket" -> the DataFusion store object, and its spec.
+        self._stores: dict[str, Any] = {}
+        self._specs: dict[str, StoreSpec] = {}
+        self._lock = threading.Lock()
+        self.version = 0
+        """A number that changes whenever a store is registered or dropped here."""
+
+    @classmethod
+    def from_specs(cls, shipped: tuple[tuple[str, StoreSpec], ...]) -> Stores:
+        """The stores of ``shipped`` (:meth:`specs`), built in this process (once per spec).
+
+        Raises:
+            ValueError: a spec's kind is unknown.
+            Exception: DataFusion's error when a spec does not make a store.
+        """
+        made = cls()
+        for key, spec in shipped:
+            store = _BUILT.get((key, spec))
+            if store is None:
+                store = _BUILT[(key, spec)] = spec.build()
+            made._stores[key] = store
+            made._specs[key] = spec
+        return made
+
+    def copy(self) -> Stores:
+        """A registry of the same stores that registrations made later here do not change."""
+        made = Stores()
+        with self._lock:
+            made._stores, made._specs = dict(self._stores), dict(self._specs)
+        return made
+
+    def register(self, scheme: str, store: Any, host: str | None = None) -> str:
+        """Use ``store`` for URLs ``scheme://host/...``.
+
+        Args:
+            scheme: ``"s3://"`` (or ``"s3"``), ``"gs://"``, ``"az://"``, ``"https://"``, ...
+            store: one of this module's store classes.
+            host: the bucket, container or host the store serves (as DataFusion's
+                ``host`` argument).
+
+        Returns:
+            The registry key, ``scheme://host``.
+
+        Raises:
+            TypeError: ``store`` is a plain DataFusion store (it cannot be built
+                again on another worker: use this module's class of the same name).
+        """
+        if not isinstance(store, _Remembers):
+            name = type(store).__name__
+            msg = (
+                f"register_object_store takes distfusion.object_store.{name} (the same class "
+                f"and arguments as DataFusion's {name}, which also remembers them so that every "
+                f"worker can build the store again), got {type(store).__module__}.{name}"
+            )
+            raise TypeError(msg)
+        key, _, _ = _key(scheme, host)
+        with self._lock:
+            self._stores[key] = store
+            self._specs[key] = store.spec()
+            self.version += 1
+        return key
+
+    def deregister(self, scheme: str, host: str | None = None) -> None:
+        """Forget the store of ``scheme://host`` (no error when there is none)."""
+        key, _, _ = _key(scheme, host)
+        with self._lock:
+            if self._stores.pop(key, None) is not None:
+                self._specs.pop(key, None)
+                self.version += 1
+
+    def registered(self) -> dict[str, StoreSpec]:
+        """The stores' specs by ``scheme://host`` (a copy)."""
+        with self._lock:
+            return dict(self._specs)
+
+    def specs(self) -> tuple[tuple[str, StoreSpec], ...]:
+        """``(scheme://host, spec)`` of every store: what other processes get."""
+        with self._lock:
+            return tuple(self._specs.items())
+
+    def add_to(self, ctx: SessionContext) -> None:
+        """Register every store in ``ctx`` (a task's or the coordinator's session)."""
+        with self._lock:
+            stores = list(self._stores.items())
+        for key, store in stores:
+            scheme, _, host = key.partition("://")
+            ctx.register_object_store(scheme + "://", store, host or None)
+
+    def install(self, shipped: tuple[tuple[str, StoreSpec], ...]) -> None:
+        """Register the stores of ``shipped`` specs (each built once per process).
+
+        A store whose spec equals the one registered under its key is not built again.
+
+        Raises:
+            Exception: DataFusion's error when a spec does not make a store.
+        """
+        for key, spec in shipped:
+            with self._lock:
+                if self._specs.get(key) == spec:
+                    continue
+            built = Stores.from_specs(((key, spec),))
+            with self._lock:
+                self._stores[key] = built._stores[key]
+                self._specs[key] = spec
+                self.version += 1
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __repr__(self) -> str:
+        return f"Stores({', '.join(sorted(self._specs))})"
+
+
+PROCESS = Stores()
+"""This process's stores: what the coordinator's own listing and footer reads use
+(every context's registrations, and stores made from the environment)."""
+
+
+def register(scheme: str, store: Any, host: str | None = None) -> str:
+    """:meth:`Stores.register` on :data:`PROCESS` (the coordinator's own reads)."""
+    return PROCESS.register(scheme, store, host)
 
 
 def deregister(scheme: str, host: str | None = None) -> None:
-    """Forget the store of ``scheme://host`` in this process (no error when there is none).
-
-    Workers that got it keep it until it is replaced; the coordinator's tasks
-    and later ``set_object_stores`` calls no longer carry it.
-    """
-    key, _, _ = _key(scheme, host)
-    global _version
-    with _LOCK:
-        if _STORES.pop(key, None) is not None:
-            _SPECS.pop(key, None)
-            _version += 1
+    """:meth:`Stores.deregister` on :data:`PROCESS`."""
+    PROCESS.deregister(scheme, host)
 
 
 def registered() -> dict[str, StoreSpec]:
-    """The stores of this process by ``scheme://host`` (a copy)."""
-    with _LOCK:
-        return dict(_SPECS)
-
-
-def version() -> int:
-    """A number that changes whenever a store is registered in this process."""
-    return _version
+    """The stores of :data:`PROCESS` by ``scheme://host`` (a copy)."""
+    return PROCESS.registered()
 
 
 def specs() -> tuple[tuple[str, StoreSpec], ...]:
-    """``(scheme://host, spec)`` of every store of this process: what other processes get."""
-    with _LOCK:
-        return tuple(_SPECS.items())
+    """``(scheme://host, spec)`` of every store of :data:`PROCESS`."""
+    return PROCESS.specs()
 
 
 def install(shipped: tuple[tuple[str, StoreSpec], ...]) -> None:
-    """On a worker: register the stores the coordinator sent (each built once per process).
-
-    A store whose spec equals the one registered under its key is not built again.
+    """:meth:`Stores.install` on :data:`PROCESS` (an executor's own reads and writes).
 
     Raises:
         Exception: DataFusion's error when a spec does not make a store.
     """
-    global _version
-    for key, spec in shipped:
-        with _LOCK:
-            if _SPECS.get(key) == spec:
-                continue
-        store = spec.build()
-        with _LOCK:
-            _STORES[key] = store
-            _SPECS[key] = spec
-            _version += 1
+    PROCESS.install(shipped)
 
 
 def add_to(ctx: SessionContext) -> None:
-    """Register every store of this process in ``ctx`` (a task's or the coordinator's session)."""
-    with _LOCK:
-        stores = list(_STORES.items())
-    for key, store in stores:
-        scheme, _, host = key.partition("://")
-        ctx.register_object_store(scheme + "://", store, host or None)
+    """Register every store of :data:`PROCESS` in ``ctx`` (the coordinator's own session)."""
+    PROCESS.add_to(ctx)
+
+
+def from_environment(url: str) -> Any:
+    """The store :func:`spec_for` makes for ``url``'s bucket from the environment.
+
+    Raises:
+        ValueError: ``url`` is not an object store URL.
+    """
+    scheme, _, host = store_url(url).partition("://")
+    return _from_environment(scheme, host)
 
 
 def spec_for(url: str) -> StoreSpec:
@@ -437,8 +516,7 @@ def spec_for(url: str) -> StoreSpec:
         ValueError: ``url`` is not an object store URL.
     """
     key = store_url(url)
-    with _LOCK:
-        spec = _SPECS.get(key)
+    spec = PROCESS.registered().get(key)
     if spec is not None:
         return spec
     scheme, _, host = key.partition("://")
@@ -469,8 +547,7 @@ def _from_environment(scheme: str, host: str) -> Any:
 
 def redact(text: str) -> str:
     """``text`` with every explicitly given credential of this process's stores blanked out."""
-    with _LOCK:
-        secrets = [s for spec in _SPECS.values() for s in spec.secrets()]
+    secrets = [s for spec in PROCESS.registered().values() for s in spec.secrets()]
     for s in sorted(secrets, key=len, reverse=True):
         if len(s) >= 4:  # never blank out a word of the message itself
             text = text.replace(s, "***")
@@ -919,21 +996,3 @@ class _ObjectFile(io.RawIOBase):
         if not self.closed:
             self._reader.close()
         super().close()
-
-
-def to_json(shipped: tuple[tuple[str, StoreSpec], ...]) -> bytes:
-    """``shipped`` (from :func:`specs`) as JSON bytes: the body of ``set_object_stores``."""
-    return json.dumps([[key, spec.to_json()] for key, spec in shipped]).encode()
-
-
-def from_json(body: bytes) -> tuple[tuple[str, StoreSpec], ...]:
-    """Inverse of :func:`to_json`.
-
-    Raises:
-        ValueError: ``body`` is not a list of store specs.
-    """
-    try:
-        return tuple((str(key), StoreSpec.from_json(d)) for key, d in json.loads(body))
-    except (TypeError, ValueError) as exc:
-        msg = f"not a list of object store specs: {exc}"
-        raise ValueError(msg) from exc

@@ -18,10 +18,11 @@ schemas), so a graph can be printed, compared in tests and sent to workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from distfusion.session import SessionSettings
 from distfusion.sources import TableSource, WorkUnit
 
 __all__ = [
@@ -160,6 +161,9 @@ class Stage:
             read them whole first (``DistributedConfig.stream_task_inputs``,
             resolved when the graph was planned); None: each worker's own
             default (:func:`~distfusion.worker.stream_inputs.streams_task_inputs`).
+        session: the UDFs its fragment calls and the object stores of the
+            query's context, registered in each task's session
+            (:mod:`distfusion.session`); None: none.
     """
 
     stage_id: int
@@ -176,6 +180,7 @@ class Stage:
     computation: str = ""
     operator_metrics: bool = True
     stream_inputs: bool | None = None
+    session: SessionSettings | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_leaf(self) -> bool:

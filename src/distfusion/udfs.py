@@ -1,30 +1,36 @@
-"""Python UDFs in distributed queries (scalar, aggregate, window): one registry per process.
+"""Python UDFs in distributed queries (scalar, aggregate, window): one registry per context.
 
 A UDF registered on a :class:`~distfusion.context.DistributedContext`
-(``ctx.register_udf(u)``, ``register_udaf``, ``register_udwf``) is known to
-the coordinator's planning and to every task, however the task is run:
+(``ctx.register_udf(u)``, ``register_udaf``, ``register_udwf``) belongs to
+that context, as a UDF registered on a DataFusion ``SessionContext`` belongs
+to it (:class:`Functions`): two contexts of one process may each have their
+own ``f``. It is known to the context's planning and travels with each of
+its queries' stages, only to the stages whose fragment calls it
+(:mod:`distfusion.session`); every task registers its stage's UDFs in its
+own DataFusion session, however the task is run:
 
 - **local** runtime: the tasks run in this process and register the same
   DataFusion UDF objects in their session.
 - **spark**: a UDF made with :func:`udf`, :func:`udaf` or :func:`udwf` (the
   arguments of DataFusion's functions of the same names) remembers its Python
   function (or accumulator / evaluator factory) and types; they travel with
-  each Spark job's closure, pickled by Spark's cloudpickle as PySpark's own
-  UDFs are, and the executor builds the UDF again (:func:`install`). A function
+  the stage or task plan in each Spark job, pickled by cloudpickle as
+  PySpark's own UDFs are, and the executor builds the UDF again. A function
   in a module the executors cannot import must be shipped as PySpark's are
-  (``--py-files``, ``spark.archives``) or defined in ``__main__``.
-- **flight**: task plans never carry code. A worker loads UDFs by reference at
-  start, ``distfusion worker --udf package.module:name`` (a ``ScalarUDF``,
-  ``AggregateUDF`` or ``WindowUDF``, or a list of them), as the system this
-  project implements lets a worker build its session.
+  (``--py-files``, ``spark.archives``) or defined in ``__main__``. A UDF made
+  by DataFusion's own ``udf()`` cannot travel.
+- **flight**: task plans never carry code. A worker loads its UDFs by
+  reference at start, ``distfusion worker --udf package.module:name`` (a
+  ``ScalarUDF``, ``AggregateUDF`` or ``WindowUDF``, or a list of them), as
+  the system this project implements lets a worker build its session; every
+  task session of that worker gets them. The head stage, on the coordinator,
+  uses the context's.
 
-Task plans carry no UDF: every task session gets every UDF of its process
-registry (:func:`add_to`), and a query naming a UDF a worker lacks fails with
-DataFusion's error naming the function ("Unsupported function name",
-"Aggregate function ... is not supported") and a hint saying how to provide it
-(``worker.execute_task``). Names are one namespace per kind (scalar, aggregate,
-window) per process: registering a UDF of the same kind and name again replaces
-it.
+A query naming a UDF a worker lacks fails with DataFusion's error naming the
+function ("Unsupported function name", "Aggregate function ... is not
+supported") and a hint saying how to provide it (``worker.execute_task``).
+Names are one namespace per kind (scalar, aggregate, window) per context:
+registering a UDF of the same kind and name again replaces it.
 
 Aggregate UDFs and the planner
 ------------------------------
@@ -36,7 +42,7 @@ whole aggregate runs once per group, in the consumer stage. One made by
 combines the ``state`` of other accumulators (DataFusion's contract, which its
 own partial/final aggregation relies on); it is then split like ``sum``
 (:mod:`~distfusion.planner.decompose_aggregate`) with two companion UDAFs
-registered next to it in every process::
+registered next to it (:meth:`Functions.register`)::
 
     name__partial(args)   update and merge as ``name``; evaluates to the
                           accumulator's state as one struct<s0, s1, ...>
@@ -60,15 +66,11 @@ from datafusion import udf as datafusion_udf
 from datafusion.user_defined import Accumulator, WindowEvaluator
 
 __all__ = [
+    "Functions",
     "UdafSpec",
     "UdfSpec",
     "UdwfSpec",
-    "add_to",
-    "install",
     "load",
-    "merge_functions",
-    "register",
-    "specs",
     "udaf",
     "udf",
     "udwf",
@@ -80,12 +82,6 @@ PARTIAL_SUFFIX = "__partial"
 """Name suffix of a mergeable UDAF's partial companion (evaluates to its state)."""
 FINAL_SUFFIX = "__final"
 """Name suffix of a mergeable UDAF's final companion (merges states, evaluates)."""
-
-# (kind, name) -> the UDF; kind is "scalar", "aggregate" or "window".
-_UDFS: dict[tuple[str, str], Function] = {}
-_SPECS: dict[tuple[str, str], Any] = {}
-# mergeable UDAF name -> (partial companion name, final companion name)
-_MERGES: dict[str, tuple[str, str]] = {}
 
 
 def _kind(u: Function) -> str:
@@ -390,86 +386,119 @@ def udwf(
     return spec.build()
 
 
-def register(u: Function) -> None:
-    """Make ``u`` known to this process's tasks (and, made by distfusion, to Spark's).
+class Functions:
+    """The Python UDFs of one :class:`~distfusion.context.DistributedContext` (or one worker).
 
+    As a DataFusion ``SessionContext`` holds its UDFs, each context holds its
+    own: two contexts of one process that register a UDF of the same name
+    each keep theirs. Names are one namespace per kind (scalar, aggregate,
+    window): registering a UDF of the same kind and name again replaces it.
     A mergeable UDAF (:func:`udaf` with ``mergeable=True``) brings its partial
     and final companions (module docs).
 
-    Raises:
-        TypeError: ``u`` is not a DataFusion ScalarUDF, AggregateUDF or WindowUDF.
+    Safe to read from task threads while another thread registers: every
+    method works on a snapshot of the registry.
     """
-    kind = _kind(u)
-    key = (kind, u.name)
-    spec = getattr(u, "_distfusion_spec", None)
-    # Tasks of another thread may read the registry meanwhile (add_to): add the new
-    # functions first, then drop what they replace, so none is ever missing.
-    added = {key: u}
-    merge = None
-    if kind == "aggregate" and spec is not None and spec.mergeable:
-        partial, final = spec.companions()
-        added[("aggregate", partial.name)] = partial
-        added[("aggregate", final.name)] = final
-        merge = (partial.name, final.name)
-    _UDFS.update(added)
-    if kind == "aggregate":
-        stale = set(_MERGES.get(u.name, ())) - set(merge or ())
-        if merge is None:
-            _MERGES.pop(u.name, None)
+
+    def __init__(self) -> None:
+        # (kind, name) -> the UDF; kind is "scalar", "aggregate" or "window".
+        self._udfs: dict[tuple[str, str], Function] = {}
+        self._specs: dict[tuple[str, str], Any] = {}
+        # mergeable UDAF name -> (partial companion name, final companion name)
+        self._merges: dict[str, tuple[str, str]] = {}
+
+    @classmethod
+    def from_specs(cls, shipped: tuple[Any, ...]) -> Functions:
+        """The UDFs of ``shipped`` specs (:meth:`specs`), built again in this process.
+
+        Raises:
+            TypeError, ValueError: DataFusion rejects a spec's arguments.
+        """
+        made = cls()
+        for spec in shipped:
+            made.register(spec.build())
+        return made
+
+    def register(self, u: Function) -> None:
+        """Add ``u`` (and a mergeable UDAF's companions), replacing one of its kind and name.
+
+        Raises:
+            TypeError: ``u`` is not a DataFusion ScalarUDF, AggregateUDF or WindowUDF.
+        """
+        kind = _kind(u)
+        key = (kind, u.name)
+        spec = getattr(u, "_distfusion_spec", None)
+        udfs, specs, merges = dict(self._udfs), dict(self._specs), dict(self._merges)
+        udfs[key] = u
+        if kind == "aggregate":
+            for name in merges.pop(u.name, ()):  # the companions of the UDAF it replaces
+                udfs.pop(("aggregate", name), None)
+            if spec is not None and spec.mergeable:
+                partial, final = spec.companions()
+                udfs[("aggregate", partial.name)] = partial
+                udfs[("aggregate", final.name)] = final
+                merges[u.name] = (partial.name, final.name)
+        if spec is None:
+            specs.pop(key, None)
         else:
-            _MERGES[u.name] = merge
-        for name in stale:  # the companions of a mergeable UDAF this one replaces
-            _UDFS.pop(("aggregate", name), None)
-    if spec is None:
-        _SPECS.pop(key, None)
-    else:
-        _SPECS[key] = spec
+            specs[key] = spec
+        # One assignment each: a reader sees the old or the new registry, never a mix
+        # that lacks a function.
+        self._udfs, self._specs, self._merges = udfs, specs, merges
+
+    def names(self) -> frozenset[str]:
+        """Names of the UDFs registered here (companions included), lower-cased."""
+        return frozenset(name.lower() for _, name in self._udfs)
+
+    def merge_functions(self, name: str) -> tuple[str, str] | None:
+        """``(partial, final)`` companion names of the mergeable UDAF ``name``; None otherwise.
+
+        The planner (:mod:`~distfusion.planner.decompose_aggregate`) asks, on the
+        coordinator, while it splits aggregates.
+        """
+        return self._merges.get(name)
+
+    def specs(self) -> tuple[Any, ...]:
+        """The shippable UDFs (made by :func:`udf`, :func:`udaf` or :func:`udwf`)."""
+        return tuple(self._specs.values())
+
+    def only(self, names: frozenset[str]) -> Functions:
+        """A registry of the UDFs named ``names`` (with a mergeable UDAF's companions)."""
+        made = Functions()
+        wanted = set(names)
+        for name, pair in self._merges.items():
+            if name in wanted or wanted & set(pair):
+                wanted |= {name, *pair}
+        made._udfs = {k: u for k, u in self._udfs.items() if k[1] in wanted}
+        made._specs = {k: s for k, s in self._specs.items() if k[1] in wanted}
+        made._merges = {n: p for n, p in self._merges.items() if n in wanted}
+        return made
+
+    def add_to(self, ctx: SessionContext) -> None:
+        """Register every UDF here in ``ctx`` (a task's or the planner's session)."""
+        for (kind, _), u in self._udfs.items():
+            if kind == "scalar":
+                ctx.register_udf(u)
+            elif kind == "aggregate":
+                ctx.register_udaf(u)
+            else:
+                ctx.register_udwf(u)
+
+    def __len__(self) -> int:
+        return len(self._udfs)
+
+    def __repr__(self) -> str:
+        return f"Functions({', '.join(sorted(n for _, n in self._udfs))})"
 
 
-def registered_names() -> frozenset[str]:
-    """Names of the UDFs this process knows (:func:`register`), lower-cased."""
-    return frozenset(name.lower() for _, name in _UDFS)
-
-
-def merge_functions(name: str) -> tuple[str, str] | None:
-    """``(partial, final)`` companion names of the mergeable UDAF ``name``; None otherwise.
-
-    The planner (:mod:`~distfusion.planner.decompose_aggregate`) asks, on the
-    coordinator, while it splits aggregates.
-    """
-    return _MERGES.get(name)
-
-
-def specs() -> tuple[Any, ...]:
-    """The shippable UDFs of this process (made by :func:`udf`, :func:`udaf` or :func:`udwf`)."""
-    return tuple(_SPECS.values())
-
-
-def missing_specs() -> list[str]:
-    """Names of registered UDFs that cannot be shipped (made by DataFusion's own functions)."""
-    companions = {n for pair in _MERGES.values() for n in pair}
-    return sorted(n for k, n in _UDFS if (k, n) not in _SPECS and n not in companions)
-
-
-def install(shipped: tuple[Any, ...]) -> None:
-    """On an executor: register the UDFs a Spark job brought (rebuilt once per process).
-
-    A spec equal to the one registered (same function objects and types: a
-    module's function unpickles as the same object) is not built again.
-    """
-    for spec in shipped:
-        if _SPECS.get((spec.kind, spec.name)) != spec:
-            register(spec.build())
-
-
-def load(reference: str) -> list[str]:
-    """Import ``package.module:name`` and register the UDF(s) it names (Flight workers).
+def load(reference: str) -> list[Function]:
+    """Import ``package.module:name``: the UDF(s) it names (Flight workers, the CLI).
 
     ``name`` may be a DataFusion ``ScalarUDF``, ``AggregateUDF`` or
     ``WindowUDF``, or a list or tuple of them.
 
     Returns:
-        The names registered.
+        The UDFs, to register on a :class:`Functions` or a context.
 
     Raises:
         ValueError: ``reference`` is not ``module:name``, or names no UDF.
@@ -488,17 +517,4 @@ def load(reference: str) -> list[str]:
             f"(or a list of them): {value!r}"
         )
         raise ValueError(msg)
-    for u in found:
-        register(u)
-    return [u.name for u in found]
-
-
-def add_to(ctx: SessionContext) -> None:
-    """Register every UDF of this process in ``ctx`` (a task's or the planner's session)."""
-    for (kind, _), u in tuple(_UDFS.items()):  # a snapshot: register may run meanwhile
-        if kind == "scalar":
-            ctx.register_udf(u)
-        elif kind == "aggregate":
-            ctx.register_udaf(u)
-        else:
-            ctx.register_udwf(u)
+    return found

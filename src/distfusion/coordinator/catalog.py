@@ -213,7 +213,7 @@ class TableCatalog:
         options = storage_options or getattr(dt, "_storage_options", None)
         if object_store.is_url(uri):
             key = object_store.store_url(uri)
-            if key not in object_store.registered() and options:
+            if key not in self.stores.registered() and options:
                 store = delta.store_from_options(uri, options)
                 if store is not None:
                     scheme, _, host = key.partition("://")
@@ -236,7 +236,12 @@ class TableCatalog:
             self._not_on_coordinator[table_name(name)] = unreadable
 
     def _stores_for(self, path: str, extension: str | None = None) -> str:
-        """Make sure the store of ``path`` (when a URL) is known here and to DataFusion.
+        """Make sure the store of ``path`` (when a URL) is this context's and DataFusion's.
+
+        A bucket without a store of this context's gets the process's
+        (:func:`~distfusion.object_store.spec_for`: one made from the
+        environment unless registered); one with a store of this context's
+        makes it the process's again, for the coordinator's listing.
 
         Returns:
             ``path``, a URL naming a "directory" with the ``/`` DataFusion
@@ -245,8 +250,13 @@ class TableCatalog:
         """
         if not object_store.is_url(path):
             return path
-        object_store.spec_for(path)
-        object_store.add_to(self.ctx)
+        key = object_store.store_url(path)
+        own = self.stores.registered().get(key)
+        if own is None:  # none of its own: the one the process reads with
+            self.stores.install(((key, object_store.spec_for(path)),))
+            self.stores.add_to(self.ctx)
+        elif object_store.registered().get(key) != own:  # another context's meanwhile
+            object_store.install(((key, own),))  # the coordinator's listing reads with its own
         glob = object_store.is_glob(path)
         if extension and not glob and not path.endswith((extension, "/")):
             return path + "/"

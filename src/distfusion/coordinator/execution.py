@@ -50,6 +50,7 @@ from distfusion.metrics.render import format_bytes
 from distfusion.planner.config import PlannerConfig, RuntimeProfile
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.plan import plan_stages, prepare_substrait, rewrite_joins
+from distfusion.session import SessionSettings
 from distfusion.stages import StageGraph
 from distfusion.substrait_plan.decode import consume_plan, fits_decoder
 from distfusion.write import FileCommitter, WriteSpec, WrittenFile, write_task
@@ -103,7 +104,9 @@ class QueryExecution:
         return self._plan_bytes
 
     def _planner_config(self) -> PlannerConfig:
-        return PlannerConfig.for_runtime(self.context.config, self.context.runtime)
+        ctx = self.context
+        session = SessionSettings.snapshot(ctx.functions, ctx.stores)
+        return PlannerConfig.for_runtime(ctx.config, ctx.runtime, session)
 
     def _plan(
         self,

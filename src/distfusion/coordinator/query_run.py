@@ -587,7 +587,9 @@ class WorkerQueryRun:
         def one(part: HeadPart) -> list[WrittenFile]:
             body = json.dumps({"part": part.to_json(), "spec": spec.to_json()})
             what = f"writing part {part.index} of stage {part.plan.key.stage_id}"
-            files = remote(where(part), body, what)
+            session = part.plan.session
+            stores = session.store_specs() if session is not None else ()
+            files = remote(where(part), body, what, part.plan.key.query_id, stores)
             return [WrittenFile.from_json(f) for f in files]
 
         return _run_each(one, parts, len(parts))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from distfusion.planner.estimate import REDUCTION_SIDE_FACTOR, DefaultTaskEstimator, TaskEstimator
 from distfusion.protocol.environment import environment_switches
+from distfusion.session import SessionSettings
 from distfusion.spark_sql import SparkSettings
 
 __all__ = [
@@ -368,12 +369,17 @@ class PlannerConfig(DistributedConfig):
             has its scans cut into a stage of their own, so a configured worker
             does the work (issue 25: one Flight worker was never used, and a
             wrong URL went unnoticed).
+        session: the context's UDFs and object stores: the planner asks it
+            which aggregate UDFs merge, consumes fragments with its UDFs, and
+            gives each stage the ones its fragment calls (``Stage.session``);
+            None: none.
     """
 
     workers: int
     max_tasks: int | None = None
     broadcast_copies: int | None = None
     remote_workers: bool = False
+    session: SessionSettings | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -383,7 +389,12 @@ class PlannerConfig(DistributedConfig):
             object.__setattr__(self, "max_broadcast_bytes", MAX_BROADCAST_BYTES)
 
     @classmethod
-    def for_runtime(cls, settings: DistributedConfig, runtime: object) -> PlannerConfig:
+    def for_runtime(
+        cls,
+        settings: DistributedConfig,
+        runtime: object,
+        session: SessionSettings | None = None,
+    ) -> PlannerConfig:
         """``settings`` completed with ``runtime``'s workers and :class:`RuntimeProfile`.
 
         Settings left to the environment are resolved here, once per planning
@@ -393,7 +404,8 @@ class PlannerConfig(DistributedConfig):
         what tasks read.
 
         ``runtime``: a :class:`~distfusion.coordinator.query_run.Runtime`
-        (``num_workers()``, and ``profile()``: :meth:`RuntimeProfile.of`).
+        (``num_workers()``, and ``profile()``: :meth:`RuntimeProfile.of`);
+        ``session``: the context's UDFs and stores (:attr:`session`).
 
         Raises:
             PlanningError: the runtime has no worker (from ``num_workers()``).
@@ -414,6 +426,7 @@ class PlannerConfig(DistributedConfig):
             max_tasks=profile.max_tasks,
             broadcast_copies=profile.broadcast_copies,
             remote_workers=profile.remote_workers,
+            session=session,
         )
 
     @property

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from substrait.proto import AggregateFunction, AggregateRel, NamedStruct, Rel, Type
 
-from distfusion import udfs
 from distfusion.substrait_plan.build import FunctionRegistry, cast, field_ref
+from distfusion.udfs import Functions
 
 __all__ = ["grouping_count", "is_decomposable", "split_aggregate"]
 
@@ -52,14 +52,19 @@ def grouping_count(agg: AggregateRel) -> int:
     return len(agg.grouping_expressions)
 
 
-def is_decomposable(agg: AggregateRel, registry: FunctionRegistry) -> bool:
-    """True if every measure can run as partial + final (see module docs)."""
+def is_decomposable(
+    agg: AggregateRel, registry: FunctionRegistry, functions: Functions | None = None
+) -> bool:
+    """True if every measure can run as partial + final (see module docs).
+
+    ``functions``: the query's Python UDFs (a mergeable UDAF decomposes); None: none.
+    """
     if len(agg.groupings) > 1:  # grouping sets: run once, after a coalesce
         return False
     for m in agg.measures:
         f = m.measure
         name = registry.name(f.function_reference)
-        if name not in _DECOMPOSABLE and udfs.merge_functions(name) is None:
+        if name not in _DECOMPOSABLE and _merge(functions, name) is None:
             return False
         if f.invocation == AggregateFunction.AGGREGATION_INVOCATION_DISTINCT or len(f.sorts):
             return False
@@ -85,8 +90,14 @@ class SplitAggregate:
     outputs: list  # how each original measure is rebuilt from final measures
 
 
-def split_aggregate(agg_rel: Rel, registry: FunctionRegistry) -> SplitAggregate:
-    """Build the partial aggregate of ``agg_rel`` (which must be decomposable)."""
+def _merge(functions: Functions | None, name: str) -> tuple[str, str] | None:
+    return None if functions is None else functions.merge_functions(name)
+
+
+def split_aggregate(
+    agg_rel: Rel, registry: FunctionRegistry, functions: Functions | None = None
+) -> SplitAggregate:
+    """Build the partial aggregate of ``agg_rel`` (decomposable with ``functions``)."""
     agg = agg_rel.aggregate
     g = grouping_count(agg)
     partial = Rel()
@@ -107,7 +118,7 @@ def split_aggregate(agg_rel: Rel, registry: FunctionRegistry) -> SplitAggregate:
         f = measure.measure
         filt = measure.filter if measure.HasField("filter") else None
         name = registry.name(f.function_reference)
-        merge = udfs.merge_functions(name)
+        merge = _merge(functions, name)
         if merge is not None:  # a mergeable Python UDAF: its state crosses the network
             p = AggregateFunction()
             p.CopyFrom(f)

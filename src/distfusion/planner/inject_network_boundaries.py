@@ -206,6 +206,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             stage_id = self.next_stage_id
             self.next_stage_id += 1
             self.computed[what] = len(self.stages)
+            session = self.config.session
             self.stages.append(
                 Stage(
                     stage_id=stage_id,
@@ -228,6 +229,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                     computation=computation or self._computation(frag),
                     operator_metrics=self.config.operator_metrics,
                     stream_inputs=self.config.stream_task_inputs,
+                    session=session and session.for_fragment(fragment),
                 )
             )
             table = f"__stage_{stage_id}"
@@ -487,8 +489,9 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             if all(p in keys for p in frag.partitioning):
                 part = through_emit(rel, [[keys.index(p)] for p in frag.partitioning])
                 return frag.with_rel(set_children(rel, [frag.rel]), est, part)
-        if dagg.is_decomposable(agg, self.registry):
-            split = dagg.split_aggregate(rel, self.registry)
+        functions = self.config.session.functions if self.config.session else None
+        if dagg.is_decomposable(agg, self.registry, functions):
+            split = dagg.split_aggregate(rel, self.registry, functions)
             # Partial states of chunks merge in the final aggregate as those of tasks do.
             partial = frag.with_rel(set_children(split.partial, [frag.rel]), est, keep_chunks=True)
             n = self.shuffle_tasks(est) if g else 1

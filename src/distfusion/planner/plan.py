@@ -140,7 +140,8 @@ def rewrite_joins(
     plans run no slower in single-node DataFusion, and Q17's and Q18's in
     about half the time (docs/benchmarks.md, "Join rules in place").
     """
-    oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()})
+    functions = config.session.functions if config.session is not None else None
+    oracle = SchemaOracle(plan, {n: s.schema for n, s in sources.items()}, functions)
     push_semi_joins(plan, oracle)
     push_dimension_joins(plan, oracle, sources, config.runtime_filter_bytes)
     aggregate_before_joins(plan, oracle, sources)

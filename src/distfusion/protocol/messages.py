@@ -12,13 +12,14 @@ pickled. See docs/architecture.md for where each message is used::
     cancel_query  the query id (UTF-8)               nothing
     keepalive     JSON list of query ids             nothing
     stats         nothing                            {"live_tasks", "bytes_held", ...}
-    set_object_stores  JSON list of object store specs   nothing
+    set_object_stores  a query's object stores (encode_stores)  nothing
 """
 
 from __future__ import annotations
 
 import json
 
+from distfusion.object_store import StoreSpec
 from distfusion.protocol.task_plan import TaskKey
 
 __all__ = [
@@ -35,8 +36,10 @@ __all__ = [
     "ACTION_WRITE_PART",
     "DEFAULT_QUERY_TTL_S",
     "TOKEN_ENV",
+    "decode_stores",
     "decode_task_request",
     "decode_ticket",
+    "encode_stores",
     "encode_task_request",
     "encode_ticket",
 ]
@@ -64,10 +67,11 @@ it starts (its first task, of query ``query_id``) to the driver's worker, so tha
 cancelling a query reaches it. Answer: JSON ``{"cancelled": bool}``: the query was
 closed already (its task must not run)."""
 ACTION_SET_OBJECT_STORES = "set_object_stores"
-"""Body: JSON ``[[scheme://host, StoreSpec.to_json()], ...]``
-(:func:`distfusion.object_store.to_json`): the coordinator's object stores,
-credentials included, sent before a worker's first task plan and again when
-they change; only to workers that take a token. Answer: nothing."""
+"""Body: JSON ``{"query_id", "stores": [[scheme://host, StoreSpec.to_json()], ...]}``
+(:func:`encode_stores`): the object stores of one query's context, credentials
+included, sent before the query's first task plan to a worker; only to workers
+that take a token. The worker registers them in that query's task sessions and
+forgets them with the query. Answer: nothing."""
 ACTION_FAILED_TASKS = "failed_tasks"
 """Body: a query id. Answer: a JSON list of the error codec's dicts of the tasks
 of that query that failed on the worker so far (polled by the coordinator while
@@ -138,4 +142,25 @@ def decode_task_request(data: bytes) -> tuple[TaskKey, float | None]:
         return _read_task_fields(json.loads(data))
     except (KeyError, TypeError, ValueError) as exc:
         msg = f"not a distfusion task request: {exc}"
+        raise ValueError(msg) from exc
+
+
+def encode_stores(query_id: str, stores: tuple[tuple[str, StoreSpec], ...]) -> bytes:
+    """The body of ``set_object_stores``: query ``query_id``'s ``(scheme://host, spec)`` pairs."""
+    shipped = [[key, spec.to_json()] for key, spec in stores]
+    return json.dumps({"query_id": query_id, "stores": shipped}).encode()
+
+
+def decode_stores(body: bytes) -> tuple[str, tuple[tuple[str, StoreSpec], ...]]:
+    """Inverse of :func:`encode_stores`: ``(query id, (scheme://host, spec) pairs)``.
+
+    Raises:
+        ValueError: ``body`` is not a query's list of store specs.
+    """
+    try:
+        d = json.loads(body)
+        stores = tuple((str(key), StoreSpec.from_json(spec)) for key, spec in d["stores"])
+        return str(d["query_id"]), stores
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"not a query's object store specs: {exc}"
         raise ValueError(msg) from exc

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from distfusion.session import SessionSettings
 from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     OutputPartitioning,
@@ -80,6 +81,10 @@ class TaskPlan:
         stream_inputs: stream the task's inputs rather than read them whole
             first (``Stage.stream_inputs``); None: the worker's own default
             (:func:`~distfusion.worker.stream_inputs.streams_task_inputs`).
+        session: the UDFs and object stores the task's session registers
+            (``Stage.session``). Never in :meth:`to_json`: a Flight worker
+            uses its own UDFs and the query's stores it was sent
+            (:mod:`distfusion.session`).
     """
 
     key: TaskKey
@@ -93,6 +98,7 @@ class TaskPlan:
     memory_per_task_bytes: int | None = None
     operator_metrics: bool = True
     stream_inputs: bool | None = None
+    session: SessionSettings | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def for_task(
@@ -131,6 +137,7 @@ class TaskPlan:
             memory_per_task_bytes=memory_per_task_bytes,
             operator_metrics=stage.operator_metrics,
             stream_inputs=stage.stream_inputs,
+            session=stage.session,
         )
 
     def input_reads(self, i: int) -> list[tuple[str, TaskKey, int]]:

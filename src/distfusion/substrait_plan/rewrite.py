@@ -13,12 +13,12 @@ import pyarrow as pa
 from datafusion import SessionContext
 from substrait.proto import Plan, PlanRel, Rel, RelRoot
 
-from distfusion import udfs
 from distfusion.errors import NotDistributableError
 from distfusion.sources import sql_name
 from distfusion.substrait_plan.build import FunctionRegistry, before_emit, conjuncts, is_field_ref
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.substrait_plan.walk import children, set_children
+from distfusion.udfs import Functions
 
 __all__ = ["RelRewrite", "SchemaOracle"]
 
@@ -31,10 +31,17 @@ class SchemaOracle:
     consumed. Used only on the coordinator, during planning.
     """
 
-    def __init__(self, plan: Plan, source_schemas: dict[str, pa.Schema]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        source_schemas: dict[str, pa.Schema],
+        functions: Functions | None = None,
+    ) -> None:
+        """``functions``: the query's Python UDFs, which a fragment may call; None: none."""
         self._plan = plan
         self.ctx = SessionContext()
-        udfs.add_to(self.ctx)  # a fragment may call a registered Python UDF
+        if functions is not None:
+            functions.add_to(self.ctx)
         # Serialized subtree -> schema: tables are only ever added, so a
         # subtree's schema never changes while one query is planned.
         self._schemas: dict[bytes, pa.Schema] = {}

@@ -24,8 +24,9 @@ and does without otherwise:
 ``abort_query``        ``abort_query(query_id, error)``: end this process's
                        reads of the query's streams at once (Flight); without:
                        they end with ``cancel_query``
-``write_part``         ``write_part(url, body, what)``: a worker writes one
-                       head part of a ``write_*`` (Flight); without: the parts
+``write_part``         ``write_part(url, body, what, query_id, stores)``: a
+                       worker writes one head part of a ``write_*`` (Flight),
+                       with the query's object stores; without: the parts
                        run in the coordinator's threads
 =====================  ======================================================
 

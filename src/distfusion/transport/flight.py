@@ -59,7 +59,6 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from distfusion import object_store
 from distfusion.errors import (
     AuthenticationError,
     FeedError,
@@ -70,6 +69,7 @@ from distfusion.errors import (
     WorkerUnavailableError,
 )
 from distfusion.metrics.task import TaskMetrics
+from distfusion.object_store import StoreSpec
 from distfusion.protocol.errors import KIND, error_from_dict, error_to_dict
 from distfusion.protocol.feed_messages import (
     FEED_SCHEMA,
@@ -90,6 +90,7 @@ from distfusion.protocol.messages import (
     ACTION_WORKER_STARTED,
     ACTION_WRITE_PART,
     TOKEN_ENV,
+    encode_stores,
     encode_task_request,
     encode_ticket,
 )
@@ -256,7 +257,8 @@ class FlightWorkerTransport:
         self.cancel_timeout_s = cancel_timeout_s
         self.poll_s = poll_s
         self._clients: dict[str, object] = {}
-        self._stores_sent: dict[str, int] = {}  # URL -> object_store.version() it has
+        # (URL, query id) -> the store specs that worker has for that query
+        self._stores_sent: dict[tuple[str, str], tuple] = {}
         self._aborted: dict[str, Exception] = {}  # query id -> error to raise in its reads
         self._readers: dict[str, set] = {}  # query id -> its open DoGet streams
         self._lock = threading.Lock()
@@ -301,8 +303,8 @@ class FlightWorkerTransport:
     def set_plan(self, url: str, plan: TaskPlan) -> None:
         """See :meth:`WorkerTransport.set_plan`.
 
-        Before a worker's first plan, and whenever this process's object stores
-        changed since, the stores are sent to it (:meth:`send_object_stores`).
+        Before a worker's first plan of a query, the query's object stores
+        (``plan.session``) are sent to it (:meth:`send_object_stores`).
 
         Raises:
             WorkerUnavailableError: the worker cannot be reached (names it and the task).
@@ -311,19 +313,25 @@ class FlightWorkerTransport:
                 has no token (see :meth:`send_object_stores`).
         """
         try:
-            self.send_object_stores(url)
+            if plan.session is not None:
+                self.send_object_stores(url, plan.key.query_id, plan.session.store_specs())
             self._action(url, ACTION_SET_PLAN, plan.to_json().encode(), self.action_timeout_s)
         except WorkerUnavailableError as exc:
             raise WorkerUnavailableError(
                 url, f"delivering {task_name(plan.key)}: {exc.detail}"
             ) from None
 
-    def send_object_stores(self, url: str) -> None:
-        """Give worker ``url`` this process's object stores, unless it has them already.
+    def send_object_stores(
+        self, url: str, query_id: str, stores: tuple[tuple[str, StoreSpec], ...]
+    ) -> None:
+        """Give worker ``url`` query ``query_id``'s object stores, unless it has them already.
 
-        One ``set_object_stores`` call per worker and change of the stores
-        (:func:`distfusion.object_store.version`). Credentials given explicitly
-        to a store travel only to workers this transport authenticates to.
+        ``stores``: ``(scheme://host, spec)`` pairs of the query's context
+        (:class:`~distfusion.session.SessionSettings`). One ``set_object_stores``
+        call per worker and query; none when the query has no store. The worker
+        registers them in that query's task sessions only. Credentials given
+        explicitly to a store travel only to workers this transport
+        authenticates to.
 
         Raises:
             PlanningError: a store has explicit credentials and this transport
@@ -331,29 +339,28 @@ class FlightWorkerTransport:
             WorkerUnavailableError: the worker cannot be reached.
             AuthenticationError: the worker rejected the token.
         """
-        version = object_store.version()
-        if self._stores_sent.get(url) == version:
-            return
-        shipped = object_store.specs()
-        if shipped:
-            keyed = [key for key, spec in shipped if spec.has_secrets]
-            if keyed and not self._headers:
-                msg = (
-                    f"object store {keyed[0]} was registered with explicit credentials, and the "
-                    "Flight workers take calls without a token: credentials go only to "
-                    "authenticated workers. Start the workers with a token (--token-file, "
-                    f"${TOKEN_ENV}) and give it to the runtime, or give the workers "
-                    "credentials in their environment and register the store without keys"
-                )
-                raise PlanningError(msg)
-            self._action(
-                url,
-                ACTION_SET_OBJECT_STORES,
-                object_store.to_json(shipped),
-                self.action_timeout_s,
-                "sending object stores",
+        with self._lock:
+            if not stores or self._stores_sent.get((url, query_id)) == stores:
+                return
+        keyed = [key for key, spec in stores if spec.has_secrets]
+        if keyed and not self._headers:
+            msg = (
+                f"object store {keyed[0]} was registered with explicit credentials, and the "
+                "Flight workers take calls without a token: credentials go only to "
+                "authenticated workers. Start the workers with a token (--token-file, "
+                f"${TOKEN_ENV}) and give it to the runtime, or give the workers "
+                "credentials in their environment and register the store without keys"
             )
-        self._stores_sent[url] = version
+            raise PlanningError(msg)
+        self._action(
+            url,
+            ACTION_SET_OBJECT_STORES,
+            encode_stores(query_id, stores),
+            self.action_timeout_s,
+            "sending object stores",
+        )
+        with self._lock:
+            self._stores_sent[(url, query_id)] = stores
 
     def execute_partition(
         self, url: str, key: TaskKey, partition: int, timeout_s: float | None = None
@@ -539,7 +546,14 @@ class FlightWorkerTransport:
             msg = f"worker {url} answered {what} badly: {exc}"
             raise TransportError(msg) from None
 
-    def write_part(self, url: str, body: str, what: str) -> list[dict]:
+    def write_part(
+        self,
+        url: str,
+        body: str,
+        what: str,
+        query_id: str = "",
+        stores: tuple[tuple[str, StoreSpec], ...] = (),
+    ) -> list[dict]:
         """Have the worker at ``url`` run a head part and write its rows (``ACTION_WRITE_PART``).
 
         Waits until the part is written and committed (no timeout).
@@ -548,6 +562,9 @@ class FlightWorkerTransport:
             url: the worker.
             body: ``{"part": ..., "spec": ...}`` as JSON (see the action).
             what: names the part in errors.
+            query_id: the query the part is of.
+            stores: the query's object stores, sent first
+                (:meth:`send_object_stores`): the output may be on one.
 
         Returns:
             The committed files, ``WrittenFile.to_json()`` each (``{"relpath", "rows"}``
@@ -559,7 +576,7 @@ class FlightWorkerTransport:
             TransportError: the worker's answer is not a file list.
             PlanningError: see :meth:`send_object_stores`.
         """
-        self.send_object_stores(url)  # the output may be on one
+        self.send_object_stores(url, query_id, stores)
         answer = self._action(url, ACTION_WRITE_PART, body.encode(), None, what)
         try:
             return json.loads(answer[0])
@@ -569,6 +586,8 @@ class FlightWorkerTransport:
 
     def cancel_query(self, url: str, query_id: str) -> None:
         """See :meth:`WorkerTransport.cancel_query`; waits at most ``cancel_timeout_s``."""
+        with self._lock:
+            self._stores_sent.pop((url, query_id), None)
         try:
             self._action(url, ACTION_CANCEL_QUERY, query_id.encode(), self.cancel_timeout_s)
         except TransportError:

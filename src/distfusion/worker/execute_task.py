@@ -39,12 +39,13 @@ from datafusion import (
 )
 from datafusion.functions import spark as spark_functions
 
-from distfusion import object_store, udfs
+from distfusion import udfs
 from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan
+from distfusion.session import SessionSettings
 from distfusion.sources import SPARK, WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.substrait_plan.decode import consume_plan
@@ -84,11 +85,9 @@ def task_context(
     memory: TaskMemory | None = None,
     settings: dict[str, str] | None = None,
     greedy: bool = False,
+    session: SessionSettings | None = None,
 ) -> SessionContext:
-    """A fresh DataFusion context for one task, with this process's UDFs and object stores.
-
-    The UDFs of :mod:`distfusion.udfs` and the stores of
-    :mod:`distfusion.object_store` are registered before any plan is decoded.
+    """A fresh DataFusion context for one task, with its query's UDFs and object stores.
 
     Args:
         target_partitions: threads (DataFusion partitions) the task may use.
@@ -102,6 +101,9 @@ def task_context(
             each spilling operator an equal share, and a leaf task reads
             each file as a partition of its own, each with its aggregate, so
             TPC-H SF10 Q18's final aggregate spilled at a 41st of 6 GiB.
+        session: the query's UDFs and object stores (the task plan's:
+            :mod:`distfusion.session`), registered in this context only, before
+            any plan is decoded; None: none.
     """
     config = SessionConfig().with_target_partitions(max(1, target_partitions))
     if memory is not None and memory.pool_bytes is not None:
@@ -113,8 +115,8 @@ def task_context(
         config = config.set(key, value)
     if memory is None or (memory.pool_bytes is None and memory.spill_dir is None):
         ctx = SessionContext(config)
-        udfs.add_to(ctx)
-        object_store.add_to(ctx)
+        if session is not None:
+            session.add_to(ctx)
         return ctx
     runtime = RuntimeEnvBuilder()
     if memory.pool_bytes is not None and greedy:
@@ -126,8 +128,8 @@ def task_context(
     else:
         runtime = runtime.with_disk_manager_os()
     ctx = SessionContext(config, runtime)
-    udfs.add_to(ctx)  # the Python UDFs this process knows
-    object_store.add_to(ctx)  # and its object stores, before any plan is decoded
+    if session is not None:
+        session.add_to(ctx)
     return ctx
 
 
@@ -254,7 +256,13 @@ def build_dataframe(
         Exception: DataFusion's error (file unreadable, fragment rejected); the
             caller wraps it with the task's identity.
     """
-    ctx = task_context(plan.target_partitions, memory, settings, plan.memory_per_task_bytes is None)
+    ctx = task_context(
+        plan.target_partitions,
+        memory,
+        settings,
+        plan.memory_per_task_bytes is None,
+        plan.session,
+    )
     for share in plan.scans:
         register_scan(ctx, share.source, share.units)
     inputs = [read_input(i) for i in range(len(plan.inputs))]
@@ -688,7 +696,12 @@ def feed_dataframes(
         TaskError: a Spark table's partition was not offered to this task.
         Exception: DataFusion's error; ``read``'s error.
     """
-    ctx = task_context(plan.target_partitions, memory, greedy=plan.memory_per_task_bytes is None)
+    ctx = task_context(
+        plan.target_partitions,
+        memory,
+        greedy=plan.memory_per_task_bytes is None,
+        session=plan.session,
+    )
     feeds = [s for s in plan.scans if s.source.streamed]
     for share in plan.scans:
         if not share.source.streamed:

@@ -158,8 +158,12 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        functions = udfs.Functions()  # this worker's: every task session here gets them
         for reference in args.udf:
-            names = udfs.load(reference)
+            loaded = udfs.load(reference)
+            for u in loaded:
+                functions.register(u)
+            names = [u.name for u in loaded]
             logging.getLogger("distfusion.worker").info("UDFs from %s: %s", reference, names)
         token = resolve_token(args)
         slots = max(1, args.slots)
@@ -179,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
             memory_per_task_bytes=per_task,
             spill_dir=getattr(args, "spill_dir", None),
             insecure=getattr(args, "insecure", False),
+            functions=functions,
         )
     except (ValueError, OSError, ImportError, AttributeError) as exc:
         print(f"distfusion worker: error: {exc}", file=sys.stderr, flush=True)

@@ -42,6 +42,7 @@ listening on grpc://127.0.0.1:PORT`` once it accepts calls.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 import json
@@ -57,6 +58,7 @@ import pyarrow as pa
 from distfusion import object_store
 from distfusion.errors import QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMetrics
+from distfusion.object_store import Stores
 from distfusion.protocol.errors import error_to_dict, task_error
 from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
@@ -73,11 +75,14 @@ from distfusion.protocol.messages import (
     ACTION_WRITE_PART,
     DEFAULT_QUERY_TTL_S,
     TOKEN_ENV,
+    decode_stores,
     decode_task_request,
     decode_ticket,
 )
 from distfusion.protocol.task_plan import TaskPlan
+from distfusion.session import SessionSettings
 from distfusion.transport.flight import FlightWorkerTransport, encode_error, import_flight
+from distfusion.udfs import Functions
 from distfusion.worker.execute_task import without_views
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.worker import Worker
@@ -209,6 +214,9 @@ class FlightWorker:
             sets none, bytes (see :class:`~distfusion.worker.worker.Worker`).
         spill_dir: where this worker makes its spill directory; None: the
             system's temp directory.
+        functions: the Python UDFs every task session here gets (``--udf``:
+            task plans carry no code); None: none. A plan given in process
+            (:meth:`run_task`) with its own ``session`` keeps it.
 
     Raises:
         ImportError: pyarrow has no Flight support.
@@ -235,6 +243,7 @@ class FlightWorker:
         spill_dir: str | None = None,
         insecure: bool = False,
         tls_override_hostname: str | None = None,
+        functions: Functions | None = None,
     ) -> None:
         if (tls_cert_chain is None) != (tls_private_key is None):
             msg = "TLS needs both tls_cert_chain and tls_private_key"
@@ -281,6 +290,8 @@ class FlightWorker:
         )
         self._lock = threading.Lock()
         self._seen: dict[str, float] = {}  # query id -> monotonic time of the last call about it
+        self.functions = functions or Functions()
+        self._stores: dict[str, Stores] = {}  # query id -> its object stores (set_object_stores)
         self._plans_received = 0
         self.on_worker_started: Callable[[str, str], bool] | None = None
         """``(url, query_id) -> cancelled``: called for ``worker_started`` (a Spark
@@ -357,7 +368,16 @@ class FlightWorker:
             if not self.worker.is_cancelled(query_id):
                 self._seen[query_id] = time.monotonic()
 
+    def _with_session(self, plan: TaskPlan) -> TaskPlan:
+        """``plan`` with this worker's UDFs and its query's stores, unless it has a session."""
+        if plan.session is not None:
+            return plan
+        with self._lock:
+            stores = self._stores.get(plan.key.query_id) or Stores()
+        return dataclasses.replace(plan, session=SessionSettings(self.functions, stores))
+
     def _set_plan(self, plan: TaskPlan) -> None:
+        plan = self._with_session(plan)
         self._touch(plan.key.query_id)
         with self._lock:
             self._plans_received += 1
@@ -401,7 +421,12 @@ class FlightWorker:
             stats["pid"] = os.getpid()
             return [json.dumps(stats).encode()]
         if name == ACTION_SET_OBJECT_STORES:
-            object_store.install(object_store.from_json(body))
+            query_id, shipped = decode_stores(body)
+            stores = Stores.from_specs(shipped)
+            object_store.install(shipped)  # this process's own reads: a write's files
+            self._touch(query_id)
+            with self._lock:
+                self._stores[query_id] = stores
             return []
         if name == ACTION_WRITE_PART:
             return [self._write_part(body)]
@@ -430,6 +455,7 @@ class FlightWorker:
         """
         d = json.loads(body)
         part = HeadPart.from_json(d["part"])
+        part = dataclasses.replace(part, plan=self._with_session(part.plan))
         spec = WriteSpec.from_json(d["spec"])
         self._touch(part.plan.key.query_id)
         memory = self.worker._task_memory(part.plan)
@@ -497,6 +523,8 @@ class FlightWorker:
         # their next poll round, so they stop asking the producers too.
         self.transport.abort_query(query_id, QueryCancelledError(f"query {query_id} was cancelled"))
         self.worker.cancel_query(query_id)
+        with self._lock:
+            self._stores.pop(query_id, None)
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

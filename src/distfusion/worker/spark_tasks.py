@@ -1,8 +1,8 @@
 """What the Spark runtime runs on the executors, in their Python workers.
 
 Every job of :mod:`distfusion.runtime.spark` runs a closure made by
-:func:`task_function` (it ships the driver's UDFs and object stores and
-reports an executor that cannot import distfusion), which calls one of this
+:func:`task_function` (it ships the driver's object stores and reports an
+executor that cannot import distfusion), which calls one of this
 module's entries:
 
 - :func:`_run_task`: a task of the shuffle data plane, its output as Spark
@@ -24,6 +24,7 @@ that need it (each marked so).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib
 import json
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from distfusion import object_store, udfs
+from distfusion import object_store
 from distfusion.errors import (
     QueryCancelledError,
     TaskError,
@@ -164,10 +165,12 @@ def task_function(tasks, entry, *args):
             for one of another module of distfusion (imported on the executor).
         *args: the rest of ``entry``'s arguments (pickled with the closure).
 
-    The driver's Python UDFs made by :func:`distfusion.udf` and its object
-    stores (:mod:`distfusion.object_store`, explicit credentials included:
-    Spark's closure is the channel) travel with the closure too and are
-    registered on the executor before the task runs.
+    The driver's object stores (:mod:`distfusion.object_store`, explicit
+    credentials included: Spark's closure is the channel) travel with the
+    closure too, for the executor's own reads and writes through obstore.
+    A task's session gets its query's UDFs and stores from its stage or plan
+    (``Stage.session``, pickled with it: :mod:`distfusion.session`), never
+    from the process.
 
     It is a closure, so cloudpickle ships it by value, and it refers to nothing
     of distfusion until it runs: an executor that cannot import distfusion or
@@ -178,8 +181,9 @@ def task_function(tasks, entry, *args):
     """
     report = error_to_dict(TaskError(-1, -1, "", ""))
     missing_section = EXECUTORS_SECTION
-    shipped = udfs.specs()  # the driver's Python UDFs, pickled with this closure
-    stores = object_store.specs()  # and its object stores (credentials: Spark's channel)
+    # The driver's object stores (credentials: Spark's channel), for the executor's own
+    # reads and writes through obstore; tasks register their query's (Stage.session).
+    stores = object_store.specs()
 
     def run(index, records):
         try:
@@ -202,8 +206,6 @@ def task_function(tasks, entry, *args):
             failed.update(worker=worker, cause=cause)
             failed["message"] = f"stage {stage_id} task {task_index} failed: {cause}"
             raise RuntimeError(ERROR_MARKER + _json.dumps(failed)) from None
-        if shipped:
-            spark_tasks.udfs.install(shipped)
         if stores:
             spark_tasks.object_store.install(stores)
         module, _, name = entry.rpartition(":")
@@ -355,9 +357,12 @@ def _executor_worker(
 
 
 def _run_flight_task(
-    index, records, bind_host, advertise_host, access, memory_per_task_bytes, driver_url
+    index, records, sessions, bind_host, advertise_host, access, memory_per_task_bytes, driver_url
 ):
     """Run the task plan of this Spark partition on this process's Flight worker.
+
+    ``sessions``: each stage's UDFs and object stores (``Stage.session``), by
+    stage id: the task plan's JSON carries none.
 
     The record is ``(attempt, task plan JSON)``, or ``(attempt, plan, table)``
     for a task of a stage reading Spark table ``table`` that has no partition
@@ -373,7 +378,7 @@ def _run_flight_task(
     record = list(records)[0]  # drained: PySpark reuses this process
     attempt, payload = record[:2]
     table = record[2] if len(record) > 2 else None
-    plan = TaskPlan.from_json(payload)
+    plan = _with_session(TaskPlan.from_json(payload), sessions)
     result = flight_task(
         plan,
         attempt,
@@ -384,7 +389,12 @@ def _run_flight_task(
     return iter([result])
 
 
-def _run_flight_spark_task(index, records, plans, table, read_schema, *worker_args):
+def _with_session(plan: TaskPlan, sessions: dict) -> TaskPlan:
+    """``plan`` with its stage's session of ``sessions`` (stage id -> ``Stage.session``)."""
+    return dataclasses.replace(plan, session=sessions.get(plan.key.stage_id))
+
+
+def _run_flight_spark_task(index, records, plans, table, read_schema, sessions, *worker_args):
     """Run the task of Spark table ``table``'s partition ``index`` on this process's Flight worker.
 
     ``records`` are the partition's Arrow messages
@@ -398,7 +408,7 @@ def _run_flight_spark_task(index, records, plans, table, read_schema, *worker_ar
         drain(records)
         return iter(())
     attempt, payload = plans[index]
-    plan = TaskPlan.from_json(payload)
+    plan = _with_session(TaskPlan.from_json(payload), sessions)
     try:
         result = flight_task(
             plan, attempt, table, _spark_batches(records, read_schema), worker_args
@@ -531,16 +541,14 @@ def frame_function(parts: list[HeadPart], access: tuple, budget: int | None, thr
     Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
     holds the one id *i*, and yields head part *i*'s batches, with
     ``schema``'s names and types. Like :func:`task_function`, it refers to
-    nothing of distfusion until it runs, and carries the driver's Python UDFs.
+    nothing of distfusion until it runs; the parts' plans carry the query's
+    UDFs and stores (``TaskPlan.session``).
     """
-    shipped = udfs.specs()
     stores = object_store.specs()
 
     def run(batches):
         import distfusion.worker.spark_tasks as spark_tasks  # on the executor
 
-        if shipped:
-            spark_tasks.udfs.install(shipped)
         if stores:
             spark_tasks.object_store.install(stores)
         for batch in batches:

@@ -354,8 +354,12 @@ class SparkFlightQuery(WorkerQueryRun):
                 plain.append((sid, t))
                 plain_plans.append(record if scan is None else (*record, scan.source.name))
             whole, partial = [], []
+            # Each stage's UDFs and stores, with the closure (task plan JSON carries none).
+            sessions = {sid: self._stages[sid].session for sid, _ in tasks}
             if plain:
-                fn = task_function(plain, "_run_flight_task", *self.runtime.executor_worker_args())
+                fn = task_function(
+                    plain, "_run_flight_task", sessions, *self.runtime.executor_worker_args()
+                )
                 rdd = self.sc.parallelize(plain_plans, len(plain_plans)).mapPartitionsWithIndex(fn)
                 whole.append(rdd)
             for sid, plans in spark_plans.items():
@@ -368,6 +372,7 @@ class SparkFlightQuery(WorkerQueryRun):
                     plans,
                     scan.source.name,
                     read_schema,
+                    sessions,
                     *self.runtime.executor_worker_args(),
                 )
                 rdd = arrow.mapPartitionsWithIndex(fn)
