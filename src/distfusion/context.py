@@ -70,6 +70,7 @@ from distfusion.sources import (
 from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.stages import StageGraph
+from distfusion.table_write import TableWrites
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.write import WrittenFile
@@ -553,7 +554,7 @@ HTML_ROWS = 10
 """Rows a notebook shows of a DistributedDataFrame (``_repr_html_``)."""
 
 
-class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations):
+class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations, TableWrites):
     """A planned query. Results are computed by the runtime on each call.
 
     Mirrors ``datafusion.DataFrame``: its transformations (``select``,

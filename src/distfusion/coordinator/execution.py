@@ -339,23 +339,31 @@ class QueryExecution:
             )
         committer.setup_job()
         try:
-            if reason is not None:
-                tasks = [write_task(spec, 0, on_coordinator(self.df))]
-            else:
-                run = self.context.runtime.start_query(query_id)
-                try:
-                    graph = self._prepare(run, query_id)
-                    writer = getattr(run, "write_head_parts", None)
-                    if writer is not None:
-                        tasks = writer(graph, spec)
-                    else:  # a run that cannot cut its head: the head whole, here
-                        tasks = map_head_parts(run, graph, functools.partial(write_head_part, spec))
-                finally:
-                    run.close()
-            return committer.commit_job(tasks)
+            return committer.commit_job(self._write_tasks(spec, reason))
         except BaseException:
             committer.abort_job()
             raise
+
+    def _write_tasks(self, spec: WriteSpec, reason: str | None) -> list[list[WrittenFile]]:
+        """Run the query as the tasks of ``spec``'s job (set up by the caller); their files.
+
+        ``reason``: :meth:`coordinator_only`'s (checked by the caller): the
+        query runs whole here, as one task. Used by :meth:`_write_files` and
+        the table writes (:mod:`distfusion.delta_write`, :mod:`distfusion.iceberg.write`),
+        which commit or abort the job.
+        """
+        if reason is not None:
+            return [write_task(spec, 0, on_coordinator(self.df))]
+        run = self.context.runtime.start_query(spec.query_id)
+        try:
+            graph = self._prepare(run, spec.query_id)
+            writer = getattr(run, "write_head_parts", None)
+            if writer is not None:
+                return writer(graph, spec)
+            # a run that cannot cut its head: the head whole, here
+            return map_head_parts(run, graph, functools.partial(write_head_part, spec))
+        finally:
+            run.close()
 
     def _observed(
         self,

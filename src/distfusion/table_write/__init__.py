@@ -1,0 +1,97 @@
+"""Writes into Delta and Iceberg tables: distributed data files, one commit by the table's library.
+
+:class:`TableWrites` gives :class:`~distfusion.context.DistributedDataFrame`
+its ``write_delta`` and ``write_iceberg``; :mod:`.files` runs the tasks and
+places their files, :mod:`.delta` and :mod:`.iceberg` commit them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from distfusion.table_write.delta import TableCommit, write_delta
+from distfusion.table_write.files import TableWriteError
+
+__all__ = ["TableCommit", "TableWriteError", "TableWrites"]
+
+
+class TableWrites:
+    """The table writes of a :class:`~distfusion.context.DistributedDataFrame` (a mixin)."""
+
+    def write_delta(
+        self,
+        table: str | os.PathLike | Any,
+        mode: str = "append",
+        partition_by: list[str] | str | None = None,
+        predicate: str | None = None,
+        schema_mode: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        partition_overwrite_mode: str = "static",
+    ) -> TableCommit:
+        """Run the query and commit its rows into a Delta table, as one new version.
+
+        Arguments as ``deltalake.write_deltalake`` (delta-rs 1.x) names them.
+        Every head part writes one Parquet file (per partition) into the
+        table's directory where it runs, as :meth:`write_parquet` does; then
+        the coordinator reads the files' footers and commits one transaction
+        through delta-rs (``DeltaTable.create_write_transaction``): an add
+        action per file with its size, partition values and statistics
+        (numRecords, min/max, nullCount), and for an overwrite the remove
+        actions of the files replaced. A table that does not exist is created
+        (version 0) by that commit. Nothing is visible before the commit; a
+        failed or interrupted query, or a refused commit, deletes every file
+        the write made. See :mod:`distfusion.table_write.delta`.
+
+        Args:
+            table: the table's root (a local path, or ``s3://``/``gs://``/
+                ``az://`` URL) or a ``deltalake.DeltaTable``.
+            mode: ``"append"``, or ``"overwrite"``: replace the table's rows
+                (all of them; with ``predicate``, those it selects; with
+                ``partition_overwrite_mode="dynamic"``, the partitions written).
+            partition_by: partition columns of a new table (an existing
+                table's must equal them when given).
+            predicate: with ``"overwrite"``, SQL over the partition columns:
+                the files of the partitions it selects are replaced, and every
+                written row must fall inside it.
+            schema_mode: ``None``: the result's columns must be the table's,
+                of the same types; ``"merge"``: new columns are added to the
+                table; ``"overwrite"`` (with ``mode="overwrite"``): the table
+                takes the result's schema.
+            storage_options: delta-rs's options for an object store table;
+                default: made from the store registered for its bucket. A
+                bucket without a store gets one made from them, for the tasks.
+            partition_overwrite_mode: ``"static"``, or ``"dynamic"``: an
+                overwrite replaces exactly the partitions the query writes
+                (Spark's ``spark.sql.sources.partitionOverwriteMode``).
+
+        Returns:
+            The commit: the new version, the files added and removed, rows
+            and bytes added.
+
+        Raises:
+            ImportError: deltalake is not installed.
+            ValueError: an unknown ``mode``, ``schema_mode`` or
+                ``partition_overwrite_mode``; a column missing, extra or of
+                another type than the table's (the message names it);
+                ``partition_by`` unlike the table's; a ``predicate`` over a
+                data column, or rows written outside it. Raised before any
+                task runs, except rows outside the predicate (after the
+                tasks, before the commit).
+            PlanningError: the table cannot be loaded; the query cannot be
+                planned.
+            TableWriteError: delta-rs refused the commit (a concurrent commit
+                conflicts): names the table and the version the write read.
+            TaskError, TransportError, ContextClosedError: as
+                :meth:`execute_stream`; nothing is committed.
+        """
+        return write_delta(
+            self,
+            table,
+            mode,
+            partition_by,
+            predicate,
+            schema_mode,
+            storage_options,
+            partition_overwrite_mode,
+        )

@@ -1,0 +1,531 @@
+"""Writing a query's result into a Delta Lake table: distributed files, one commit.
+
+:func:`write_delta` is :meth:`DistributedDataFrame.write_delta
+<distfusion.context.DistributedDataFrame.write_delta>`. The tasks write
+Parquet data files into the table's directory (:mod:`distfusion.table_write.files`:
+each head part where it runs, Hive-style ``col=value/`` directories for the
+partition columns, which the files do not hold, as the Delta protocol has
+it); the coordinator reads their footers and commits **one** transaction
+through delta-rs (``DeltaTable.create_write_transaction``, or
+``deltalake.transaction.create_table_with_add_actions`` for a new table)::
+
+    check schema, partitions, predicate  (before any task runs)
+    tasks write path/_temporary/<query>/...   -> job commit moves them to path/
+    add action per file: path (percent-encoded), size, partitionValues,
+        stats {numRecords, minValues, maxValues, nullCount} from the footer
+    overwrite: remove actions of the files replaced
+    one commit: version v+1 (v = the version the write started from);
+        a conflicting commit in between fails it (delta-rs's conflict check)
+
+Nothing is visible before the commit; a failed query or a refused commit
+deletes every file the write made. Names and meanings of the arguments are
+``deltalake.write_deltalake``'s (delta-rs 1.x); ``partition_overwrite_mode``
+is Spark's ``spark.sql.sources.partitionOverwriteMode``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+from datafusion import SessionContext
+
+from distfusion import delta, object_store
+from distfusion.errors import PlanningError
+from distfusion.table_write.files import (
+    PlacedFile,
+    TableWriteError,
+    discard,
+    partition_texts,
+    place_files,
+    run_job,
+)
+from distfusion.write import WriteSpec, file_schema
+
+__all__ = ["TableCommit", "delta_stats", "write_delta"]
+
+MODES = ("append", "overwrite")
+SCHEMA_MODES = (None, "merge", "overwrite")
+PARTITION_OVERWRITE_MODES = ("static", "dynamic")
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """What a table write committed.
+
+    Attributes:
+        table: the table's URI (Delta) or name (Iceberg).
+        version: the new Delta version, or the new Iceberg snapshot id.
+        files_added: data files added (paths relative to the table's data root).
+        files_removed: data files the commit removed (overwrite), as the table names them.
+        rows: rows added.
+        bytes: bytes of the files added.
+    """
+
+    table: str
+    version: int
+    files_added: list[str] = field(default_factory=list)
+    files_removed: list[str] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+
+
+def write_delta(
+    frame: Any,
+    table: Any,
+    mode: str = "append",
+    partition_by: list[str] | str | None = None,
+    predicate: str | None = None,
+    schema_mode: str | None = None,
+    storage_options: dict[str, str] | None = None,
+    partition_overwrite_mode: str = "static",
+) -> TableCommit:
+    """Run ``frame``'s query and commit its rows into the Delta table ``table``.
+
+    See :meth:`distfusion.context.DistributedDataFrame.write_delta`.
+    """
+    dl = delta.import_deltalake()
+    _check_arguments(mode, schema_mode, predicate, partition_overwrite_mode)
+    uri, options = _located(frame, dl, table, storage_options)
+    try:
+        dt = dl.DeltaTable(uri, storage_options=options)
+    except dl.exceptions.TableNotFoundError:
+        dt = None
+    except Exception as exc:
+        msg = f"cannot load the Delta table at {uri}: {delta._message(exc, [])}"
+        raise PlanningError(object_store.redact(msg)) from None
+    schema = file_schema(frame.schema())
+    if isinstance(partition_by, str):
+        partition_by = [partition_by]
+    parts = _partition_columns(uri, dt, partition_by, schema)
+    table_schema = _checked_schema(uri, dt, schema, schema_mode, mode)
+    removed: list[Any] = []
+    if dt is not None and mode == "overwrite" and predicate is not None:
+        removed = _files_matching(uri, dt, parts, predicate)
+    spec = WriteSpec(uri.rstrip("/"), str(uuid.uuid4()), "parquet", schema, parts)
+    created = _make_root(uri)
+    try:
+        placed = place_files(spec, run_job(frame, spec))
+    except BaseException:
+        _remove_root(created)
+        raise
+    try:
+        if predicate is not None and dt is not None and mode == "overwrite":
+            _check_written(uri, placed, parts, schema, predicate)
+        adds = [_add_action(dl, p, parts, schema) for p in placed]
+        if dt is not None and mode == "overwrite" and partition_overwrite_mode == "dynamic":
+            written = {tuple(partition_texts(p.relpath, parts).values()) for p in placed}
+            removed = _files_in_partitions(dt, parts, written)
+        version = _commit(
+            dl,
+            uri,
+            options,
+            dt,
+            adds,
+            removed,
+            mode,
+            predicate,
+            partition_overwrite_mode,
+            parts,
+            table_schema,
+        )
+    except BaseException:
+        discard(spec, placed)
+        _remove_root(created)
+        raise
+    return TableCommit(
+        uri,
+        version,
+        [p.relpath for p in placed],
+        [r["path"] for r in removed] if removed else [],
+        sum(p.rows for p in placed),
+        sum(p.size for p in placed),
+    )
+
+
+def _check_arguments(mode, schema_mode, predicate, partition_overwrite_mode) -> None:
+    if mode not in MODES:
+        msg = f"mode must be one of {', '.join(MODES)}, got {mode!r}"
+        raise ValueError(msg)
+    if schema_mode not in SCHEMA_MODES:
+        msg = f"schema_mode must be None, 'merge' or 'overwrite', got {schema_mode!r}"
+        raise ValueError(msg)
+    if schema_mode == "overwrite" and mode != "overwrite":
+        msg = "schema_mode='overwrite' needs mode='overwrite' (as in deltalake.write_deltalake)"
+        raise ValueError(msg)
+    if partition_overwrite_mode not in PARTITION_OVERWRITE_MODES:
+        msg = (
+            f"partition_overwrite_mode must be 'static' or 'dynamic', "
+            f"got {partition_overwrite_mode!r}"
+        )
+        raise ValueError(msg)
+    if predicate is not None and mode != "overwrite":
+        msg = "predicate needs mode='overwrite' (it says which rows the write replaces)"
+        raise ValueError(msg)
+    if predicate is not None and partition_overwrite_mode == "dynamic":
+        msg = "give a predicate or partition_overwrite_mode='dynamic', not both"
+        raise ValueError(msg)
+
+
+def _located(frame: Any, dl: Any, table: Any, storage_options) -> tuple[str, dict | None]:
+    """The table's URI (a local absolute path or a URL) and delta-rs's storage options.
+
+    A bucket gets a store for the tasks: the context's, or one made from
+    ``storage_options`` (as ``register_delta`` does).
+    """
+    if isinstance(table, dl.DeltaTable):
+        uri = table.table_uri
+        options = storage_options or getattr(table, "_storage_options", None)
+    else:
+        uri = os.fspath(table)
+        options = storage_options
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if not object_store.is_url(uri):
+        return os.path.abspath(uri), None
+    key = object_store.store_url(uri)
+    if options and key not in frame.context.stores.registered():
+        store = delta.store_from_options(uri, options)
+        if store is not None:
+            scheme, _, host = key.partition("://")
+            frame.context.register_object_store(scheme + "://", store, host)
+    frame.context._stores_for(uri)
+    if options is None:
+        options = delta.storage_options_for(uri)
+    else:
+        options = {**delta.COORDINATOR_STORAGE_OPTIONS, **options}
+    return uri.rstrip("/"), options
+
+
+def _partition_columns(uri: str, dt: Any, partition_by, schema: pa.Schema) -> tuple[str, ...]:
+    if dt is not None:
+        existing = list(dt.metadata().partition_columns)
+        if partition_by is not None and list(partition_by) != existing:
+            msg = (
+                f"the Delta table at {uri} is partitioned by {existing}, "
+                f"not by {list(partition_by)} (partition_by must match the table's)"
+            )
+            raise ValueError(msg)
+        parts = existing
+    else:
+        parts = list(partition_by or [])
+    missing = [c for c in parts if c not in schema.names]
+    if missing:
+        msg = (
+            f"partition column(s) {missing} of {uri} are not columns of the result "
+            f"({', '.join(schema.names)})"
+        )
+        raise ValueError(msg)
+    if parts and len(parts) == len(schema):
+        msg = f"{uri}: every column is a partition column; no column is left for the files"
+        raise ValueError(msg)
+    return tuple(parts)
+
+
+def _delta_types(schema: Any) -> dict[str, str]:
+    """Column name -> the Delta type's text (``long``, ``struct<...>``)."""
+    out = {}
+    for f in schema.fields:
+        t = f.type
+        out[f.name] = getattr(t, "type", None) or str(t)
+    return out
+
+
+def _checked_schema(uri: str, dt: Any, schema: pa.Schema, schema_mode, mode: str) -> pa.Schema:
+    """The schema to commit; raises when the result does not fit the table.
+
+    Raises:
+        ValueError: a column missing, extra or of another type, naming it
+            (unless ``schema_mode`` allows it); a type Delta lacks.
+    """
+    dl = delta.import_deltalake()
+    try:
+        ours = _delta_types(dl.Schema.from_arrow(schema))
+    except Exception as exc:
+        msg = f"the result's schema cannot be a Delta table's ({uri}): {exc}"
+        raise ValueError(msg) from None
+    if dt is None or schema_mode == "overwrite":
+        return schema
+    theirs = _delta_types(dt.schema())
+    for name, t in ours.items():
+        if name in theirs and theirs[name] != t:
+            msg = (
+                f"column {name!r} is {t} in the result but {theirs[name]} in the Delta table "
+                f"at {uri}; cast it"
+                + (" or pass schema_mode='overwrite'" if mode == "overwrite" else "")
+            )
+            raise ValueError(msg)
+    extra = [n for n in ours if n not in theirs]
+    missing = [n for n in theirs if n not in ours]
+    if schema_mode == "merge":
+        table_schema = pa.schema(dt.schema().to_arrow())
+        return pa.schema([*table_schema, *[schema.field(n) for n in extra]])
+    if extra:
+        msg = (
+            f"column(s) {extra} of the result are not in the Delta table at {uri} "
+            f"(columns {list(theirs)}); pass schema_mode='merge' to add them"
+        )
+        raise ValueError(msg)
+    if missing:
+        msg = (
+            f"column(s) {missing} of the Delta table at {uri} are missing from the result; "
+            "select them (NULL if need be) or pass schema_mode='merge'"
+        )
+        raise ValueError(msg)
+    return pa.schema(dt.schema().to_arrow())
+
+
+def _make_root(uri: str) -> str | None:
+    """Make a local table's directory when missing; returns it then (to remove on failure)."""
+    if object_store.is_url(uri) or os.path.isdir(uri):
+        return None
+    os.makedirs(uri)
+    return uri
+
+
+def _remove_root(created: str | None) -> None:
+    if created is None:
+        return
+    try:
+        os.rmdir(created)  # only when empty
+    except OSError:
+        pass
+
+
+def _file_table(dt: Any, parts: tuple[str, ...]) -> pa.Table:
+    """The table's active files: ``path``, ``size_bytes`` and each partition column, typed."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    columns = {"path": actions["path"], "size_bytes": actions["size_bytes"]}
+    for c in parts:
+        columns[c] = actions[f"partition.{c}"]
+    return pa.table(columns)
+
+
+def _files_matching(uri: str, dt: Any, parts: tuple[str, ...], predicate: str) -> list[dict]:
+    """The active files ``predicate`` selects; it may name partition columns only.
+
+    Raises:
+        ValueError: ``predicate`` names a column that is not a partition
+            column, or is not SQL DataFusion parses.
+    """
+    files = _file_table(dt, parts)
+    paths = _select(files, predicate, uri, parts)
+    chosen = set(paths)
+    return [r for r in files.to_pylist() if r["path"] in chosen]
+
+
+def _select(files: pa.Table, predicate: str, uri: str, parts: tuple[str, ...]) -> list[str]:
+    ctx = SessionContext()
+    ctx.register_record_batches(
+        "files", [files.to_batches() or [pa.RecordBatch.from_pylist([], files.schema)]]
+    )
+    try:
+        out = ctx.sql(f"SELECT path FROM files WHERE {predicate}").to_arrow_table()
+    except Exception as exc:
+        msg = (
+            f"predicate {predicate!r} for the Delta table at {uri} must be SQL over its "
+            f"partition columns ({', '.join(parts) or 'none: the table is not partitioned'}); "
+            f"predicates over data columns are not supported yet ({str(exc).splitlines()[0]})"
+        )
+        raise ValueError(msg) from None
+    return out["path"].to_pylist()
+
+
+def _check_written(uri, placed: list[PlacedFile], parts, schema: pa.Schema, predicate) -> None:
+    """Every written row must match ``predicate`` (delta-rs's rule for a predicate overwrite).
+
+    Raises:
+        ValueError: a written file's partition is outside the predicate.
+    """
+    if not placed:
+        return
+    rows = [{"path": p.relpath, **partition_texts(p.relpath, parts)} for p in placed]
+    texts = pa.Table.from_pylist(rows)
+    columns = {"path": texts["path"], "size_bytes": pa.array([p.size for p in placed])}
+    for c in parts:
+        columns[c] = texts[c].cast(pa.string()).cast(schema.field(c).type)
+    ok = set(_select(pa.table(columns), predicate, uri, parts))
+    outside = [r["path"] for r in rows if r["path"] not in ok]
+    if outside:
+        msg = (
+            f"rows written to the Delta table at {uri} do not match the overwrite "
+            f"predicate {predicate!r} (files {outside[:3]}); nothing was committed"
+        )
+        raise ValueError(msg)
+
+
+def _files_in_partitions(dt: Any, parts: tuple[str, ...], written: set[tuple]) -> list[dict]:
+    """Active files in one of the ``written`` partitions (values as text): a dynamic overwrite's."""
+    if not parts:
+        return pa.table(dt.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    out = []
+    for r in actions.to_pylist():
+        key = tuple(_text(r[f"partition.{c}"]) for c in parts)
+        if key in written:
+            out.append({"path": r["path"], "size_bytes": r["size_bytes"]})
+    return out
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f").rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _add_action(dl: Any, placed: PlacedFile, parts: tuple[str, ...], schema: pa.Schema) -> Any:
+    data_fields = pa.schema([f for f in schema if f.name not in parts])
+    return dl.transaction.AddAction(
+        quote(placed.relpath, safe="/="),
+        placed.size,
+        partition_texts(placed.relpath, parts),
+        int(time.time() * 1000),
+        True,
+        delta_stats(placed.metadata, data_fields),
+    )
+
+
+def delta_stats(metadata: Any, schema: pa.Schema) -> str:
+    """A file's Delta statistics as the add action's JSON text, from its Parquet footer.
+
+    ``{"numRecords": n, "minValues": {...}, "maxValues": {...}, "nullCount": {...}}``
+    for the top-level columns (Delta protocol, "Per-file Statistics"). Minimum
+    and maximum are given for integers, floats (not NaN or infinite), strings
+    whose footer bounds are exact, and dates; they are left out for
+    timestamps (the protocol keeps milliseconds: a truncated maximum would
+    skip rows), decimals, binary, booleans and nested columns, and for any
+    column a row group has no statistics for. Left out means "unknown" to a
+    reader, never a wrong skip.
+
+    Args:
+        metadata: the file's ``pyarrow.parquet.FileMetaData``.
+        schema: the file's Arrow schema (without the partition columns).
+    """
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    top = {f.name: f.type for f in schema}
+    for i in range(metadata.num_columns):
+        name = metadata.schema.column(i).path
+        if name not in top:
+            continue  # a nested leaf
+        lo = hi = None
+        count = 0
+        bounded = True
+        for g in range(metadata.num_row_groups):
+            st = metadata.row_group(g).column(i).statistics
+            if st is None:
+                bounded = False
+                count = None
+                break
+            count += st.null_count or 0
+            if not st.has_min_max:
+                if st.num_values:
+                    bounded = False
+                continue
+            if not (
+                getattr(st, "is_min_value_exact", True) and getattr(st, "is_max_value_exact", True)
+            ):
+                bounded = False
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        if count is not None:
+            nulls[name] = count
+        if bounded and lo is not None and _bounded_type(top[name]):
+            lo_v, hi_v = _json_value(lo), _json_value(hi)
+            if lo_v is not None and hi_v is not None:
+                mins[name], maxs[name] = lo_v, hi_v
+    stats = {
+        "numRecords": metadata.num_rows,
+        "minValues": mins,
+        "maxValues": maxs,
+        "nullCount": nulls,
+    }
+    return json.dumps(stats)
+
+
+def _bounded_type(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_date32(t)
+    )
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, datetime.date):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return None
+    return v
+
+
+def _commit(
+    dl: Any,
+    uri: str,
+    options: dict | None,
+    dt: Any,
+    adds: list,
+    removed: list[dict],
+    mode: str,
+    predicate: str | None,
+    partition_overwrite_mode: str,
+    parts: tuple[str, ...],
+    schema: pa.Schema,
+) -> int:
+    """Commit ``adds`` (and removes) as one transaction; the new version.
+
+    Raises:
+        TableWriteError: delta-rs refused the commit (a conflicting
+            concurrent commit, names the table and the version the write read).
+    """
+    props = dl.CommitProperties(custom_metadata={"engine": "distfusion"})
+    read = None if dt is None else dt.version()
+    try:
+        if dt is None:
+            dl.transaction.create_table_with_add_actions(
+                uri,
+                dl.Schema.from_arrow(schema),
+                adds,
+                mode="error",
+                partition_by=list(parts) or None,
+                storage_options=options,
+                commit_properties=props,
+            )
+        elif mode == "overwrite" and predicate is None and partition_overwrite_mode == "static":
+            dt.create_write_transaction(
+                adds, "overwrite", schema, list(parts) or None, commit_properties=props
+            )
+        else:
+            now = int(time.time() * 1000)
+            removes = [
+                dl.transaction.RemoveAction(r["path"], True, now, r["size_bytes"]) for r in removed
+            ]
+            dt.create_write_transaction(
+                [*removes, *adds],
+                "append",
+                schema,
+                list(parts) or None,
+                commit_properties=props,
+            )
+    except Exception as exc:
+        at = "" if read is None else f" (the write read version {read})"
+        msg = f"the commit to the Delta table at {uri} failed{at}: {delta._message(exc, [])}"
+        raise TableWriteError(object_store.redact(msg)) from None
+    return dl.DeltaTable(uri, storage_options=options).version()

@@ -1,0 +1,206 @@
+"""The data files of a table write: written by the tasks, placed, described, or discarded.
+
+A table write (:mod:`distfusion.table_write.delta`, :mod:`distfusion.table_write.iceberg`)
+runs the query as the tasks of a :class:`~distfusion.write.WriteSpec` job whose
+``path`` is where the table keeps its data files, exactly as
+:meth:`~distfusion.context.DistributedDataFrame.write_parquet` runs it (one
+file per head part, written where the part runs, Hadoop's task commit: see
+:mod:`distfusion.write`). What differs is the job commit::
+
+    run_job        the tasks write below path/_temporary/<query>/ (a failed
+                   or interrupted query: the job is aborted, nothing is left)
+    place_files    every committed file moves (local: a rename; object store:
+                   a server-side copy) to path/<relpath>, and its footer is
+                   read (statistics for the table's log); no _SUCCESS, no
+                   empty file: the table's own commit says which files exist
+    (table commit) the format's library commits one transaction naming the files
+    discard        the commit failed: the placed files are deleted
+
+Placed files are invisible to the table's readers until the commit names them
+(Delta and Iceberg readers never list directories).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow.parquet as pq
+
+from distfusion import object_store
+from distfusion.coordinator.checks import check_coordinator_reads, check_open
+from distfusion.errors import DistfusionError, PlanningError
+from distfusion.write import FileCommitter, WriteSpec, WrittenFile
+
+__all__ = [
+    "HIVE_NULL",
+    "PlacedFile",
+    "TableWriteError",
+    "discard",
+    "partition_texts",
+    "place_files",
+    "run_job",
+]
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+"""The directory name pyarrow's Hive partitioning gives a NULL partition value."""
+
+
+class TableWriteError(DistfusionError):
+    """A table write could not commit (a conflict, a refused commit); nothing was committed."""
+
+
+@dataclass(frozen=True)
+class PlacedFile:
+    """A data file in its final place, not yet part of the table.
+
+    Attributes:
+        relpath: the path below the job's ``path``, ``/``-separated, as
+            written (Hive directories hold pyarrow's URI-encoded values).
+        location: the absolute local path or the object's URL.
+        size: bytes.
+        rows: rows.
+        metadata: its Parquet footer.
+    """
+
+    relpath: str
+    location: str
+    size: int
+    rows: int
+    metadata: Any
+
+
+def run_job(frame: Any, spec: WriteSpec) -> list[list[WrittenFile]]:
+    """Run ``frame``'s query as the tasks of ``spec``'s job; each task's committed files.
+
+    Args:
+        frame: a :class:`~distfusion.context.DistributedDataFrame`.
+        spec: the job; ``spec.path`` is where the table's data files go.
+
+    Returns:
+        By task, the files it committed below ``path/_temporary/<query>/``.
+
+    Raises:
+        ContextClosedError: the frame's context is closed.
+        PlanningError: the statement returns no columns; a coordinator-only
+            query reads a table only tasks can read.
+        TaskError, TransportError: a task failed or a worker was lost (also
+            KeyboardInterrupt): the job is aborted first, so no file of it
+            remains.
+    """
+    check_open(frame.context.closed, frame.context._runtime)
+    if not frame._is_query():
+        msg = "the statement returns no columns (DDL): there is nothing to write"
+        raise PlanningError(msg)
+    reason = frame.coordinator_only()
+    if reason is not None:
+        check_coordinator_reads(
+            frame.df, frame.context.sources, reason, frame.context._not_on_coordinator
+        )
+    committer = FileCommitter(spec, "overwrite")
+    if not spec.remote:
+        os.makedirs(spec.job_dir, exist_ok=True)
+    try:
+        return frame._write_tasks(spec, reason)
+    except BaseException:
+        committer.abort_job()
+        raise
+
+
+def place_files(spec: WriteSpec, tasks: list[list[WrittenFile]]) -> list[PlacedFile]:
+    """Move the committed files of ``tasks`` to ``spec.path``, read their footers.
+
+    Local disk: a rename per file; an object store: a copy on the server per
+    file, then one footer read (a range request) per file, in parallel. The
+    job's temporary directory is deleted afterwards, and on failure together
+    with every file already moved.
+
+    Returns:
+        The placed files, in task order.
+
+    Raises:
+        OSError: a move, copy or footer read failed (nothing is left behind).
+    """
+    committer = FileCommitter(spec, "overwrite")
+    moved: list[str] = []
+    try:
+        if spec.remote:
+            base = spec.path.rstrip("/")
+            files = [f for files in tasks for f in files]
+            for f in files:
+                url = f"{base}/{f.relpath}"
+                object_store.copy_object(f.staged, url)
+                moved.append(url)
+            sizes = object_store.object_sizes(moved)
+            footers = object_store.read_parquet_metadata_all(list(zip(moved, sizes, strict=True)))
+            placed = [
+                PlacedFile(f.relpath, u, s, m.num_rows, m)
+                for f, u, s, m in zip(files, moved, sizes, footers, strict=True)
+            ]
+        else:
+            placed = []
+            for task, files in enumerate(tasks):
+                for f in files:
+                    src = os.path.join(spec.task_dir(task), f.relpath)
+                    dst = os.path.join(spec.path, f.relpath)
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    os.replace(src, dst)
+                    moved.append(dst)
+                    md = pq.read_metadata(dst)
+                    rel = f.relpath.replace(os.sep, "/")
+                    placed.append(PlacedFile(rel, dst, os.path.getsize(dst), md.num_rows, md))
+    except BaseException:
+        _delete(moved, spec.path)
+        committer.abort_job()
+        raise
+    committer.abort_job()  # the temporary directory, now empty of committed files
+    return placed
+
+
+def discard(spec: WriteSpec, placed: list[PlacedFile]) -> None:
+    """Delete ``placed`` files (their table commit failed), and directories left empty."""
+    _delete([p.location for p in placed], spec.path)
+
+
+def _delete(locations: list[str], root: str) -> None:
+    if not locations:
+        return
+    if object_store.is_url(locations[0]):
+        object_store.delete_objects(locations)
+        return
+    for loc in locations:
+        try:
+            os.remove(loc)
+        except FileNotFoundError:
+            pass
+        parent = os.path.dirname(loc)
+        while os.path.abspath(parent) != os.path.abspath(root) and parent.startswith(root):
+            try:
+                os.rmdir(parent)  # only when empty
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+
+def partition_texts(relpath: str, columns: tuple[str, ...]) -> dict[str, str | None]:
+    """The partition values of a file from its Hive directories, as text (NULL: None).
+
+    ``relpath`` is ``k1=v1/k2=v2/part-....parquet`` with pyarrow's URI-encoded
+    values (:func:`~distfusion.write.write_task` with ``partition_by``).
+
+    Raises:
+        ValueError: a directory of ``columns`` is missing from ``relpath``.
+    """
+    found: dict[str, str | None] = {}
+    for segment in relpath.split("/")[:-1]:
+        key, sep, value = segment.partition("=")
+        if sep:
+            text = unquote(value)
+            found[unquote(key)] = None if text == HIVE_NULL else text
+    missing = [c for c in columns if c not in found]
+    if missing:
+        msg = f"{relpath}: no partition directory for {missing}"
+        raise ValueError(msg)
+    return {c: found[c] for c in columns}
