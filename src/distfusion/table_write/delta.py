@@ -11,7 +11,7 @@ through delta-rs (``DeltaTable.create_write_transaction``, or
 
     check schema, partitions, predicate  (before any task runs)
     tasks write path/_temporary/<query>/...   -> job commit moves them to path/
-    add action per file: path (percent-encoded), size, partitionValues,
+    add action per file: path, size, partitionValues,
         stats {numRecords, minValues, maxValues, nullCount} from the footer
     overwrite: remove actions of the files replaced
     one commit: version v+1 (v = the version the write started from);
@@ -33,7 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import unquote
 
 import pyarrow as pa
 from datafusion import SessionContext
@@ -96,7 +96,9 @@ def write_delta(
     _check_arguments(mode, schema_mode, predicate, partition_overwrite_mode)
     uri, options = _located(frame, dl, table, storage_options)
     try:
-        dt = dl.DeltaTable(uri, storage_options=options)
+        # a DeltaTable given is the snapshot the write reads (its conflict check starts there)
+        given = isinstance(table, dl.DeltaTable)
+        dt = table if given else dl.DeltaTable(uri, storage_options=options)
     except dl.exceptions.TableNotFoundError:
         dt = None
     except Exception as exc:
@@ -110,6 +112,8 @@ def write_delta(
     removed: list[Any] = []
     if dt is not None and mode == "overwrite" and predicate is not None:
         removed = _files_matching(uri, dt, parts, predicate)
+    elif dt is not None and mode == "overwrite" and partition_overwrite_mode == "static":
+        removed = _file_table(dt, ()).to_pylist()  # delta-rs removes them (mode "overwrite")
     spec = WriteSpec(uri.rstrip("/"), str(uuid.uuid4()), "parquet", schema, parts)
     created = _make_root(uri)
     try:
@@ -136,6 +140,7 @@ def write_delta(
             partition_overwrite_mode,
             parts,
             table_schema,
+            schema_mode,
         )
     except BaseException:
         discard(spec, placed)
@@ -303,7 +308,9 @@ def _remove_root(created: str | None) -> None:
 def _file_table(dt: Any, parts: tuple[str, ...]) -> pa.Table:
     """The table's active files: ``path``, ``size_bytes`` and each partition column, typed."""
     actions = pa.table(dt.get_add_actions(flatten=True))
-    columns = {"path": actions["path"], "size_bytes": actions["size_bytes"]}
+    # the log's paths are percent-encoded; delta-rs's actions take them decoded
+    paths = pa.array([unquote(p) for p in actions["path"].to_pylist()], pa.string())
+    columns = {"path": paths, "size_bytes": actions["size_bytes"]}
     for c in parts:
         columns[c] = actions[f"partition.{c}"]
     return pa.table(columns)
@@ -364,15 +371,8 @@ def _check_written(uri, placed: list[PlacedFile], parts, schema: pa.Schema, pred
 
 def _files_in_partitions(dt: Any, parts: tuple[str, ...], written: set[tuple]) -> list[dict]:
     """Active files in one of the ``written`` partitions (values as text): a dynamic overwrite's."""
-    if not parts:
-        return pa.table(dt.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    out = []
-    for r in actions.to_pylist():
-        key = tuple(_text(r[f"partition.{c}"]) for c in parts)
-        if key in written:
-            out.append({"path": r["path"], "size_bytes": r["size_bytes"]})
-    return out
+    files = _file_table(dt, parts).to_pylist()
+    return [r for r in files if tuple(_text(r[c]) for c in parts) in written]
 
 
 def _text(value: Any) -> str | None:
@@ -388,7 +388,7 @@ def _text(value: Any) -> str | None:
 def _add_action(dl: Any, placed: PlacedFile, parts: tuple[str, ...], schema: pa.Schema) -> Any:
     data_fields = pa.schema([f for f in schema if f.name not in parts])
     return dl.transaction.AddAction(
-        quote(placed.relpath, safe="/="),
+        placed.relpath,  # delta-rs percent-encodes it for the log
         placed.size,
         partition_texts(placed.relpath, parts),
         int(time.time() * 1000),
@@ -488,8 +488,13 @@ def _commit(
     partition_overwrite_mode: str,
     parts: tuple[str, ...],
     schema: pa.Schema,
+    schema_mode: str | None,
 ) -> int:
     """Commit ``adds`` (and removes) as one transaction; the new version.
+
+    ``schema_mode="merge"`` with new columns is two commits: delta-rs's
+    write transaction keeps the table's metadata, so the columns are added
+    first (``DeltaTable.alter.add_columns``), after the tasks succeeded.
 
     Raises:
         TableWriteError: delta-rs refused the commit (a conflicting
@@ -498,12 +503,24 @@ def _commit(
     props = dl.CommitProperties(custom_metadata={"engine": "distfusion"})
     read = None if dt is None else dt.version()
     try:
+        if schema_mode == "merge" and dt is not None:
+            _add_columns(dl, dt, schema)
         if dt is None:
             dl.transaction.create_table_with_add_actions(
                 uri,
                 dl.Schema.from_arrow(schema),
                 adds,
                 mode="error",
+                partition_by=list(parts) or None,
+                storage_options=options,
+                commit_properties=props,
+            )
+        elif schema_mode == "overwrite":  # new metadata, removes of every file, adds: one commit
+            dl.transaction.create_table_with_add_actions(
+                uri,
+                dl.Schema.from_arrow(schema),
+                adds,
+                mode="overwrite",
                 partition_by=list(parts) or None,
                 storage_options=options,
                 commit_properties=props,
@@ -529,3 +546,11 @@ def _commit(
         msg = f"the commit to the Delta table at {uri} failed{at}: {delta._message(exc, [])}"
         raise TableWriteError(object_store.redact(msg)) from None
     return dl.DeltaTable(uri, storage_options=options).version()
+
+
+def _add_columns(dl: Any, dt: Any, schema: pa.Schema) -> None:
+    """Add the columns of ``schema`` the table lacks (nullable), as one commit."""
+    have = {f.name for f in dt.schema().fields}
+    new = [f for f in dl.Schema.from_arrow(schema).fields if f.name not in have]
+    if new:
+        dt.alter.add_columns(new)

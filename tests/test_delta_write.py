@@ -1,0 +1,259 @@
+"""Writes into Delta tables (issue 39): ``DistributedDataFrame.write_delta`` on local disk and S3.
+
+Every write is read back through deltalake itself and compared with the rows
+written; every write is exactly one new version. A task that fails leaves the
+table at its version with no new file below its directory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+import distfusion
+from distfusion import DistributedConfig, DistributedContext, TaskError
+from distfusion.table_write import TableWriteError
+
+RUNTIMES = {"local": 3, "spark": 2}
+ROWS = 600
+
+
+def _source() -> pa.Table:
+    ids = list(range(ROWS))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "p": pa.array([f"k {i % 3}" for i in ids]),
+            "x": pa.array([i * 0.5 if i % 7 else None for i in ids]),
+        }
+    )
+
+
+def _fail_at(values: pa.Array) -> pa.Array:
+    if pc.any(pc.equal(values, ROWS - 1)).as_py():
+        raise RuntimeError("boom in one task")
+    return values
+
+
+FAIL = distfusion.udf(_fail_at, [pa.int64()], pa.int64(), "immutable", name="fail_at_last")
+
+
+def _context(runtime) -> DistributedContext:
+    ctx = DistributedContext(runtime=runtime, config=DistributedConfig(tasks_per_stage=3))
+    ctx.register_table("src", _source(), max_rows_per_unit=100)
+    ctx.register_udf(FAIL)
+    return ctx
+
+
+@pytest.fixture(params=list(RUNTIMES))
+def ctx(request, runtime_for) -> DistributedContext:
+    return _context(runtime_for(request.param, RUNTIMES[request.param]))
+
+
+@pytest.fixture
+def local_ctx() -> DistributedContext:
+    from distfusion import LocalRuntime
+
+    ctx = _context(LocalRuntime(workers=3))
+    yield ctx
+    ctx.close()
+
+
+def _read(table, storage_options=None) -> pa.Table:
+    dt = (
+        table
+        if isinstance(table, DeltaTable)
+        else DeltaTable(table, storage_options=storage_options)
+    )
+    t = pa.table(dt.to_pyarrow_table()).select(["id", "p", "x"])
+    return t.sort_by("id")
+
+
+def _expected(where: str = "true") -> pa.Table:
+    from datafusion import SessionContext
+
+    c = SessionContext()
+    c.from_arrow(_source(), "src")
+    return c.sql(f"SELECT id, p, x FROM src WHERE {where} ORDER BY id").to_arrow_table()
+
+
+def _files(root) -> list[str]:
+    out = []
+    for d, _, files in os.walk(root):
+        out += [os.path.relpath(os.path.join(d, f), root) for f in files]
+    return sorted(out)
+
+
+def _same(got: pa.Table, expected: pa.Table) -> None:
+    assert got.to_pylist() == expected.to_pylist()
+
+
+@pytest.mark.parametrize("partition_by", [None, ["p"]], ids=["unpartitioned", "partitioned"])
+def test_create_append_overwrite_each_one_version(ctx, tmp_path, partition_by):
+    path = str(tmp_path / "t")
+    c0 = ctx.sql("SELECT id, p, x FROM src WHERE id < 300").write_delta(
+        path, partition_by=partition_by
+    )
+    assert c0.version == 0 and c0.rows == 300 and len(c0.files_added) >= 1
+    _same(_read(path), _expected("id < 300"))
+    assert DeltaTable(path).metadata().partition_columns == (partition_by or [])
+    c1 = ctx.sql("SELECT id, p, x FROM src WHERE id >= 300").write_delta(path)
+    assert c1.version == 1 and DeltaTable(path).version() == 1
+    _same(_read(path), _expected())
+    c2 = ctx.sql("SELECT id, p, x FROM src WHERE id % 2 = 0").write_delta(path, mode="overwrite")
+    assert c2.version == 2 and DeltaTable(path).version() == 2
+    assert sorted(c2.files_removed) == sorted(c0.files_added + c1.files_added)
+    _same(_read(path), _expected("id % 2 = 0"))
+    history = DeltaTable(path).history()
+    assert [h["version"] for h in history] == [2, 1, 0]
+    # Old versions stay readable: time travel sees each write whole.
+    _same(_read(DeltaTable(path, version=0)), _expected("id < 300"))
+
+
+def test_statistics_of_every_file_are_in_the_log(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    local_ctx.sql("SELECT id, p, x FROM src").write_delta(path, partition_by="p")
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True)).to_pylist()
+    data = _source().to_pylist()
+    assert sum(a["num_records"] for a in actions) == ROWS
+    for a in actions:
+        rows = [r for r in data if r["p"] == a["partition.p"]]
+        assert a["path"].startswith("p=k%2520")  # the directory "p=k%20<n>", encoded once more
+        # each file holds some of the partition's rows: its bounds lie within the partition's
+        assert (
+            min(r["id"] for r in rows) <= a["min.id"] <= a["max.id"] <= max(r["id"] for r in rows)
+        )
+        assert a["null_count.x"] <= sum(r["x"] is None for r in rows)
+    assert sum(a["null_count.x"] for a in actions) == sum(r["x"] is None for r in data)
+
+
+def test_predicate_and_dynamic_partition_overwrite(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    local_ctx.sql("SELECT id, p, x FROM src").write_delta(path, partition_by=["p"])
+    c = local_ctx.sql(
+        "SELECT id + 1000 AS id, p, x FROM src WHERE p = 'k 1' AND id < 30"
+    ).write_delta(path, mode="overwrite", predicate="p = 'k 1'")
+    assert c.version == 1 and c.files_removed
+    expected = _expected("p <> 'k 1'").to_pylist() + [
+        {**r, "id": r["id"] + 1000} for r in _expected("p = 'k 1' AND id < 30").to_pylist()
+    ]
+    _same(_read(path), pa.Table.from_pylist(expected).sort_by("id"))
+    # Dynamic: only the partitions the query writes ('k 2') are replaced.
+    local_ctx.sql("SELECT id, p, x FROM src WHERE p = 'k 2' AND id < 10").write_delta(
+        path, mode="overwrite", partition_overwrite_mode="dynamic"
+    )
+    expected = [r for r in expected if r["p"] != "k 2"] + _expected(
+        "p = 'k 2' AND id < 10"
+    ).to_pylist()
+    _same(_read(path), pa.Table.from_pylist(expected).sort_by("id"))
+    assert DeltaTable(path).version() == 2
+    # Rows outside the predicate: refused before the commit, nothing written.
+    before = _files(path)
+    with pytest.raises(ValueError, match="do not match the overwrite predicate"):
+        local_ctx.sql("SELECT id, p, x FROM src").write_delta(
+            path, mode="overwrite", predicate="p = 'k 0'"
+        )
+    assert _files(path) == before and DeltaTable(path).version() == 2
+    with pytest.raises(ValueError, match="partition columns"):
+        local_ctx.sql("SELECT id, p, x FROM src").write_delta(
+            path, mode="overwrite", predicate="id > 3"
+        )
+
+
+def test_appends_to_a_table_deltalake_made(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, _source().slice(0, 100), partition_by=["p"])
+    local_ctx.sql("SELECT id, p, x FROM src WHERE id >= 100").write_delta(DeltaTable(path))
+    _same(_read(path), _expected())
+    assert DeltaTable(path).version() == 1
+
+
+def test_a_schema_that_does_not_fit_is_refused_before_any_task(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    local_ctx.sql("SELECT id, p, x FROM src").write_delta(path)
+    before = _files(path)
+    with pytest.raises(ValueError, match="'id' is string in the result but long"):
+        local_ctx.sql("SELECT CAST(id AS VARCHAR) AS id, p, x FROM src").write_delta(path)
+    with pytest.raises(ValueError, match=r"\['y'\] of the result are not in the Delta table"):
+        local_ctx.sql("SELECT id, p, x, 1 AS y FROM src").write_delta(path)
+    with pytest.raises(ValueError, match=r"\['x'\] of the Delta table .* are missing"):
+        local_ctx.sql("SELECT id, p FROM src").write_delta(path)
+    with pytest.raises(ValueError, match="partitioned by"):
+        local_ctx.sql("SELECT id, p, x FROM src").write_delta(path, partition_by=["p"])
+    assert _files(path) == before and DeltaTable(path).version() == 0
+    # Evolution only when asked: merge adds the column, old rows read it as NULL.
+    local_ctx.sql("SELECT id, p, x, id * 2 AS y FROM src WHERE id < 5").write_delta(
+        path, schema_mode="merge"
+    )
+    t = pa.table(DeltaTable(path).to_pyarrow_table())
+    assert "y" in t.column_names and t.num_rows == ROWS + 5
+    assert pc.sum(t["y"].is_null()).as_py() == ROWS
+
+
+def test_a_failing_task_leaves_the_table_and_its_directory_untouched(ctx, tmp_path):
+    path = str(tmp_path / "t")
+    ctx.sql("SELECT id, p, x FROM src WHERE id < 100").write_delta(path, partition_by=["p"])
+    before = _files(path)
+    bad = "SELECT fail_at_last(id) AS id, p, x FROM src"
+    for mode in ("append", "overwrite"):
+        with pytest.raises(TaskError, match="boom in one task"):
+            ctx.sql(bad).write_delta(path, mode=mode)
+        assert _files(path) == before
+        assert DeltaTable(path).version() == 0
+    _same(_read(path), _expected("id < 100"))
+    # A new table that fails: no table, no directory.
+    with pytest.raises(TaskError, match="boom in one task"):
+        ctx.sql(bad).write_delta(str(tmp_path / "new"))
+    assert not os.path.exists(tmp_path / "new")
+
+
+def test_a_refused_commit_deletes_the_files(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    local_ctx.sql("SELECT id, p, x FROM src WHERE id < 10").write_delta(path)
+    dt = DeltaTable(path)
+    before = _files(path)
+    # The table is read as version 0; a concurrent overwrite commits version 1 first.
+    write_deltalake(path, _source().slice(0, 1), mode="overwrite")
+    after_other = _files(path)
+    frame = local_ctx.sql("SELECT id, p, x FROM src")
+    with pytest.raises(TableWriteError, match="version 0"):
+        frame.write_delta(dt, mode="overwrite", predicate=None, partition_overwrite_mode="dynamic")
+    assert _files(path) == after_other and len(after_other) > len(before)
+    assert DeltaTable(path).version() == 1
+
+
+def test_write_to_s3(local_ctx, s3_server, s3_store):
+    from distfusion import object_store
+
+    s3_server.create_bucket("delta-out")
+    local_ctx.register_object_store("s3://", s3_store("delta-out"), "delta-out")
+    options = {
+        "AWS_ENDPOINT_URL": s3_server.endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_REGION": "us-east-1",
+    }
+    url = "s3://delta-out/t"
+    try:
+        c = local_ctx.sql("SELECT id, p, x FROM src").write_delta(url, partition_by=["p"])
+        assert c.version == 0
+        _same(_read(url, options), _expected())
+        local_ctx.sql("SELECT id, p, x FROM src WHERE id < 50").write_delta(url, mode="overwrite")
+        _same(_read(url, options), _expected("id < 50"))
+        keys = s3_server.keys("delta-out", "t/")
+        before = len(keys)
+        with pytest.raises(TaskError, match="boom in one task"):
+            local_ctx.sql("SELECT fail_at_last(id) AS id, p, x FROM src").write_delta(url)
+        assert len(s3_server.keys("delta-out", "t/")) == before
+        assert not [k for k in keys if "_temporary" in k]
+        assert DeltaTable(url, storage_options=options).version() == 1
+        # The table reads back through distfusion's own reader too.
+        local_ctx.register_delta("back", url)
+        assert local_ctx.sql("SELECT count(*) AS n FROM back").to_pylist() == [{"n": 50}]
+    finally:
+        object_store.deregister("s3://", "delta-out")
