@@ -39,6 +39,30 @@ SEM_ROWS = pa.table(
             pa.date32(),
         ),
         "f": pa.array([0.5, 2.675, None, -1.5, 3.0, 1e10], pa.float64()),
+        # instants around New York's DST changes of 2024 (01:30 EST, 03:30 EDT; 01:30
+        # twice in November), and half a second before the epoch
+        "ts": pa.array(
+            [
+                datetime.datetime(2024, 3, 10, 6, 30),
+                datetime.datetime(2024, 3, 10, 7, 30),
+                None,
+                datetime.datetime(2024, 11, 3, 5, 30, 15, 250000),
+                datetime.datetime(2024, 11, 3, 6, 30),
+                datetime.datetime(1969, 12, 31, 23, 59, 59, 500000),
+            ],
+            pa.timestamp("us", tz="UTC"),
+        ),
+        "tn": pa.array(
+            [
+                datetime.datetime(2024, 3, 10, 2, 30),
+                None,
+                datetime.datetime(2024, 1, 1),
+                datetime.datetime(2024, 11, 3, 1, 30),
+                datetime.datetime(2023, 12, 31, 23, 59, 59),
+                datetime.datetime(2024, 6, 1, 12),
+            ],
+            pa.timestamp("us"),
+        ),
     }
 )
 
@@ -202,10 +226,56 @@ CASES = [
         "Java pattern letters of a date: y M L d D E",
     ),
     Case(
-        "date_format with a time of day",
+        "date_format of a DATE with a time of day",
         "SELECT date_format(dt, 'yyyy-MM-dd HH:mm') FROM sem",
         "spark",
-        "times are formatted in the session time zone",
+    ),
+    Case(
+        "TIMESTAMP and TIMESTAMP_NTZ columns",
+        "SELECT ts, tn, max(ts) OVER () AS m FROM sem ORDER BY ts",
+        "native",
+        "`toArrow()`'s UTC; `to_pandas()` in the session time zone, as `toPandas()`",
+    ),
+    Case(
+        "timestamp compared with a string, BETWEEN, IN, TIMESTAMP literal",
+        "SELECT i FROM sem WHERE ts >= '2024-03-10 07:00' OR tn < '2024-01-01' "
+        "OR ts BETWEEN '1969-12-31' AND TIMESTAMP '1970-01-01 00:00:00.25' "
+        "OR ts IN ('2024-11-03 06:30:00') ORDER BY i",
+        "native",
+        "the text is a wall time in the session time zone, as Spark reads it",
+    ),
+    Case(
+        "hour, minute, second, to_date, CAST AS DATE of timestamps",
+        "SELECT hour(ts), minute(ts), second(ts), to_date(ts), CAST(ts AS DATE), year(ts), "
+        "hour(tn), CAST(tn AS DATE) FROM sem ORDER BY ts",
+        "native",
+        "a TIMESTAMP's local time in a UTC session; other zones on Spark SQL",
+    ),
+    Case(
+        "date_trunc",
+        "SELECT date_trunc('DAY', ts), date_trunc('hour', ts), date_trunc('week', ts), "
+        "date_trunc('MM', ts) FROM sem ORDER BY ts",
+        "native",
+        "as above",
+    ),
+    Case(
+        "date_format of a timestamp",
+        "SELECT date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS'), date_format(tn, 'h:mm a') "
+        "FROM sem ORDER BY ts",
+        "native",
+        "letters y M L d D E H h m s S a; as above",
+    ),
+    Case(
+        "unix_timestamp, from_unixtime",
+        "SELECT unix_timestamp(ts), from_unixtime(b), from_unixtime(i, 'yyyy/MM/dd HH') "
+        "FROM sem ORDER BY ts",
+        "native",
+        "as above",
+    ),
+    Case(
+        "to_timestamp of a string",
+        "SELECT to_timestamp('2024-01-05 10:00', 'yyyy-MM-dd HH:mm')",
+        "spark",
     ),
     Case(
         "date_add, date_sub, datediff",

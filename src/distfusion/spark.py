@@ -107,8 +107,8 @@ from distfusion.runtime.spark.files import native_path
 from distfusion.sources import spark_source
 from distfusion.spark_sql import SparkSettings, table_names
 from distfusion.spark_sql import parse as parse_spark_sql
-from distfusion.spark_sql.schema import as_spark_schema, spark_names, spark_schema
-from distfusion.worker.spark_tasks import frame_function
+from distfusion.spark_sql.schema import as_spark_schema, spark_schema
+from distfusion.worker.spark_tasks import as_schema, frame_function
 
 __all__ = [
     "sql",
@@ -152,13 +152,14 @@ class SparkDataFrame(DistributedDataFrame):
         df,
         spark,
         query: str | None = None,
-        names: list[str] | None = None,
+        spark_schema: pa.Schema | None = None,
     ) -> None:
         label = df.label if isinstance(df, DistributedDataFrame) else ""
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
         self.query = query
-        self._names = names  # Spark's names where they repeat (DataFusion's are made distinct)
+        # Spark's analysis of the query: its names (repeated ones too) and time zones
+        self._spark_schema = spark_schema
         self.fallback: str | None = None
         """Why the query runs as ``spark.sql(query)`` itself, or None when distfusion runs it."""
         self._held: list[_HeldResult] = []
@@ -179,17 +180,35 @@ class SparkDataFrame(DistributedDataFrame):
 
     def schema(self) -> pa.Schema:
         """The result's Arrow schema, with Spark's column names."""
-        schema = super().schema()
-        return schema if self._names is None else _renamed(schema, self._names)
+        return self._spark_schema or super().schema()
 
     def execute_stream(self, progress: bool = False) -> ResultStream:
-        """As :meth:`DistributedDataFrame.execute_stream`, batches with Spark's column names."""
+        """As :meth:`DistributedDataFrame.execute_stream`, batches with Spark's names and types."""
         stream = super().execute_stream(progress=progress)
-        if self._names is None:
+        if self._spark_schema is None or self._spark_schema == super().schema():
             return stream
-        schema = self.schema()
-        renamed = _renamed_batches(stream.batches, schema)
-        return ResultStream(renamed, stream.close)
+        return ResultStream(_as_spark_batches(stream.batches, self._spark_schema), stream.close)
+
+    def to_pandas(self):
+        """The result as pandas, as ``toPandas()`` gives it: times local to the session's zone.
+
+        A ``TIMESTAMP`` column holds naive times in ``spark.sql.session.timeZone``
+        (PySpark's conversion), in nanoseconds as every time stamp; everything
+        else is :meth:`to_arrow_table`'s.
+
+        Raises:
+            ImportError, PlanningError, TaskError, TransportError: as
+                :meth:`DistributedDataFrame.to_pandas`.
+        """
+        frame = super().to_pandas()
+        zone = self.spark.conf.get("spark.sql.session.timeZone")
+        for i, f in enumerate(self.schema()):
+            if pa.types.is_timestamp(f.type):
+                local = frame.iloc[:, i]
+                if f.type.tz:
+                    local = local.dt.tz_convert(zone).dt.tz_localize(None)
+                frame.isetitem(i, local.astype("datetime64[ns]"))  # toPandas()'s unit
+        return frame
 
     def _derive(self, df) -> SparkDataFrame:
         """A transformation's result: a SparkDataFrame of the same context and session."""
@@ -282,8 +301,13 @@ class SparkDataFrame(DistributedDataFrame):
         return self._created(self.collect())
 
     def _created(self, batches: list[pa.RecordBatch]):
+        from pyspark.sql.pandas.types import from_arrow_schema  # optional dependency
+
         table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
-        return self._spark_named(self.spark.createDataFrame(to_spark_compatible(table)))
+        table = to_spark_compatible(table)
+        # the schema given: a time stamp without zone is a TIMESTAMP_NTZ (inferred, a TIMESTAMP)
+        frame = self.spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+        return self._spark_named(frame)
 
     def _spark_named(self, frame):
         """``frame`` with :meth:`spark_column_names` (a projection; nothing runs)."""
@@ -547,7 +571,7 @@ def sql(
         df = ctx.sql(query)
         if expected is not None:
             try:
-                arrow = spark_arrow_schema(expected, spark.conf.get("spark.sql.session.timeZone"))
+                arrow = spark_arrow_schema(expected, "UTC")  # toArrow()'s zone
             except Exception as exc:  # PySpark's: a type Arrow cannot express
                 raise SparkSemanticsError(f"Spark's result type has no Arrow form ({exc})") from exc
             df = as_spark_schema(df, arrow)
@@ -566,19 +590,17 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    names = spark_names(arrow) if expected is not None else None
-    return SparkDataFrame(ctx, df, spark, query, names)
+    return SparkDataFrame(ctx, df, spark, query, arrow if expected is not None else None)
 
 
-def _renamed(schema: pa.Schema, names: list[str]) -> pa.Schema:
-    return pa.schema([f.with_name(n) for f, n in zip(schema, names, strict=True)])
+def _as_spark_batches(batches, schema: pa.Schema):
+    """``batches`` with Spark's ``schema``: its names, and its time zones (the same instants).
 
-
-def _renamed_batches(batches, schema: pa.Schema):
-    """``batches`` with ``schema``'s names; closing this closes ``batches`` (cancels the run)."""
+    Closing this closes ``batches`` (which cancels the run).
+    """
     try:
         for batch in batches:
-            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+            yield as_schema(batch, schema)
     finally:
         batches.close()
 
@@ -596,8 +618,7 @@ class _SparkSqlResult(SparkDataFrame):
             _log.warning("distfusion.spark.sql runs a query on Spark SQL: %s", reason)
         frame = spark.sql(query)  # Spark's own error here; DDL and DML run now, as in Spark
         self._frame = frame
-        time_zone = spark.conf.get("spark.sql.session.timeZone")
-        self._arrow_schema = spark_arrow_schema(frame.schema, time_zone)
+        self._arrow_schema = spark_arrow_schema(frame.schema, "UTC")  # toArrow()'s zone
         placeholder = pa.schema(  # DataFusion's names must differ; Spark's may repeat
             [f.with_name(f"c{i}") for i, f in enumerate(self._arrow_schema)]
         )
@@ -877,9 +898,9 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
         files.append(path)
     if not files:
         return False
-    try:
-        schema = to_arrow_schema(df.schema)
-    except Exception:  # e.g. a time stamp: read through Spark, in the session's zone
+    try:  # Parquet holds instants (UTC); CSV's times are text read in the session's zone
+        schema = to_arrow_schema(df.schema, timezone="UTC" if fmt == "parquet" else None)
+    except Exception:  # e.g. a CSV time stamp: read through Spark, in the session's zone
         return False
     path = _common_path(sorted(files), fmt)
     if fmt == "parquet":
@@ -918,8 +939,8 @@ def _register_partitioned(
     if root is None:
         return False
     try:
-        data = to_arrow_schema(data)
-        parts = to_arrow_schema(parts)
+        data = to_arrow_schema(data, timezone="UTC")  # instants, as Parquet stores them
+        parts = to_arrow_schema(parts)  # a time stamp in a directory name: Spark's zone
     except Exception:  # e.g. a time stamp: read through Spark, in the session's zone
         return False
     ctx.register_parquet(

@@ -133,3 +133,32 @@ def test_sum_of_floats_is_close(sem):
     # Not exact in either engine: a distributed sum adds in another order.
     got = distfusion.spark.sql(sem, "SELECT sum(f) AS s FROM sem").to_pylist()[0]["s"]
     assert math.isclose(got, sem.sql("SELECT sum(f) AS s FROM sem").collect()[0]["s"])
+
+
+# (query, whether it reads the local time of a TIMESTAMP: native in a UTC session only)
+ZONED = [
+    ("SELECT i FROM sem WHERE ts >= '2024-03-10 02:30' ORDER BY i", False),  # in NY's gap
+    ("SELECT i FROM sem WHERE ts < '2024-11-03 01:30:00' ORDER BY i", False),  # NY's overlap
+    ("SELECT i FROM sem WHERE ts = TIMESTAMP '2024-03-10 03:30:00' ORDER BY i", False),
+    ("SELECT hour(ts), to_date(ts), date_trunc('day', ts) FROM sem ORDER BY ts", True),
+    ("SELECT hour(tn), date_format(tn, 'HH:mm') FROM sem ORDER BY tn", True),
+    ("SELECT date_format(ts, 'yyyy-MM-dd HH:mm'), from_unixtime(i) FROM sem ORDER BY ts", True),
+]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+def test_timestamps_across_dst_changes_in_two_session_zones(sem, zone):
+    previous = sem.conf.get("spark.sql.session.timeZone")
+    sem.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        for sql, local in ZONED:
+            df = _same_as_spark(sem, sql)
+            native = zone == "UTC" or not local
+            assert (df.fallback is None) == native, (sql, df.fallback)
+            if not native:
+                assert "session time zone 'America/New_York'" in df.fallback
+        sql = "SELECT ts, tn FROM sem ORDER BY i"
+        got = distfusion.spark.sql(sem, sql).to_pandas()  # naive times in the session's zone
+        assert got.equals(sem.sql(sql).toPandas()), (got, sem.sql(sql).toPandas())
+    finally:
+        sem.conf.set("spark.sql.session.timeZone", previous)

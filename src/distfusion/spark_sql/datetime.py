@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from distfusion.errors import SparkSemanticsError
 
-__all__ = ["DATE_LETTERS", "to_chrono"]
+__all__ = ["DATE_LETTERS", "TIME_LETTERS", "to_chrono"]
 
 DATE_LETTERS = {
     ("y", 4): "%Y",  # Spark pads a year to the letter count; years 1000..9999 read alike
@@ -35,18 +35,34 @@ DATE_LETTERS = {
 }
 """(Java letter, count) -> chrono specifier, for the fields of a DATE."""
 
+TIME_LETTERS = {
+    ("H", 1): "%-H",
+    ("H", 2): "%H",
+    ("h", 1): "%-I",
+    ("h", 2): "%I",
+    ("m", 1): "%-M",
+    ("m", 2): "%M",
+    ("s", 1): "%-S",
+    ("s", 2): "%S",
+    ("S", 3): "%3f",
+    ("S", 6): "%6f",
+    ("a", 1): "%p",
+}
+"""(Java letter, count) -> chrono specifier, for the time of day of a timestamp."""
 
-def to_chrono(pattern: str) -> str:
-    """The chrono format that writes a DATE as Spark's ``pattern`` does.
+
+def to_chrono(pattern: str, times: bool = False) -> str:
+    """The chrono format that writes a DATE (``times``: a timestamp) as Spark's ``pattern`` does.
 
     Quoted text (``'T'``, ``''`` for a quote) and any character that is not
     a letter are copied; ``%`` is escaped.
 
     Raises:
         SparkSemanticsError: a letter (or letter count) outside
-            :data:`DATE_LETTERS`, such as a time of day, a zone or ``yyy``;
-            an unterminated quote.
+            :data:`DATE_LETTERS` (and with ``times``, :data:`TIME_LETTERS`),
+            such as a zone or ``yyy``; an unterminated quote.
     """
+    letters = {**DATE_LETTERS, **TIME_LETTERS} if times else DATE_LETTERS
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
@@ -63,7 +79,7 @@ def to_chrono(pattern: str) -> str:
             run = 1
             while i + run < n and pattern[i + run] == ch:
                 run += 1
-            spec = DATE_LETTERS.get((ch, run))
+            spec = letters.get((ch, run))
             if spec is None:
                 msg = (
                     f"datetime pattern {pattern!r}: {ch * run!r} has no equal in DataFusion's "

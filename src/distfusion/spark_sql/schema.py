@@ -13,7 +13,7 @@ from datafusion import col
 
 from distfusion.errors import SparkSemanticsError
 
-__all__ = ["as_spark_schema", "same_values", "spark_names", "spark_schema"]
+__all__ = ["as_spark_schema", "plan_type", "same_values", "spark_schema"]
 
 
 def spark_schema(spark, query: str):
@@ -80,8 +80,22 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
             raise SparkSemanticsError(msg)
         name = want.name if want.name not in seen else f"{want.name}#{len(columns)}"
         seen.add(name)
-        columns.append(col(qualified[len(columns)]).cast(want.type).alias(name))
+        columns.append(
+            col(qualified[len(columns)]).cast(plan_type(have.type, want.type)).alias(name)
+        )
     return df.select(*columns)
+
+
+def plan_type(got: pa.DataType, spark: pa.DataType) -> pa.DataType:
+    """The type a column of type ``got`` is cast to in the plan, to give Spark's ``spark``.
+
+    Spark's type, except a timestamp's zone: the plan keeps its own (Substrait
+    carries no zone but UTC), and the result is relabeled with the session's
+    zone, the same instants (:class:`distfusion.spark.SparkDataFrame`).
+    """
+    if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark) and got.tz and spark.tz:
+        return pa.timestamp(spark.unit, got.tz)
+    return spark
 
 
 def _qualified_names(df: Any, got: pa.Schema) -> list[str]:
@@ -103,9 +117,3 @@ def _qualified_names(df: Any, got: pa.Schema) -> list[str]:
             parts = [*qualifier.split("."), name]
             out.append(".".join('"' + p.replace('"', '""') + '"' for p in parts))
     return out
-
-
-def spark_names(expected: pa.Schema) -> list[str] | None:
-    """Spark's column names where they repeat (what :func:`as_spark_schema` renamed), else None."""
-    names = list(expected.names)
-    return names if len(set(names)) != len(names) else None

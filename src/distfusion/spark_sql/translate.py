@@ -30,7 +30,6 @@ The output is SQL for DataFusion's Databricks parser dialect.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,15 +41,13 @@ from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, traverse_scope
-from sqlglot.time import format_time
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
-from distfusion.spark_sql.datetime import to_chrono
+from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
+from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
 __all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "parse", "table_names", "translate"]
-
-T = exp.DataType.Type
 
 PARSER_SETTINGS = {
     "datafusion.sql_parser.dialect": "databricks",
@@ -72,10 +69,13 @@ class SparkSettings:
         allow_precision_loss: ``spark.sql.decimalOperations.allowPrecisionLoss``
             (default True). False: decimal arithmetic past 38 digits is not
             translated.
+        time_zone: ``spark.sql.session.timeZone`` (default here: UTC): the zone
+            of local times (:mod:`distfusion.spark_sql.time_rules`).
     """
 
     ansi: bool = True
     allow_precision_loss: bool = True
+    time_zone: str = "UTC"
 
     @classmethod
     def of_session(cls, spark) -> SparkSettings:
@@ -87,9 +87,14 @@ class SparkSettings:
             except Exception:  # Spark's: a setting it does not expose
                 return default == "true"
 
+        try:
+            zone = str(spark.conf.get("spark.sql.session.timeZone"))
+        except Exception:  # Spark's: a setting it does not expose
+            zone = "UTC"
         return cls(
             ansi=flag("spark.sql.ansi.enabled", "true"),
             allow_precision_loss=flag("spark.sql.decimalOperations.allowPrecisionLoss", "true"),
+            time_zone=zone,
         )
 
 
@@ -195,7 +200,7 @@ def _check_constructs(ast: exp.Expression) -> None:
     """Raise for the outermost node whose class has no rule (the reason names what was written)."""
     for node in ast.walk(bfs=False):
         if type(node) not in RULES and type(node) not in _PASS:  # exact: no subclass
-            raise SparkSemanticsError(_unsupported(node))
+            raise SparkSemanticsError(unsupported(node))
 
 
 def _literal_type(node: exp.Literal) -> exp.DataType:
@@ -219,14 +224,6 @@ def _literal_type(node: exp.Literal) -> exp.DataType:
 
 def _known(t: exp.DataType | None) -> bool:
     return t is not None and t.this not in (T.UNKNOWN, T.NULL)
-
-
-_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-
-
-def _is_iso_date(node: exp.Expression) -> bool:
-    """A string literal ``yyyy-mm-dd``: both engines read it as the same DATE."""
-    return isinstance(node, exp.Literal) and node.is_string and bool(_ISO_DATE.match(node.this))
 
 
 # ----------------------------------------------------------------------------- rules
@@ -269,8 +266,6 @@ _PASS = {
     exp.Or,
     exp.Not,
     exp.Is,
-    exp.In,
-    exp.Between,
     exp.Exists,
     exp.NullSafeEQ,
     exp.Literal,
@@ -468,28 +463,6 @@ class _Translator:
         return t
 
 
-def _unsupported(node: exp.Expression) -> str:
-    if isinstance(node, exp.Anonymous):
-        return f"function {node.name}() has no Spark-equal translation"
-    if isinstance(node, exp.Func):  # Spark's name, as the query wrote it
-        name = node.sql("spark").split("(", 1)[0].strip().lower() or node.sql_name().lower()
-        return f"function {name}() has no Spark-equal translation"
-    return f"{node.key.upper()} ({node.sql('spark')[:60]!r}) has no Spark-equal translation"
-
-
-def _cast(node: exp.Expression, to: exp.DataType | str) -> exp.Cast:
-    to = to if isinstance(to, exp.DataType) else exp.DataType.build(to)
-    return exp.Cast(this=node, to=to.copy())
-
-
-def _paren(node: exp.Expression) -> exp.Expression:
-    return (
-        node
-        if isinstance(node, exp.Paren | exp.Column | exp.Literal | exp.Cast)
-        else exp.Paren(this=node)
-    )
-
-
 def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
     """The divisor with Spark's division by zero: NULL, or with ANSI mode an error.
 
@@ -498,8 +471,8 @@ def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
     """
     if not t.settings.ansi:
         return exp.Nullif(this=right, expression=exp.Literal.number(0))
-    failing = _cast(
-        exp.Div(this=_cast(right.copy(), "INT"), expression=_cast(right.copy(), "INT")),
+    failing = cast_to(
+        exp.Div(this=cast_to(right.copy(), "INT"), expression=cast_to(right.copy(), "INT")),
         t.type_of(right) or "DOUBLE",
     )
     is_zero = exp.EQ(this=right.copy(), expression=exp.Literal.number(0))
@@ -510,33 +483,33 @@ def _rule_function(t: _Translator, node: exp.Anonymous) -> exp.Expression:
     """A function sqlglot does not know: one of the context's UDFs, or untranslatable."""
     if node.name.lower() in t.functions:
         return node
-    raise SparkSemanticsError(_unsupported(node))
+    raise SparkSemanticsError(unsupported(node))
 
 
 def _rule_literal(t: _Translator, node: exp.Literal) -> exp.Expression:
     """``1e3``: a double in Spark; DataFusion reading decimals makes it ``decimal(1,-3)``."""
     if node.is_string or "e" not in node.this.lower():
         return node
-    return _cast(exp.Literal.string(node.this), "DOUBLE")
+    return cast_to(exp.Literal.string(node.this), "DOUBLE")
 
 
 def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
     """``+ - *`` with Spark's result type and overflow behaviour."""
     out = t.need(node, "arithmetic")
     lt, rt = t.type_of(node.left), t.type_of(node.right)
-    left, right = _paren(node.left), _paren(node.right)
+    left, right = paren(node.left), paren(node.right)
     if out.this == T.DATE:
         if isinstance(node.right, exp.Interval):
             return node
-        return _shifted_date(left, right, subtract=isinstance(node, exp.Sub))
+        return shifted_date(left, right, subtract=isinstance(node, exp.Sub))
     if st.is_fractional(out):
-        return node.__class__(this=_cast(left, "DOUBLE"), expression=_cast(right, "DOUBLE"))
+        return node.__class__(this=cast_to(left, "DOUBLE"), expression=cast_to(right, "DOUBLE"))
     if st.is_integral(out):
         if not t.settings.ansi:  # wraps at Spark's width
-            return node.__class__(this=_cast(left, out), expression=_cast(right, out))
+            return node.__class__(this=cast_to(left, out), expression=cast_to(right, out))
         wide = "DECIMAL(20, 0)" if out.this == T.BIGINT else "BIGINT"
-        inner = node.__class__(this=_cast(left, wide), expression=_cast(right, wide))
-        return _cast(inner, out)  # fails when the value does not fit Spark's type
+        inner = node.__class__(this=cast_to(left, wide), expression=cast_to(right, wide))
+        return cast_to(inner, out)  # fails when the value does not fit Spark's type
     a, b = st.decimal_of(lt), st.decimal_of(rt)
     result = st.decimal_of(out)
     if isinstance(node, exp.Mul):
@@ -553,20 +526,20 @@ def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
         msg = f"decimal arithmetic {node.sql('spark')!r} rounds past 38 digits"
         raise SparkSemanticsError(msg)
     # Exact in DataFusion at the natural scale; the cast rounds half up to Spark's.
-    return _cast(node.__class__(this=left, expression=right), out)
+    return cast_to(node.__class__(this=left, expression=right), out)
 
 
 def _rule_divide(t: _Translator, node: exp.Div) -> exp.Expression:
     """``/``: a double for integers and doubles; a decimal as Spark types and rounds it."""
     out = t.need(node, "division")
-    left, right = _paren(node.left), _paren(node.right)
+    left, right = paren(node.left), paren(node.right)
     if st.is_fractional(out):
-        divisor = _zero_guard(t, _cast(right, "DOUBLE"))
-        return exp.Div(this=_cast(left, "DOUBLE"), expression=divisor)
+        divisor = _zero_guard(t, cast_to(right, "DOUBLE"))
+        return exp.Div(this=cast_to(left, "DOUBLE"), expression=divisor)
     a, b = t._operand_decimal(node.left), t._operand_decimal(node.right)
     result = st.decimal_of(out)
     if a is None or b is None or result is None:
-        raise SparkSemanticsError(_unsupported(node))
+        raise SparkSemanticsError(unsupported(node))
     if (
         t.settings.allow_precision_loss is False
         and a.precision - a.scale + b.scale + max(6, a.scale + b.precision + 1) > st.MAX_PRECISION
@@ -581,32 +554,32 @@ def _rule_divide(t: _Translator, node: exp.Div) -> exp.Expression:
     if precision > st.MAX_PRECISION or scale + 4 > st.MAX_PRECISION:
         msg = f"decimal division {node.sql('spark')!r} needs more than 38 digits here"
         raise SparkSemanticsError(msg)
-    dividend = _cast(left, f"DECIMAL({precision}, {scale})")
-    divisor = _zero_guard(t, _cast(right, b.sql_type()))
-    return _cast(exp.Div(this=dividend, expression=divisor), out)
+    dividend = cast_to(left, f"DECIMAL({precision}, {scale})")
+    divisor = _zero_guard(t, cast_to(right, b.sql_type()))
+    return cast_to(exp.Div(this=dividend, expression=divisor), out)
 
 
 def _rule_int_divide(t: _Translator, node: exp.IntDiv) -> exp.Expression:
     """``a div b``: integers only, a BIGINT truncated toward zero as in Spark."""
     lt, rt = t.need(node.left, "div"), t.need(node.right, "div")
     if not (st.is_integral(lt) and st.is_integral(rt)):
-        raise SparkSemanticsError(_unsupported(node))
-    divisor = _cast(_paren(node.right), "BIGINT")
+        raise SparkSemanticsError(unsupported(node))
+    divisor = cast_to(paren(node.right), "BIGINT")
     if not t.settings.ansi:
         divisor = exp.Nullif(this=divisor, expression=exp.Literal.number(0))
-    return exp.Div(this=_cast(_paren(node.left), "BIGINT"), expression=divisor)
+    return exp.Div(this=cast_to(paren(node.left), "BIGINT"), expression=divisor)
 
 
 def _rule_mod(t: _Translator, node: exp.Mod) -> exp.Expression:
     """``a % b``: integers only (the sign of the dividend, as both engines do)."""
     lt, rt = t.need(node.left, "%"), t.need(node.right, "%")
     if not (st.is_integral(lt) and st.is_integral(rt)):
-        raise SparkSemanticsError(_unsupported(node))
+        raise SparkSemanticsError(unsupported(node))
     out = st.wider_integral(lt, rt)
-    divisor = _cast(_paren(node.right), out)
+    divisor = cast_to(paren(node.right), out)
     if not t.settings.ansi:
         divisor = exp.Nullif(this=divisor, expression=exp.Literal.number(0))
-    return exp.Mod(this=_cast(_paren(node.left), out), expression=divisor)
+    return exp.Mod(this=cast_to(paren(node.left), out), expression=divisor)
 
 
 def _rule_sum(t: _Translator, node: exp.Sum) -> exp.Expression:
@@ -626,18 +599,18 @@ def _rule_avg(t: _Translator, node: exp.Avg) -> exp.Expression:
     if isinstance(arg, exp.Distinct):
         raise SparkSemanticsError("avg(DISTINCT ...) has no Spark-equal translation")
     if st.is_fractional(out) and not st.is_decimal(t.type_of(arg)):
-        new = exp.Avg(this=_cast(arg, "DOUBLE"))
+        new = exp.Avg(this=cast_to(arg, "DOUBLE"))
     else:
         d = st.decimal_of(t.type_of(arg))
         if d.precision + 1 > st.MAX_PRECISION:
             msg = f"avg over decimal({d.precision},{d.scale}) needs more than 38 digits here"
             raise SparkSemanticsError(msg)
-        new = exp.Avg(this=_cast(arg, f"DECIMAL({d.precision + 1}, {d.scale + 1})"))
+        new = exp.Avg(this=cast_to(arg, f"DECIMAL({d.precision + 1}, {d.scale + 1})"))
         if isinstance(node.parent, exp.Window):
             t.types[id(new)] = out
             new.meta["spark_cast"] = out  # cast around the window (_rule_window)
             return new
-        return _cast(new, out)
+        return cast_to(new, out)
     return new
 
 
@@ -649,11 +622,11 @@ def _rule_deviation(t: _Translator, node: exp.AggFunc) -> exp.Expression:
     """
     at = t.need(node.this, node.sql_name().lower())
     if not (st.is_integral(at) or st.is_fractional(at) or st.is_decimal(at)):
-        raise SparkSemanticsError(_unsupported(node))
+        raise SparkSemanticsError(unsupported(node))
     if isinstance(node.this, exp.Distinct):
-        raise SparkSemanticsError(f"{_unsupported(node)} over DISTINCT values")
+        raise SparkSemanticsError(f"{unsupported(node)} over DISTINCT values")
     t.types[id(node)] = exp.DataType.build("DOUBLE")
-    return exp.Anonymous(this=_DEVIATIONS[type(node)], expressions=[_cast(node.this, "DOUBLE")])
+    return exp.Anonymous(this=_DEVIATIONS[type(node)], expressions=[cast_to(node.this, "DOUBLE")])
 
 
 _DEVIATIONS = {
@@ -667,8 +640,8 @@ _DEVIATIONS = {
 
 
 def _rule_window(t: _Translator, node: exp.Window) -> exp.Expression:
-    cast_to = node.this.meta.get("spark_cast") if isinstance(node.this, exp.Expression) else None
-    return _cast(node, cast_to) if cast_to is not None else node
+    spark_type = node.this.meta.get("spark_cast") if isinstance(node.this, exp.Expression) else None
+    return cast_to(node, spark_type) if spark_type is not None else node
 
 
 def _rule_round(t: _Translator, node: exp.Round) -> exp.Expression:
@@ -697,7 +670,7 @@ def _rule_round(t: _Translator, node: exp.Round) -> exp.Expression:
         raise SparkSemanticsError(msg)
     out = st.round_type(dec, d).sql_type()
     t.types[id(node)] = out
-    return _cast(node.this, out)  # DataFusion's cast to a smaller scale rounds half up
+    return cast_to(node.this, out)  # DataFusion's cast to a smaller scale rounds half up
 
 
 def _rule_branches(t: _Translator, node: exp.Expression) -> exp.Expression:
@@ -708,11 +681,11 @@ def _rule_branches(t: _Translator, node: exp.Expression) -> exp.Expression:
     """
     out = t.type_of(node)
     if out is None and not all(isinstance(b, exp.Null) for b in t._branches(node)):
-        raise SparkSemanticsError(f"{_unsupported(node)}: its branches' types do not unify here")
+        raise SparkSemanticsError(f"{unsupported(node)}: its branches' types do not unify here")
     if isinstance(node, exp.If):
         ifs = [exp.If(this=node.this, true=node.args["true"])]
         node = exp.Case(ifs=ifs, default=node.args.get("false"))
-    return _cast(node, out) if st.is_decimal(out) else node
+    return cast_to(node, out) if st.is_decimal(out) else node
 
 
 def _rule_if_inside_case(t: _Translator, node: exp.If) -> exp.Expression:
@@ -745,17 +718,45 @@ def _rule_like(t: _Translator, node: exp.Like) -> exp.Expression:
     return node
 
 
-def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expression:
-    """Comparisons: both sides of one type family, or a date with an ISO date literal."""
-    lt, rt = t.need(node.left, "comparison"), t.need(node.right, "comparison")
+def _comparable(t: _Translator, node: exp.Expression, left: exp.Expression, right: exp.Expression):
+    """``left`` and ``right`` as Spark compares them: one type family, or a literal cast.
+
+    A date with an ISO date literal, a timestamp with a string literal
+    (:func:`~distfusion.spark_sql.time_rules.compared`).
+    """
+    lt, rt = t.need(left, "comparison"), t.need(right, "comparison")
     if _family(lt) == _family(rt):
-        return node
-    if (lt.this == T.DATE and _is_iso_date(node.right)) or (
-        rt.this == T.DATE and _is_iso_date(node.left)
-    ):
-        return node
+        return left, right
+    if (new := compared(t, right, lt)) is not None:
+        return left, new
+    if (new := compared(t, left, rt)) is not None:
+        return new, right
     msg = f"comparison {node.sql('spark')!r} of a {lt.sql('spark')} with a {rt.sql('spark')}"
     raise SparkSemanticsError(msg + ": Spark's implicit casts differ from DataFusion's")
+
+
+def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expression:
+    """``= <> < <= > >=`` of two values Spark compares without an implicit cast of a column."""
+    left, right = _comparable(t, node, node.left, node.right)
+    if left is node.left and right is node.right:
+        return node
+    return node.__class__(this=left, expression=right)
+
+
+def _rule_between(t: _Translator, node: exp.Between) -> exp.Expression:
+    """``x BETWEEN low AND high``: each bound compared with ``x`` as :func:`_rule_compare`."""
+    this = node.this
+    _, low = _comparable(t, node, this, node.args["low"])
+    _, high = _comparable(t, node, this, node.args["high"])
+    return exp.Between(this=this, low=low, high=high)
+
+
+def _rule_in(t: _Translator, node: exp.In) -> exp.Expression:
+    """``x IN (a, b)``: each value compared with ``x`` as :func:`_rule_compare`."""
+    if not node.expressions:  # a subquery: its column's type, as a join compares
+        return node
+    values = [_comparable(t, node, node.this, v)[1] for v in node.expressions]
+    return node.__class__(this=node.this, expressions=values, is_global=node.args.get("is_global"))
 
 
 def _family(t: exp.DataType) -> str:
@@ -780,8 +781,10 @@ def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
     to = node.to
     src = t.type_of(node.this)
     arg = node.this
-    if to.this == T.DATE and _is_iso_date(arg):
+    if to.this == T.DATE and is_iso_date(arg):
         return node
+    if (timed := rule_cast(t, node)) is not None:
+        return timed
     if src is None:
         raise SparkSemanticsError(f"CAST of {arg.sql('spark')!r}: its type is not known here")
     pair = (_family(src), _family(to))
@@ -799,19 +802,11 @@ def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
     With ANSI mode a failing cast fails the query (``CAST``); without, it is
     NULL (``TRY_CAST``). Either way only casts whose values agree pass.
     """
-    _rule_cast(t, node)
+    out = _rule_cast(t, node)
+    if out is not node:  # a timestamp's cast, rewritten
+        return out
     kind = exp.Cast if t.settings.ansi else exp.TryCast
     return kind(this=node.this, to=node.to)
-
-
-def _rule_to_date(t: _Translator, node: exp.TsOrDsToDate) -> exp.Expression:
-    """A date function's argument as sqlglot reads it: a DATE, or an ISO date literal."""
-    if _is_iso_date(node.this) and not node.args.get("format"):
-        return _cast(node.this, "DATE")
-    at = t.type_of(node.this)
-    if at is None or at.this != T.DATE or node.args.get("format"):
-        raise SparkSemanticsError("to_date() of a string has no Spark-equal translation")
-    return node.this
 
 
 def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expression:
@@ -821,118 +816,8 @@ def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expression:
     return node
 
 
-_DATE_PARTS = {
-    exp.Year: "YEAR",
-    exp.Month: "MONTH",
-    exp.Day: "DAY",
-    exp.DayOfMonth: "DAY",
-    exp.Quarter: "QUARTER",
-    exp.DayOfYear: "DOY",
-    exp.WeekOfYear: "WEEK",  # ISO 8601 weeks in both
-    exp.DayOfWeek: "DOW",  # DataFusion's 0 is Sunday, Spark's 1
-}
-
-
-def _rule_date_part(t: _Translator, node: exp.Expression) -> exp.Expression:
-    """``year(d)``, ``dayofweek(d)``, ``EXTRACT(... FROM d)`` of a DATE (INT in both)."""
-    arg = node.expression if isinstance(node, exp.Extract) else node.this
-    at = t.type_of(arg)
-    if at is None or at.this != T.DATE:
-        raise SparkSemanticsError(f"{_unsupported(node)} over a non-DATE argument")
-    if isinstance(node, exp.Extract):
-        unit = node.this.name.upper()
-        if unit not in ("YEAR", "MONTH", "DAY", "QUARTER"):
-            raise SparkSemanticsError(f"EXTRACT({unit} ...) has no Spark-equal translation")
-        return _cast(node, "INT")
-    unit = _DATE_PARTS[type(node)]
-    part = _cast(exp.Extract(this=exp.var(unit), expression=arg), "INT")
-    return exp.Add(this=part, expression=exp.Literal.number(1)) if unit == "DOW" else part
-
-
-def _days(node: exp.Expression) -> exp.Expression:
-    """A DATE as its days since 1970-01-01 (INT)."""
-    return exp.Anonymous(this="arrow_cast", expressions=[node, exp.Literal.string("Int32")])
-
-
-def _shifted_date(
-    date: exp.Expression, days: exp.Expression, subtract: bool = False
-) -> exp.Expression:
-    """The DATE ``days`` (an integer) after ``date``, or before with ``subtract``."""
-    kind = exp.Sub if subtract else exp.Add
-    total = kind(this=_days(date), expression=_cast(days, "INT"))
-    return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
-
-
-def _date_arg(t: _Translator, node: exp.Expression, what: str) -> exp.Expression:
-    """``node`` as a DATE: a DATE, or an ISO date literal cast (Spark casts it the same)."""
-    if _is_iso_date(node):
-        return _cast(node, "DATE")
-    at = t.type_of(node)
-    if at is None or at.this != T.DATE:
-        shown = at.sql("spark") if at is not None else "an unknown type"
-        raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
-    return node
-
-
-def _rule_date_add(t: _Translator, node: exp.TsOrDsAdd) -> exp.Expression:
-    """``date_add(d, n)`` / ``date_sub(d, n)`` on a DATE: the day number plus ``n``."""
-    unit = node.args.get("unit")
-    if unit is not None and unit.name.upper() != "DAY":
-        raise SparkSemanticsError(f"date_add by {unit.name} has no Spark-equal translation")
-    days = node.expression
-    dt = t.need(days, "date_add")
-    if not st.is_integral(dt) or dt.this == T.BIGINT:
-        raise SparkSemanticsError(f"date_add() by a {dt.sql('spark')}: Spark takes an INT")
-    return _shifted_date(_date_arg(t, node.this, "date_add"), days)
-
-
-def _rule_datediff(t: _Translator, node: exp.DateDiff) -> exp.Expression:
-    """``datediff(end, start)`` of DATEs: days from ``start`` to ``end`` (INT)."""
-    if node.args.get("unit") is not None:
-        raise SparkSemanticsError("datediff() with a unit has no Spark-equal translation")
-    end = _date_arg(t, node.this, "datediff")
-    start = _date_arg(t, node.expression, "datediff")
-    return exp.Paren(this=exp.Sub(this=_days(end), expression=_days(start)))
-
-
-def _rule_date_format(t: _Translator, node: exp.TimeToStr) -> exp.Expression:
-    """``date_format(d, pattern)`` of a DATE with a literal pattern: chrono's ``to_char``.
-
-    Timestamps are formatted in the session time zone by Spark: they run on
-    Spark SQL.
-    """
-    arg = node.this.this if isinstance(node.this, exp.TimeStrToTime) else node.this
-    fmt = node.args.get("format")
-    if not (isinstance(fmt, exp.Literal) and fmt.is_string):
-        raise SparkSemanticsError("date_format() with a pattern that is not a literal")
-    # sqlglot keeps the pattern in strftime letters; Spark's inverse mapping gives it back
-    java = format_time(fmt.this, Spark.INVERSE_TIME_MAPPING, Spark.INVERSE_TIME_TRIE)
-    chrono = to_chrono(java)
-    return exp.Anonymous(
-        this="to_char", expressions=[_date_arg(t, arg, "date_format"), exp.Literal.string(chrono)]
-    )
-
-
-def _rule_date_format_arg(t: _Translator, node: exp.TimeStrToTime) -> exp.Expression:
-    # sqlglot wraps date_format's argument; _rule_date_format reads through it.
-    if isinstance(node.parent, exp.TimeToStr) and node.arg_key == "this":
-        return node
-    raise SparkSemanticsError(_unsupported(node))
-
-
-def _rule_interval(t: _Translator, node: exp.Interval) -> exp.Expression:
-    """``INTERVAL n DAY[S] | MONTH[S] | YEAR[S]`` added to or subtracted from a DATE."""
-    unit = node.unit.name.upper() if node.unit else ""
-    singular = unit.removesuffix("S")
-    if not isinstance(node.parent, exp.Add | exp.Sub) or singular not in ("DAY", "MONTH", "YEAR"):
-        raise SparkSemanticsError(
-            f"INTERVAL {unit} outside date +/- has no Spark-equal translation"
-        )
-    return exp.Interval(this=node.this, unit=exp.var(singular))
-
-
 def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
-    return _cast(node, "TINYINT")
+    return cast_to(node, "TINYINT")
 
 
 RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
@@ -958,19 +843,14 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.Like: _rule_like,
     exp.Cast: _rule_cast,
     exp.TryCast: _rule_try_cast,
-    exp.TsOrDsToDate: _rule_to_date,
     exp.Hint: lambda t, n: None,
     exp.JoinHint: lambda t, n: None,
     exp.Substring: _rule_substring,
-    exp.Extract: _rule_date_part,
-    **{c: _rule_date_part for c in _DATE_PARTS},
-    exp.TsOrDsAdd: _rule_date_add,
-    exp.DateDiff: _rule_datediff,
-    exp.TimeToStr: _rule_date_format,
-    exp.TimeStrToTime: _rule_date_format_arg,
-    exp.Interval: _rule_interval,
     exp.Grouping: _rule_grouping,
     **{c: _rule_compare for c in _COMPARISONS},
+    exp.Between: _rule_between,
+    exp.In: _rule_in,
+    **TIME_RULES,
 }
 """Node class -> its rule: the node as it is, its Spark-equal rewrite, or
 :class:`SparkSemanticsError`. Classes in ``_PASS`` pass unchanged; any other

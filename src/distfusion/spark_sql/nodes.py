@@ -1,0 +1,43 @@
+"""Small builders and tests of sqlglot nodes that the translation rules share."""
+
+from __future__ import annotations
+
+import re
+
+from sqlglot import exp
+
+__all__ = ["T", "cast_to", "is_iso_date", "paren", "unsupported"]
+
+T = exp.DataType.Type
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def unsupported(node: exp.Expression) -> str:
+    """Why ``node`` stops the translation, naming it as the query wrote it."""
+    if isinstance(node, exp.Anonymous):
+        return f"function {node.name}() has no Spark-equal translation"
+    if isinstance(node, exp.Func):  # Spark's name, as the query wrote it
+        name = node.sql("spark").split("(", 1)[0].strip().lower() or node.sql_name().lower()
+        return f"function {name}() has no Spark-equal translation"
+    return f"{node.key.upper()} ({node.sql('spark')[:60]!r}) has no Spark-equal translation"
+
+
+def cast_to(node: exp.Expression, to: exp.DataType | str) -> exp.Cast:
+    """``CAST(node AS to)``."""
+    to = to if isinstance(to, exp.DataType) else exp.DataType.build(to)
+    return exp.Cast(this=node, to=to.copy())
+
+
+def paren(node: exp.Expression) -> exp.Expression:
+    """``node``, parenthesized unless it is atomic."""
+    return (
+        node
+        if isinstance(node, exp.Paren | exp.Column | exp.Literal | exp.Cast)
+        else exp.Paren(this=node)
+    )
+
+
+def is_iso_date(node: exp.Expression) -> bool:
+    """A string literal ``yyyy-mm-dd``: both engines read it as the same DATE."""
+    return isinstance(node, exp.Literal) and node.is_string and bool(_ISO_DATE.match(node.this))

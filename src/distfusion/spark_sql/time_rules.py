@@ -1,0 +1,383 @@
+"""Rules for dates and timestamps: Spark's calendar, time zones and datetime patterns.
+
+Spark's ``TIMESTAMP`` is an instant shown in the session time zone
+(``spark.sql.session.timeZone``); ``TIMESTAMP_NTZ`` a wall-clock time. The
+plan carries instants as UTC (Substrait keeps no other zone), so what
+depends on the local time of an instant (``hour``, ``to_date``,
+``date_trunc``, ``date_format``, ``from_unixtime``) is translated when the
+session's zone is UTC, and runs on Spark SQL otherwise. A string literal
+compared with or cast to a timestamp is read as Spark reads it (its wall
+time in the session's zone, the gap and overlap of a DST change resolved
+as ``java.time`` resolves them) and written as the instant, in every zone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import zoneinfo
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+from sqlglot.dialects.spark import Spark
+from sqlglot.time import format_time
+
+from distfusion.errors import SparkSemanticsError
+from distfusion.spark_sql import types as st
+from distfusion.spark_sql.datetime import to_chrono
+from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, unsupported
+
+if TYPE_CHECKING:
+    from distfusion.spark_sql.translate import _Translator as Translator
+
+__all__ = [
+    "TIME_RULES",
+    "UTC_ZONES",
+    "compared",
+    "instant_literal",
+    "is_instant",
+    "rule_cast",
+    "shifted_date",
+]
+
+UTC_ZONES = frozenset(
+    {
+        "UTC",
+        "Etc/UTC",
+        "GMT",
+        "Etc/GMT",
+        "Z",
+        "+00:00",
+        "UCT",
+        "Etc/UCT",
+        "Universal",
+        "Etc/Universal",
+        "Zulu",
+        "Etc/Zulu",
+        "GMT0",
+        "Etc/GMT0",
+        "Greenwich",
+        "Etc/Greenwich",
+    }
+)
+"""Session time zones whose local time is UTC's."""
+
+_INSTANTS = (T.TIMESTAMP, T.TIMESTAMPTZ, T.TIMESTAMPLTZ)
+_TIMESTAMP_TEXT = re.compile(
+    r"^\s*(\d{4})-(\d{1,2})-(\d{1,2})"
+    r"(?:[ T](\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,6}))?)?)?\s*$"
+)
+_ARROW_TYPES = {
+    True: 'Timestamp(Microsecond, Some("UTC"))',
+    False: "Timestamp(Microsecond, None)",
+}
+
+
+def is_instant(t: exp.DataType | None) -> bool:
+    """Whether ``t`` is Spark's ``TIMESTAMP`` (an instant), not ``TIMESTAMP_NTZ``."""
+    return t is not None and t.this in _INSTANTS
+
+
+def _is_time(t: exp.DataType | None) -> bool:
+    return t is not None and (t.this in _INSTANTS or t.this == T.TIMESTAMPNTZ)
+
+
+def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expression | None:
+    """Spark's cast of the string ``text`` to a timestamp, as a DataFusion literal; None if unsure.
+
+    ``yyyy-[m]m-[d]d[( |T)[h]h:[m]m[:[s]s[.ffffff]]]``: a wall time in
+    session zone ``zone`` (``instant``, Spark's ``TIMESTAMP``: written as the
+    UTC instant) or no zone (``TIMESTAMP_NTZ``). Other forms (a zone suffix,
+    a year alone) are left to Spark.
+    """
+    m = _TIMESTAMP_TEXT.match(text)
+    if m is None:
+        return None
+    parts = [int(g) if g else 0 for g in m.groups()[:6]]
+    micros = int((m.group(7) or "").ljust(6, "0") or 0)
+    try:
+        wall = datetime.datetime(*parts, micros)
+    except ValueError:  # Spark: NULL, or an error with ANSI mode
+        return None
+    if instant:
+        try:
+            tz = datetime.UTC if zone in UTC_ZONES else zoneinfo.ZoneInfo(zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):  # an offset such as +02:00
+            return None
+        # fold=0: the earlier offset of an overlap, a gap's time shifted forward (java.time's)
+        wall = wall.replace(tzinfo=tz).astimezone(datetime.UTC).replace(tzinfo=None)
+    shown = wall.strftime("%Y-%m-%dT%H:%M:%S.%f") + ("Z" if instant else "")
+    return exp.Anonymous(
+        this="arrow_cast",
+        expressions=[exp.Literal.string(shown), exp.Literal.string(_ARROW_TYPES[instant])],
+    )
+
+
+def compared(t: Translator, node: exp.Expression, other: exp.DataType) -> exp.Expression | None:
+    """``node`` (compared with a value of type ``other``) as Spark casts it, or None.
+
+    A string literal compared with a timestamp is that timestamp's literal;
+    an ISO date literal compared with a DATE passes.
+    """
+    if other.this == T.DATE and is_iso_date(node):
+        return node
+    if _is_time(other) and isinstance(node, exp.Literal) and node.is_string:
+        return instant_literal(node.this, t.settings.time_zone, is_instant(other))
+    return None
+
+
+def _local(t: Translator, node: exp.Expression, what: str) -> exp.Expression:
+    """``node``, a timestamp whose local time DataFusion computes as Spark does, or raise.
+
+    A timestamp when the session's zone is UTC (Spark reads a ``TIMESTAMP_NTZ``
+    as a ``TIMESTAMP`` in the session's zone for most functions).
+    """
+    at = t.type_of(node)
+    if _is_time(at):
+        if t.settings.time_zone in UTC_ZONES:
+            return node
+        msg = (
+            f"{what}() of a timestamp in session time zone {t.settings.time_zone!r}: "
+            "only UTC's local times are translated"
+        )
+        raise SparkSemanticsError(msg)
+    shown = at.sql("spark") if at is not None else "an unknown type"
+    raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
+
+
+def rule_cast(t: Translator, node: exp.Cast) -> exp.Expression | None:
+    """A cast to or from a timestamp Spark's way, or None when it is no such cast.
+
+    ``CAST('...' AS TIMESTAMP)`` (and ``TIMESTAMP '...'``) of a literal; a
+    timestamp to a DATE (its local date).
+
+    Raises:
+        SparkSemanticsError: a timestamp cast without a Spark-equal translation.
+    """
+    to, arg = node.to, node.this
+    src = t.type_of(arg)
+    if _is_time(to):
+        if isinstance(arg, exp.Literal) and arg.is_string:
+            out = instant_literal(arg.this, t.settings.time_zone, is_instant(to))
+            if out is not None:
+                return out
+        if src is not None and src.this == to.this:
+            return arg
+        raise SparkSemanticsError(f"CAST of {arg.sql('spark')!r} to a timestamp: the casts differ")
+    if _is_time(src):
+        if to.this == T.DATE:
+            return cast_to(_local(t, arg, "CAST AS DATE"), "DATE")
+        raise SparkSemanticsError(f"CAST of a timestamp to {to.sql('spark')}: the casts differ")
+    return None
+
+
+def _rule_to_date(t: Translator, node: exp.TsOrDsToDate) -> exp.Expression:
+    """``to_date(x)`` (and a date function's argument as sqlglot reads it).
+
+    A DATE as it is, an ISO date literal, or a timestamp's local date.
+    """
+    if is_iso_date(node.this) and not node.args.get("format"):
+        return cast_to(node.this, "DATE")
+    at = t.type_of(node.this)
+    if _is_time(at) and not node.args.get("format"):
+        return cast_to(_local(t, node.this, "to_date"), "DATE")
+    if at is None or at.this != T.DATE or node.args.get("format"):
+        raise SparkSemanticsError("to_date() of a string has no Spark-equal translation")
+    return node.this
+
+
+_DATE_PARTS = {
+    exp.Year: "YEAR",
+    exp.Month: "MONTH",
+    exp.Day: "DAY",
+    exp.DayOfMonth: "DAY",
+    exp.Quarter: "QUARTER",
+    exp.DayOfYear: "DOY",
+    exp.WeekOfYear: "WEEK",  # ISO 8601 weeks in both
+    exp.DayOfWeek: "DOW",  # DataFusion's 0 is Sunday, Spark's 1
+}
+
+
+def _rule_date_part(t: Translator, node: exp.Expression) -> exp.Expression:
+    """``year(d)``, ``dayofweek(d)``, ``EXTRACT(... FROM d)`` of a DATE (INT in both)."""
+    arg = node.expression if isinstance(node, exp.Extract) else node.this
+    at = t.type_of(arg)
+    if at is None or at.this != T.DATE:
+        raise SparkSemanticsError(f"{unsupported(node)} over a non-DATE argument")
+    if isinstance(node, exp.Extract):
+        unit = node.this.name.upper()
+        if unit not in ("YEAR", "MONTH", "DAY", "QUARTER"):
+            raise SparkSemanticsError(f"EXTRACT({unit} ...) has no Spark-equal translation")
+        return cast_to(node, "INT")
+    unit = _DATE_PARTS[type(node)]
+    part = cast_to(exp.Extract(this=exp.var(unit), expression=arg), "INT")
+    return exp.Add(this=part, expression=exp.Literal.number(1)) if unit == "DOW" else part
+
+
+def _days(node: exp.Expression) -> exp.Expression:
+    """A DATE as its days since 1970-01-01 (INT)."""
+    return exp.Anonymous(this="arrow_cast", expressions=[node, exp.Literal.string("Int32")])
+
+
+def shifted_date(
+    date: exp.Expression, days: exp.Expression, subtract: bool = False
+) -> exp.Expression:
+    """The DATE ``days`` (an integer) after ``date``, or before with ``subtract``."""
+    kind = exp.Sub if subtract else exp.Add
+    total = kind(this=_days(date), expression=cast_to(days, "INT"))
+    return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
+
+
+def _date_arg(t: Translator, node: exp.Expression, what: str) -> exp.Expression:
+    """``node`` as a DATE: a DATE, or an ISO date literal cast (Spark casts it the same)."""
+    if is_iso_date(node):
+        return cast_to(node, "DATE")
+    at = t.type_of(node)
+    if at is None or at.this != T.DATE:
+        shown = at.sql("spark") if at is not None else "an unknown type"
+        raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
+    return node
+
+
+def _rule_date_add(t: Translator, node: exp.TsOrDsAdd) -> exp.Expression:
+    """``date_add(d, n)`` / ``date_sub(d, n)`` on a DATE: the day number plus ``n``."""
+    unit = node.args.get("unit")
+    if unit is not None and unit.name.upper() != "DAY":
+        raise SparkSemanticsError(f"date_add by {unit.name} has no Spark-equal translation")
+    days = node.expression
+    dt = t.need(days, "date_add")
+    if not st.is_integral(dt) or dt.this == T.BIGINT:
+        raise SparkSemanticsError(f"date_add() by a {dt.sql('spark')}: Spark takes an INT")
+    return shifted_date(_date_arg(t, node.this, "date_add"), days)
+
+
+def _rule_datediff(t: Translator, node: exp.DateDiff) -> exp.Expression:
+    """``datediff(end, start)`` of DATEs: days from ``start`` to ``end`` (INT)."""
+    if node.args.get("unit") is not None:
+        raise SparkSemanticsError("datediff() with a unit has no Spark-equal translation")
+    end = _date_arg(t, node.this, "datediff")
+    start = _date_arg(t, node.expression, "datediff")
+    return exp.Paren(this=exp.Sub(this=_days(end), expression=_days(start)))
+
+
+def _java_pattern(node: exp.Expression, what: str) -> str:
+    """The Java pattern of a literal ``format`` argument (sqlglot keeps strftime letters)."""
+    if not (isinstance(node, exp.Literal) and node.is_string):
+        raise SparkSemanticsError(f"{what}() with a pattern that is not a literal")
+    return format_time(node.this, Spark.INVERSE_TIME_MAPPING, Spark.INVERSE_TIME_TRIE)
+
+
+def _rule_date_format(t: Translator, node: exp.TimeToStr) -> exp.Expression:
+    """``date_format(x, pattern)`` with a literal pattern: chrono's ``to_char``.
+
+    A DATE with the letters of a date; a timestamp's local time
+    (:func:`_local`) with those of a time of day too.
+    """
+    arg = node.this.this if isinstance(node.this, exp.TimeStrToTime) else node.this
+    java = _java_pattern(node.args.get("format"), "date_format")
+    if _is_time(t.type_of(arg)):
+        chrono = to_chrono(java, times=True)
+        arg = _local(t, arg, "date_format")
+    else:
+        chrono = to_chrono(java)
+        arg = _date_arg(t, arg, "date_format")
+    return exp.Anonymous(this="to_char", expressions=[arg, exp.Literal.string(chrono)])
+
+
+def _rule_date_format_arg(t: Translator, node: exp.TimeStrToTime) -> exp.Expression:
+    # sqlglot wraps date_format's argument; _rule_date_format reads through it.
+    if isinstance(node.parent, exp.TimeToStr) and node.arg_key == "this":
+        return node
+    raise SparkSemanticsError(unsupported(node))
+
+
+def _rule_interval(t: Translator, node: exp.Interval) -> exp.Expression:
+    """``INTERVAL n DAY[S] | MONTH[S] | YEAR[S]`` added to or subtracted from a DATE."""
+    unit = node.unit.name.upper() if node.unit else ""
+    singular = unit.removesuffix("S")
+    if not isinstance(node.parent, exp.Add | exp.Sub) or singular not in ("DAY", "MONTH", "YEAR"):
+        raise SparkSemanticsError(
+            f"INTERVAL {unit} outside date +/- has no Spark-equal translation"
+        )
+    return exp.Interval(this=node.this, unit=exp.var(singular))
+
+
+_TIME_PARTS = {exp.Hour: "HOUR", exp.Minute: "MINUTE", exp.Second: "SECOND"}
+
+
+def _rule_time_part(t: Translator, node: exp.Expression) -> exp.Expression:
+    """``hour(ts)``, ``minute(ts)``, ``second(ts)``: the local time's field (INT)."""
+    arg = _local(t, node.this, _TIME_PARTS[type(node)].lower())
+    return cast_to(exp.Extract(this=exp.var(_TIME_PARTS[type(node)]), expression=arg), "INT")
+
+
+_TRUNC_UNITS = {
+    "YEAR": "year",
+    "YYYY": "year",
+    "YY": "year",
+    "QUARTER": "quarter",
+    "MONTH": "month",
+    "MM": "month",
+    "MON": "month",
+    "WEEK": "week",
+    "DAY": "day",
+    "DD": "day",
+    "HOUR": "hour",
+    "MINUTE": "minute",
+    "SECOND": "second",
+}
+
+
+def _rule_timestamp_trunc(t: Translator, node: exp.TimestampTrunc) -> exp.Expression:
+    """``date_trunc(unit, ts)``: the local time truncated (weeks start on Monday in both)."""
+    unit = _TRUNC_UNITS.get(node.unit.name.upper() if node.unit else "")
+    if unit is None:
+        raise SparkSemanticsError(f"date_trunc() to {node.unit.sql('spark')}: not translated")
+    if not is_instant(t.type_of(node.this)):  # Spark makes a TIMESTAMP_NTZ a TIMESTAMP first
+        raise SparkSemanticsError("date_trunc() of anything but a TIMESTAMP: not translated")
+    arg = _local(t, node.this, "date_trunc")
+    return exp.Anonymous(this="date_trunc", expressions=[exp.Literal.string(unit), arg])
+
+
+def _rule_unix_timestamp(t: Translator, node: exp.StrToUnix) -> exp.Expression:
+    """``unix_timestamp(ts)``: whole seconds since the epoch, truncated toward zero (BIGINT)."""
+    fmt = node.args.get("format")
+    at = t.type_of(node.this) if node.this is not None else None
+    if not is_instant(at) or (
+        fmt is not None and _java_pattern(fmt, "unix_timestamp") != ("yyyy-MM-dd HH:mm:ss")
+    ):
+        raise SparkSemanticsError("unix_timestamp() of anything but a TIMESTAMP: not translated")
+    return exp.Anonymous(this="to_unixtime", expressions=[node.this])
+
+
+def _rule_from_unixtime(t: Translator, node: exp.UnixToStr) -> exp.Expression:
+    """``from_unixtime(seconds[, pattern])``: the local time as text (UTC sessions)."""
+    if t.settings.time_zone not in UTC_ZONES:
+        msg = f"from_unixtime() in session time zone {t.settings.time_zone!r}: not translated"
+        raise SparkSemanticsError(msg)
+    at = t.need(node.this, "from_unixtime")
+    if not st.is_integral(at):
+        raise SparkSemanticsError(f"from_unixtime() of a {at.sql('spark')}: not translated")
+    fmt = node.args.get("format")
+    java = _java_pattern(fmt, "from_unixtime") if fmt is not None else "yyyy-MM-dd HH:mm:ss"
+    seconds = exp.Anonymous(this="to_timestamp_seconds", expressions=[cast_to(node.this, "BIGINT")])
+    chrono = exp.Literal.string(to_chrono(java, times=True))
+    return exp.Anonymous(this="to_char", expressions=[seconds, chrono])
+
+
+TIME_RULES: dict[type, Callable[[Translator, exp.Expression], exp.Expression]] = {
+    exp.TsOrDsToDate: _rule_to_date,
+    exp.Extract: _rule_date_part,
+    **{c: _rule_date_part for c in _DATE_PARTS},
+    **{c: _rule_time_part for c in _TIME_PARTS},
+    exp.TsOrDsAdd: _rule_date_add,
+    exp.DateDiff: _rule_datediff,
+    exp.TimeToStr: _rule_date_format,
+    exp.TimeStrToTime: _rule_date_format_arg,
+    exp.TimestampTrunc: _rule_timestamp_trunc,
+    exp.StrToUnix: _rule_unix_timestamp,
+    exp.UnixToStr: _rule_from_unixtime,
+    exp.Interval: _rule_interval,
+}
+"""The node classes of dates and times -> their rules (part of ``translate.RULES``)."""
