@@ -42,8 +42,9 @@ LAZY_IMPORTS = {
     # The executors' import probe: what a task needs, imported there on purpose.
     ("distfusion.worker.spark_tasks", "datafusion"),
     ("distfusion.worker.spark_tasks", "pyarrow"),
-    # to_pandas(): pandas is no dependency of the core.
+    # to_pandas(), to_polars(): pandas and polars are no dependencies of the core.
     ("distfusion.context", "pandas"),
+    ("distfusion.dataframe.transformations", "polars"),
     # An encrypted Spark data plane's certificate (pip install 'distfusion[spark]').
     ("distfusion.transport.tls", "cryptography"),
     ("distfusion.transport.tls", "cryptography.hazmat.primitives"),

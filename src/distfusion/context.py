@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionConfig, SessionContext, WindowUDF
+from datafusion.catalog import Table
 
 from distfusion import object_store, udfs
 from distfusion.coordinator.adaptive import AdaptiveReport
@@ -54,6 +55,7 @@ from distfusion.coordinator.statements import (
     table_name,
 )
 from distfusion.dataframe import Readers, Transformations, mark_session, plan_label
+from distfusion.dataframe.actions import datafusion_repr
 from distfusion.display import show_table
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
 from distfusion.iceberg import IcebergTable
@@ -352,8 +354,18 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         self.ctx.register_record_batches(name, partitions)
         self._add(source)
 
-    def register_table(self, name: str, table: pa.Table, max_rows_per_unit: int = 65536) -> None:
-        """Register an Arrow table as ``name``, in units of at most ``max_rows_per_unit`` rows."""
+    def register_table(
+        self, name: str, table: pa.Table | Table, max_rows_per_unit: int = 65536
+    ) -> None:
+        """Register an Arrow table as ``name``, in units of at most ``max_rows_per_unit`` rows.
+
+        A ``datafusion.catalog.Table`` (``df.into_view()``) is registered as
+        DataFusion registers it (:meth:`register_view`).
+        """
+        if isinstance(table, Table):
+            self._forget(name)
+            self.ctx.register_table(name, table)
+            return
         batches = table.to_batches(max_chunksize=max_rows_per_unit) or [
             pa.RecordBatch.from_pylist([], schema=table.schema)
         ]
@@ -832,6 +844,17 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations, Ta
         """
         return self._write_files("csv", path, None, mode)
 
+    def write_json(self, path: str | os.PathLike, mode: str = "error") -> list[WrittenFile]:
+        """Run the query and write its result as newline-delimited JSON files into ``path``.
+
+        As :meth:`write_parquet` (no ``partition_by``); each line is written
+        by DataFusion's JSON writer, as its ``write_json``. Rows: -1 (not counted).
+
+        Raises:
+            As :meth:`write_parquet`.
+        """
+        return self._write_files("json", path, None, mode)
+
     def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
         """All result batches (see :meth:`execute_stream` for ``progress`` and errors)."""
         # Read in this thread: the batches themselves, without ResultStream's frames in
@@ -875,10 +898,16 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations, Ta
         show_table(self._head(num), num)
 
     def __repr__(self) -> str:
-        """The query's label and columns; plans and runs nothing (``explain()`` shows the plan)."""
-        columns = ", ".join(f"{f.name}: {f.type}" for f in self.df.schema())
-        label = f" {self.label!r}" if self.label else ""
-        return f"DistributedDataFrame{label} [{columns}]"
+        """The first rows as DataFusion's ``repr`` shows them: runs the query with a ``LIMIT``.
+
+        DataFusion's own text (:func:`~distfusion.dataframe.actions.datafusion_repr`);
+        ``explain()`` shows the plan, ``schema()`` the columns.
+
+        Raises:
+            PlanningError, TaskError, TransportError, ContextClosedError: as
+                :meth:`execute_stream`.
+        """
+        return datafusion_repr(self._head)
 
 
 class _ExplainDataFrame(DistributedDataFrame):

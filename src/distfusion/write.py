@@ -1,7 +1,8 @@
 """Writing a query result as files, one per task, with a safe commit.
 
-Used by :meth:`DistributedDataFrame.write_parquet` and
-:meth:`~DistributedDataFrame.write_csv`. Every part of the head stage
+Used by :meth:`DistributedDataFrame.write_parquet`,
+:meth:`~DistributedDataFrame.write_csv` and
+:meth:`~DistributedDataFrame.write_json`. Every part of the head stage
 (:mod:`distfusion.worker.head_parts`) writes its rows where it runs (a Spark
 executor, a worker thread), and the files appear in the output directory only
 when the whole job succeeded. The protocol is the one of Hadoop's
@@ -62,6 +63,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from datafusion import SessionContext
 
 from distfusion import object_store
 from distfusion.errors import DistfusionError
@@ -77,8 +79,8 @@ __all__ = [
     "write_task",
 ]
 
-FORMATS = ("parquet", "csv")
-"""File formats :func:`write_task` writes."""
+FORMATS = ("parquet", "csv", "json")
+"""File formats :func:`write_task` writes (JSON: newline-delimited, DataFusion's writer)."""
 
 TEMPORARY = "_temporary"
 SUCCESS = "_SUCCESS"
@@ -95,7 +97,7 @@ class WriteSpec:
     Attributes:
         path: the output directory (absolute).
         query_id: names the job's temporary directory and its files.
-        format: ``"parquet"`` or ``"csv"``.
+        format: ``"parquet"``, ``"csv"`` or ``"json"``.
         schema: the result's Arrow schema (names and types of the files' columns).
         partition_by: columns written as ``key=value/`` directories.
     """
@@ -336,6 +338,9 @@ def write_part(
 
 def _write_file(fmt: str, schema: pa.Schema, path: str, batches: Iterator[pa.RecordBatch]) -> None:
     """Stream ``batches`` into one file at ``path``; no file when there is no batch."""
+    if fmt == "json":
+        _write_json(path, batches)
+        return
     writer = None
     try:
         for b in batches:
@@ -348,6 +353,28 @@ def _write_file(fmt: str, schema: pa.Schema, path: str, batches: Iterator[pa.Rec
     finally:
         if writer is not None:
             writer.close()
+
+
+def _write_json(path: str, batches: Iterator[pa.RecordBatch]) -> None:
+    """Newline-delimited JSON, as DataFusion's ``write_json`` writes it, a batch at a time.
+
+    DataFusion writes each batch to a file of its own (its writer's text:
+    dates, timestamps, decimals, NULLs left out); lines concatenate, so the
+    file is their bytes in order. No file when there is no batch.
+    """
+    out = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, b in enumerate(batches):
+                part = os.path.join(tmp, f"{i}.json")
+                SessionContext().from_arrow(b).write_json(part)
+                out = out or open(path, "wb")
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out)
+                os.remove(part)
+    finally:
+        if out is not None:
+            out.close()
 
 
 def _write_partitioned(
@@ -534,7 +561,9 @@ class FileCommitter:
 
 
 def _write_empty(fmt: str, schema: pa.Schema, path: str) -> None:
-    if fmt == "parquet":
+    if fmt == "json":
+        open(path, "wb").close()  # no row: no line
+    elif fmt == "parquet":
         pq.write_table(schema.empty_table(), path)
     else:
         pcsv.write_csv(schema.empty_table(), path)

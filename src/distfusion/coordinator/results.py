@@ -2,10 +2,11 @@
 
 :class:`ResultStream` is what :meth:`~distfusion.context.DistributedDataFrame.execute_stream`
 returns (exported by :mod:`distfusion.context`): closing it from any thread
-cancels the query.
+cancels the query. It yields :class:`RecordBatch`, DataFusion's batch type.
 
-Stages name columns ``c0..`` and Substrait drops a timestamp literal's zone:
-:func:`named` gives the batches the query's names and zones back.
+Stages name columns ``c0..``, Substrait drops a timestamp literal's zone, and
+a distributed run may lose a column's ``NOT NULL``: :func:`named` gives the
+batches the query's names, zones and nullability back.
 :func:`map_head_parts` runs a function over every part of the head stage
 (where the data is); :func:`write_head_part` writes one part as a task of a
 file write.
@@ -13,10 +14,13 @@ file write.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import datafusion
 import pyarrow as pa
 
 from distfusion.coordinator.query_run import QueryRun
@@ -27,31 +31,48 @@ from distfusion.write import WriteSpec, WrittenFile, write_task
 
 
 def named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """``batches`` with the query's column names and time zones.
+    """``batches`` with the query's schema: its column names, time zones and nullability.
 
-    Stages name columns ``c0..``; and Substrait does not carry a timestamp
-    literal's zone (DataFusion's consumer reads it as UTC), so a column whose
-    only difference from the query's type is the zone gets the query's zone
-    back (the same instants: only the label changes). Closing the returned
-    iterator closes ``batches`` (which cancels the query).
+    ``schema`` is the single-node plan's (``DataFrame.schema()`` on the
+    coordinator). Stages name columns ``c0..``; Substrait does not carry a
+    timestamp literal's zone (DataFusion's consumer reads it as UTC), so a
+    column whose only difference from the query's type is the zone gets the
+    query's zone back (the same instants: only the label changes); and a
+    fragment decoded from Substrait, or a batch read back over a network
+    boundary, may mark as nullable a column the plan knows is ``NOT NULL``
+    (``count(*)``, a key column of a Parquet file): every field takes the
+    plan's nullability and metadata, so a distributed result's schema is the
+    one single-node DataFusion gives. A column whose type differs otherwise
+    keeps its own type. Closing the returned iterator closes ``batches``
+    (which cancels the query).
     """
-    names = schema.names
     try:
         for b in batches:
             columns = [
                 c.cast(f.type) if c.type != f.type and _zone_only(c.type, f.type) else c
                 for c, f in zip(b.columns, schema, strict=True)
             ]
-            if b.schema.names == names and all(
+            if b.schema.equals(schema, check_metadata=True) and all(
                 c is o for c, o in zip(columns, b.columns, strict=True)
             ):
                 yield b
             else:
-                yield pa.RecordBatch.from_arrays(columns, names=names)
+                yield pa.RecordBatch.from_arrays(columns, schema=_schema_of(columns, schema))
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def _schema_of(columns: list[pa.Array], schema: pa.Schema) -> pa.Schema:
+    """``schema``, a column's own type where it differs from its field's (see :func:`named`)."""
+    if all(c.type == f.type for c, f in zip(columns, schema, strict=True)):
+        return schema
+    fields = [
+        f if c.type == f.type else pa.field(f.name, c.type, f.nullable, f.metadata)
+        for c, f in zip(columns, schema, strict=True)
+    ]
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def _zone_only(got: pa.DataType, want: pa.DataType) -> bool:
@@ -82,10 +103,45 @@ def write_head_part(spec: WriteSpec, part: int, attempt: int, batches) -> list[W
     return write_task(spec, part, named(batches, spec.schema))
 
 
-class ResultStream(Iterator[pa.RecordBatch]):
+class RecordBatch(datafusion.RecordBatch):
+    """One result batch, as DataFusion's ``execute_stream`` yields it: ``to_pyarrow()`` gives it.
+
+    A ``datafusion.RecordBatch`` (``to_pyarrow()``, ``__arrow_c_array__``)
+    around a ``pyarrow.RecordBatch``, whose attributes it also has
+    (``num_rows``, ``schema``, ``column(i)``, ``to_pylist()``, ...), as the
+    batches distfusion yielded before datafusion-python 55's type.
+    """
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self._batch = batch
+
+    def to_pyarrow(self) -> pa.RecordBatch:
+        """The batch as a ``pyarrow.RecordBatch`` (no copy)."""
+        return self._batch
+
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
+        """The batch through the Arrow PyCapsule interface (pyarrow's export)."""
+        return self._batch.__arrow_c_array__(requested_schema)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_batch":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self._batch, name)
+
+    def __len__(self) -> int:
+        return self._batch.num_rows
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({self._batch!r})"
+
+
+class ResultStream(Iterator[RecordBatch]):
     """The result batches of one run of a query (:meth:`DistributedDataFrame.execute_stream`).
 
-    An iterator of ``pyarrow.RecordBatch``. :meth:`close` before the end
+    An iterator of :class:`RecordBatch` (DataFusion's type: ``to_pyarrow()``
+    gives the ``pyarrow.RecordBatch``), as datafusion-python 55's
+    ``RecordBatchStream``: ``next()``, ``for``, ``async for``.
+    :attr:`batches` are the ``pyarrow.RecordBatch`` themselves. :meth:`close` before the end
     cancels every task of the query, and may be called from any thread: a
     generator closed while another thread waits in it fails with
     ``ValueError: generator already executing``, and the query ran on.
@@ -115,7 +171,25 @@ class ResultStream(Iterator[pa.RecordBatch]):
         """The run's batches themselves, for a reader that never closes them from another thread."""
         return self._batches
 
-    def __next__(self) -> pa.RecordBatch:
+    def next(self) -> RecordBatch:
+        """The next batch (DataFusion's ``RecordBatchStream.next``); see :meth:`__next__`."""
+        return next(self)
+
+    def __aiter__(self) -> ResultStream:
+        return self
+
+    async def __anext__(self) -> RecordBatch:
+        """The next batch, waited for in a thread (``async for``); see :meth:`__next__`.
+
+        Raises:
+            StopAsyncIteration: the result ended, or the stream was closed.
+        """
+        batch = await asyncio.to_thread(next, self, None)
+        if batch is None:
+            raise StopAsyncIteration
+        return batch
+
+    def __next__(self) -> RecordBatch:
         """The next batch.
 
         Raises:
@@ -133,7 +207,7 @@ class ResultStream(Iterator[pa.RecordBatch]):
             reading = self._reading = Interruptible()
         try:
             with reading:
-                return _next_of(self._batches, reading)
+                return RecordBatch(_next_of(self._batches, reading))
         finally:
             with self._lock:
                 self._reading = None

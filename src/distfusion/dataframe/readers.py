@@ -208,6 +208,73 @@ class Readers:
         self.register_csv(name, path, schema=schema, has_header=has_header, delimiter=delimiter)
         return self.table(name)
 
+    def read_json(
+        self,
+        path: str | os.PathLike | list,
+        schema: pa.Schema | None = None,
+        schema_infer_max_records: int = 1000,
+        file_extension: str = ".json",
+        table_partition_cols: list[tuple[str, str | pa.DataType]] | None = None,
+        file_compression_type: str | None = None,
+        object_store: Any = None,
+    ) -> Any:
+        """Newline-delimited JSON files as a DataFrame: registered, then :meth:`table`.
+
+        DataFusion's ``SessionContext.read_json`` arguments; the files are
+        read as by ``register_json`` (a file, a directory, a glob, a list of
+        files, an object store URL), each file one work unit.
+
+        Args:
+            path: the file(s).
+            schema: the table's schema (default: inferred from the files).
+            schema_infer_max_records: 1000 only (DataFusion's default).
+            file_extension: ``".json"`` only.
+            table_partition_cols: None only.
+            file_compression_type: None only (uncompressed files).
+            object_store: None only: stores are registered by URL.
+
+        Raises:
+            ValueError: an option other than its default where marked "only".
+            PlanningError: no ``.json`` file at ``path``, or DataFusion cannot
+                infer a schema.
+        """
+        _refuse_options(
+            "read_json",
+            schema_infer_max_records=(schema_infer_max_records, 1000),
+            file_extension=(file_extension, ".json"),
+            table_partition_cols=(table_partition_cols or None, None),
+            file_compression_type=(file_compression_type, None),
+            object_store=(object_store, None),
+        )
+        name = _generated_name("json", path)
+        self.register_json(name, path, schema=schema)
+        return self.table(name)
+
+    def register_view(self, name: str, df: Any) -> None:
+        """Register the query of ``df`` as view ``name`` (DataFusion's ``register_view``).
+
+        A query reading ``name`` reads the view's plan, inlined: it is
+        distributed over the view's tables. The view is DataFusion's, on
+        the coordinator's context; it has no source of its own and is not
+        in :meth:`table_names`.
+
+        Args:
+            name: the view's name in SQL.
+            df: a DataFrame of this context (a ``DistributedDataFrame``, or a
+                ``datafusion.DataFrame`` made on ``ctx.ctx``).
+
+        Raises:
+            TypeError: ``df`` is no DataFrame.
+            PlanningError: ``df`` belongs to another context.
+        """
+        inner = getattr(df, "df", df)
+        if getattr(df, "context", self) is not self:
+            msg = f"register_view: {name!r} is a DataFrame of another DistributedContext"
+            raise PlanningError(msg)
+        self._check_own(inner)
+        self._forget(name)
+        self.ctx.register_view(name, inner)
+
     def from_arrow(self, data: Any, name: str | None = None) -> Any:
         """Arrow data as a DataFrame: registered as an in-memory table, then :meth:`table`.
 

@@ -10,13 +10,17 @@ wraps, and the actions built on a distributed run (``count``, ``to_pydict``,
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, Self
 
 import pyarrow as pa
 from datafusion import DataFrame, Expr
 from datafusion import functions as F
+from datafusion.catalog import Table
+from datafusion.plan import ExecutionPlan, LogicalPlan
 
+from distfusion.coordinator.statements import table_name as sql_table_name
+from distfusion.dataframe.actions import arrow_stream, describe_table, registered
 from distfusion.errors import DistfusionError, PlanningError
 
 __all__ = ["JoinHow", "Transformations"]
@@ -464,6 +468,83 @@ class Transformations:
         df = self._other(other, "except_all")
         return self._transformed("except_all", lambda: self.df.except_all(df, distinct))
 
+    # ------------------------------------------------------------ partitioning
+    def repartition(self, num: int) -> Self:
+        """The same rows; the planner decides the partitioning (DataFusion's is round robin).
+
+        DataFusion's ``Repartition`` node would be a plan node the
+        distributed planner does not cut (it would gather every row into one
+        task there): the argument is checked by DataFusion, and the query is
+        returned as it is. Rows come in no defined order either way.
+
+        Raises:
+            PlanningError: ``num`` is not a positive partition count (DataFusion's message).
+        """
+        self._transformed("repartition", lambda: self.df.repartition(num))
+        return self._derive(self.df)
+
+    def repartition_by_hash(self, *exprs: Expr | str, num: int) -> Self:
+        """The same rows; the planner decides the partitioning (as :meth:`repartition`).
+
+        The stages that need rows of one key together (aggregates, joins,
+        windows) are shuffled by their keys anyway; the expressions are
+        checked by DataFusion and the query is returned as it is.
+
+        Raises:
+            PlanningError: an unknown column or an invalid expression or ``num``.
+        """
+        def check() -> DataFrame:
+            keys = [self.df.parse_sql_expr(e) if isinstance(e, str) else e for e in exprs]
+            self.df.select(*keys)  # DataFusion resolves them only when it plans physically
+            return self.df.repartition_by_hash(*keys, num=num)
+
+        self._transformed("repartition_by_hash", check)
+        return self._derive(self.df)
+
+    # ----------------------------------------------------------------- plans
+    def logical_plan(self) -> LogicalPlan:
+        """DataFusion's unoptimized logical plan of the query (made on the coordinator)."""
+        return self.df.logical_plan()
+
+    def optimized_logical_plan(self) -> LogicalPlan:
+        """DataFusion's optimized logical plan: what goes through Substrait to the planner."""
+        return self.df.optimized_logical_plan()
+
+    def execution_plan(self) -> ExecutionPlan:
+        """DataFusion's single-node physical plan of the query on the coordinator.
+
+        Not what runs: the distributed plan is ``explain()`` /
+        ``stage_graph()``, each stage's fragment planned by its tasks.
+
+        Raises:
+            PlanningError: DataFusion cannot plan the query physically.
+        """
+        try:
+            return self.df.execution_plan()
+        except Exception as exc:  # DataFusion's bare Exception
+            raise PlanningError(f"execution_plan: {exc}") from exc
+
+    def into_view(self, temporary: bool = False) -> Table:
+        """The query as a DataFusion view (``datafusion.catalog.Table``), as DataFusion's.
+
+        Register it in this DataFrame's context
+        (``ctx.register_table(name, view)``, or ``ctx.register_view(name,
+        df)``): the view's plan is inlined into every query that reads it,
+        so those queries are distributed over the view's tables. In another
+        context it reads tables that context does not know.
+        """
+        return self.df.into_view(temporary)
+
+    @staticmethod
+    def default_str_repr(
+        batches: list[pa.RecordBatch],
+        schema: pa.Schema,
+        has_more: bool,
+        table_uuid: str | None = None,
+    ) -> str:
+        """DataFusion's text of ``batches`` (its ``DataFrame.default_str_repr``, run nothing)."""
+        return DataFrame.default_str_repr(batches, schema, has_more, table_uuid)
+
     # ------------------------------------------------------------------ misc
     def transform(self, func: Callable[..., Any], *args: Any) -> Any:
         """``func(self, *args)``: chain a function of a DataFrame as a method."""
@@ -499,3 +580,145 @@ class Transformations:
             PlanningError, TaskError, TransportError: as ``execute_stream``.
         """
         return self._derive(self.context.from_arrow(self.to_arrow_table()).df)
+
+    def describe(self) -> Self:
+        """Statistics of every column, as DataFusion 55's ``describe()``, computed distributed.
+
+        Rows ``count``, ``null_count``, ``mean``, ``std``, ``min``, ``max``,
+        ``median`` (column ``describe``); then one column per column of the
+        query: float64 for a numeric one, else string (``"null"`` where a
+        statistic does not apply). Runs the query now, as two distributed
+        aggregates (:func:`~distfusion.dataframe.actions.describe_table`).
+
+        Returns:
+            A DataFrame over the 7 rows, an in-memory table of the context
+            (as :meth:`cache`'s).
+
+        Raises:
+            PlanningError, TaskError, TransportError: as ``execute_stream``.
+        """
+        table = describe_table(self.df, lambda df: self._derive(df).to_arrow_table())
+        return self._derive(self.context.from_arrow(table).df)
+
+    def to_polars(self) -> Any:
+        """Run the query; the result as a ``polars.DataFrame``.
+
+        Raises:
+            ImportError: polars is not installed (no dependency of
+                distfusion's; ``pip install polars``); checked before the query runs.
+            PlanningError, TaskError, TransportError: as ``execute_stream``.
+        """
+        try:  # optional dependency
+            import polars
+        except ImportError as exc:
+            msg = "to_polars() needs polars: pip install polars (or use to_arrow_table())"
+            raise ImportError(msg) from exc
+        return polars.from_arrow(self.to_arrow_table())
+
+    def collect_column(self, column_name: str) -> pa.Array | pa.ChunkedArray:
+        """Run the query for column ``column_name`` alone; its values as one ``pyarrow.Array``.
+
+        Raises:
+            PlanningError: no column ``column_name``; as ``execute_stream``.
+            TaskError, TransportError: as ``execute_stream``.
+        """
+        table = self._transformed("collect_column", lambda: self.df[column_name]).to_arrow_table()
+        return table.column(0).combine_chunks()
+
+    def collect_partitioned(self) -> list[list[pa.RecordBatch]]:
+        """All result batches, as one partition: ``[collect()]``.
+
+        The result comes out of the head stage, one task on the coordinator:
+        one partition (DataFusion's are its single-node plan's).
+
+        Raises:
+            PlanningError, TaskError, TransportError: as ``execute_stream``.
+        """
+        return [self.collect()]
+
+    def execute_stream_partitioned(self) -> list[Any]:
+        """A stream per result partition: ``[execute_stream()]`` (as :meth:`collect_partitioned`).
+
+        Raises:
+            PlanningError, TaskError, TransportError: as ``execute_stream``.
+        """
+        return [self.execute_stream()]
+
+    def write_table(self, table_name: str, write_options: Any = None) -> None:
+        """Run the query distributed and insert its rows into the in-memory table ``table_name``.
+
+        The rows come to the coordinator, where DataFusion inserts them as
+        ``INSERT INTO table_name`` does (cast to the table's column types, by
+        position); queries after it read the table's new rows.
+
+        Args:
+            table_name: a table of this context that takes rows (``CREATE
+                TABLE``, ``register_table``, ``from_arrow``).
+            write_options: None only (DataFusion's ``DataFrameWriteOptions``).
+
+        Raises:
+            ValueError: ``write_options`` is given.
+            PlanningError: ``table_name`` is read from files (only memory
+                tables take rows here), or DataFusion refuses the insert
+                (an unknown table, columns that do not match).
+            TaskError, TransportError: as ``execute_stream``.
+        """
+        if write_options is not None:
+            msg = "write_table: write_options are not supported (rows are appended)"
+            raise ValueError(msg)
+        source = self.context.sources.get(sql_table_name(table_name))
+        if source is not None and source.format != "memory":
+            msg = (
+                f"cannot write into table {table_name!r}: it is read from {source.format} "
+                "files; write_table takes memory tables (CREATE TABLE, register_table, from_arrow)"
+            )
+            raise PlanningError(msg)
+        ctx = self.context.ctx
+        with registered(ctx, self.to_arrow_table()) as result:
+            self.context._written = True  # memory tables are read again before the next query
+            try:  # SQL's INSERT casts to the table's types (DataFusion's write_table does not)
+                ctx.sql(f"INSERT INTO {table_name} SELECT * FROM {result}").collect()
+            except Exception as exc:  # DataFusion's bare Exception
+                raise PlanningError(f"write_table: {exc}") from exc
+
+    def write_parquet_with_options(
+        self, path: Any, options: Any, write_options: Any = None
+    ) -> None:
+        """Run the query distributed; DataFusion writes the result here, with ``options``.
+
+        Every option of DataFusion's ``ParquetWriterOptions`` (compression,
+        row group size, bloom filters, ...) and ``DataFrameWriteOptions``
+        applies, as DataFusion's writer itself writes: one writer, on the
+        coordinator, which holds the whole result. :meth:`write_parquet`
+        writes in the tasks, one file each, with pyarrow's defaults.
+
+        Raises:
+            PlanningError, TaskError, TransportError: as ``execute_stream``.
+            Exception: DataFusion's, when it cannot write ``path``.
+        """
+        ctx = self.context.ctx
+        with registered(ctx, self.to_arrow_table()) as result:
+            ctx.table(result).write_parquet_with_options(path, options, write_options)
+
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """Run the query; its result as an Arrow PyCapsule stream (``pa.table(df)``, polars, ...).
+
+        The query runs distributed and its batches stream through pyarrow's
+        export as they come (:func:`~distfusion.dataframe.actions.arrow_stream`).
+
+        Args:
+            requested_schema: a ``pyarrow.Schema`` or a C schema capsule to
+                cast the stream to, as DataFusion's.
+
+        Raises:
+            PlanningError, TaskError, TransportError: as ``execute_stream``.
+        """
+        return arrow_stream(self.schema(), self.execute_stream().batches, requested_schema)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Run the query; iterate its batches (``execute_stream()``), as DataFusion's."""
+        return iter(self.execute_stream())
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        """Run the query; iterate its batches asynchronously (``execute_stream()``)."""
+        return self.execute_stream().__aiter__()
