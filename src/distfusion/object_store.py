@@ -370,6 +370,13 @@ class Stores:
             made._stores, made._specs = dict(self._stores), dict(self._specs)
         return made
 
+    def overlaid(self, top: Stores) -> Stores:
+        """A copy of these stores with ``top``'s in place of any of the same key."""
+        made, own = self.copy(), top.copy()
+        made._stores.update(own._stores)
+        made._specs.update(own._specs)
+        return made
+
     def register(self, scheme: str, store: Any, host: str | None = None) -> str:
         """Use ``store`` for URLs ``scheme://host/...``.
 

@@ -37,6 +37,7 @@ from typing import Any
 from datafusion import SessionContext
 from substrait.proto import Plan
 
+from distfusion import object_store
 from distfusion.object_store import Stores, StoreSpec
 from distfusion.udfs import Functions
 
@@ -60,8 +61,13 @@ class SessionSettings:
 
     @classmethod
     def snapshot(cls, functions: Functions, stores: Stores) -> SessionSettings:
-        """Copies of ``functions`` and ``stores``: what registrations made later do not change."""
-        return cls(functions.only(functions.names()), stores.copy())
+        """Copies of a context's ``functions`` and ``stores``, which later registrations leave.
+
+        The stores are ``stores`` over the process's (:data:`~distfusion.object_store.PROCESS`):
+        a bucket the context has no store for is read as the coordinator reads it
+        (a store made from the environment, or by a table's own catalog: Iceberg's).
+        """
+        return cls(functions.only(functions.names()), object_store.PROCESS.overlaid(stores))
 
     def for_fragment(self, fragment: bytes) -> SessionSettings:
         """The settings with only the UDFs Substrait plan ``fragment`` calls (every store)."""

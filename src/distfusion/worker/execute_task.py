@@ -39,7 +39,7 @@ from datafusion import (
 )
 from datafusion.functions import spark as spark_functions
 
-from distfusion import udfs
+from distfusion import object_store, udfs
 from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.protocol.errors import is_task_failure, task_error
@@ -103,7 +103,10 @@ def task_context(
             TPC-H SF10 Q18's final aggregate spilled at a 41st of 6 GiB.
         session: the query's UDFs and object stores (the task plan's:
             :mod:`distfusion.session`), registered in this context only, before
-            any plan is decoded; None: none.
+            any plan is decoded; None: none. This process's stores
+            (:data:`~distfusion.object_store.PROCESS`) come first, for a bucket
+            the query has none for (one an Iceberg scan found while it ran);
+            the query's replace those of the same bucket.
     """
     config = SessionConfig().with_target_partitions(max(1, target_partitions))
     if memory is not None and memory.pool_bytes is not None:
@@ -115,6 +118,7 @@ def task_context(
         config = config.set(key, value)
     if memory is None or (memory.pool_bytes is None and memory.spill_dir is None):
         ctx = SessionContext(config)
+        object_store.add_to(ctx)  # this process's stores: a bucket the query has none for
         if session is not None:
             session.add_to(ctx)
         return ctx
@@ -128,6 +132,7 @@ def task_context(
     else:
         runtime = runtime.with_disk_manager_os()
     ctx = SessionContext(config, runtime)
+    object_store.add_to(ctx)  # this process's stores: a bucket the query has none for
     if session is not None:
         session.add_to(ctx)
     return ctx
