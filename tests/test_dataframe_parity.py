@@ -304,7 +304,7 @@ def test_write_json_then_read_json(ctx, oracle, tmp_path):
     assert json.loads(ours[0])["o_orderkey"] > 0
     got = ctx.read_json(tmp_path / "out")
     assert isinstance(got, DistributedDataFrame)
-    assert "3 work units" in got.explain() or len(written) == 1
+    assert f"{len(written)} work units" in got.explain()
     assert_same_result(
         got.to_arrow_table(),
         SessionContext().read_json(str(tmp_path / "out")).to_arrow_table(),

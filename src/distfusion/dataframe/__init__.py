@@ -29,8 +29,16 @@ signatures are those of datafusion-python 55's ``DataFrame``, so code written
 for DataFusion runs distributed by changing where its first DataFrame comes
 from. :class:`Readers` gives :class:`~distfusion.context.DistributedContext`
 those first DataFrames: ``table``, ``read_parquet``, ``read_csv``,
-``from_arrow``, ``from_pydict``, ``from_pylist``, ``from_pandas`` and
-``from_datafusion``.
+``read_json``, ``from_arrow``, ``from_pydict``, ``from_pylist``,
+``from_pandas`` and ``from_datafusion`` (and ``register_view``).
+
+The package: ``transformations.py`` (:class:`Transformations`, also the
+plan accessors and the actions built on a run: ``describe``, ``to_polars``,
+``__arrow_c_stream__``, ...), ``readers.py`` (:class:`Readers`),
+``actions.py`` (what those actions do with a distributed result, with
+DataFusion's own code: ``describe``'s statistics, ``repr``'s text, the Arrow
+stream export) and ``sessions.py`` (which ``SessionContext`` a DataFrame
+belongs to).
 
 A DataFrame built on another ``SessionContext`` reads tables this context
 does not know, so it is refused (:func:`check_session`). The coordinator's
