@@ -23,6 +23,7 @@ Placed files are invisible to the table's readers until the commit names them
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -109,8 +110,15 @@ def run_job(frame: Any, spec: WriteSpec) -> list[list[WrittenFile]]:
         raise
 
 
-def place_files(spec: WriteSpec, tasks: list[list[WrittenFile]]) -> list[PlacedFile]:
+def place_files(
+    spec: WriteSpec,
+    tasks: list[list[WrittenFile]],
+    rename: Callable[[str], str] | None = None,
+) -> list[PlacedFile]:
     """Move the committed files of ``tasks`` to ``spec.path``, read their footers.
+
+    ``rename`` maps a file's path as written (below ``spec.path``) to the one
+    it takes there (Iceberg: its partition's directory); default: the same.
 
     Local disk: a rename per file; an object store: a copy on the server per
     file, then one footer read (a range request) per file, in parallel. The
@@ -124,32 +132,34 @@ def place_files(spec: WriteSpec, tasks: list[list[WrittenFile]]) -> list[PlacedF
         OSError: a move, copy or footer read failed (nothing is left behind).
     """
     committer = FileCommitter(spec, "overwrite")
+    rename = rename or (lambda relpath: relpath)
     moved: list[str] = []
     try:
         if spec.remote:
             base = spec.path.rstrip("/")
             files = [f for files in tasks for f in files]
-            for f in files:
-                url = f"{base}/{f.relpath}"
+            rels = [rename(f.relpath) for f in files]
+            for f, rel in zip(files, rels, strict=True):
+                url = f"{base}/{rel}"
                 object_store.copy_object(f.staged, url)
                 moved.append(url)
             sizes = object_store.object_sizes(moved)
             footers = object_store.read_parquet_metadata_all(list(zip(moved, sizes, strict=True)))
             placed = [
-                PlacedFile(f.relpath, u, s, m.num_rows, m)
-                for f, u, s, m in zip(files, moved, sizes, footers, strict=True)
+                PlacedFile(rel, u, s, m.num_rows, m)
+                for rel, u, s, m in zip(rels, moved, sizes, footers, strict=True)
             ]
         else:
             placed = []
             for task, files in enumerate(tasks):
                 for f in files:
                     src = os.path.join(spec.task_dir(task), f.relpath)
-                    dst = os.path.join(spec.path, f.relpath)
+                    rel = rename(f.relpath.replace(os.sep, "/"))
+                    dst = os.path.join(spec.path, *rel.split("/"))
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
                     os.replace(src, dst)
                     moved.append(dst)
                     md = pq.read_metadata(dst)
-                    rel = f.relpath.replace(os.sep, "/")
                     placed.append(PlacedFile(rel, dst, os.path.getsize(dst), md.num_rows, md))
     except BaseException:
         _delete(moved, spec.path)
