@@ -124,6 +124,7 @@ ORDERED = "SELECT n_nationkey, n_name, n_regionkey FROM nation ORDER BY n_nation
 def test_execute_stream_yields_datafusions_record_batches(ctx, oracle):
     ours = ctx.sql(ORDERED).execute_stream()
     theirs = oracle.sql(ORDERED).execute_stream()
+    assert isinstance(ours, datafusion.RecordBatchStream)
     first = ours.next()
     assert isinstance(first, datafusion.RecordBatch)
     assert isinstance(theirs.next(), datafusion.RecordBatch)

@@ -135,12 +135,12 @@ class RecordBatch(datafusion.RecordBatch):
         return f"RecordBatch({self._batch!r})"
 
 
-class ResultStream(Iterator[RecordBatch]):
+class ResultStream(datafusion.RecordBatchStream, Iterator[RecordBatch]):
     """The result batches of one run of a query (:meth:`DistributedDataFrame.execute_stream`).
 
-    An iterator of :class:`RecordBatch` (DataFusion's type: ``to_pyarrow()``
-    gives the ``pyarrow.RecordBatch``), as datafusion-python 55's
-    ``RecordBatchStream``: ``next()``, ``for``, ``async for``.
+    A ``datafusion.RecordBatchStream`` of :class:`RecordBatch` (DataFusion's
+    type: ``to_pyarrow()`` gives the ``pyarrow.RecordBatch``), read as
+    datafusion-python 55's: ``next()``, ``for``, ``async for``.
     :attr:`batches` are the ``pyarrow.RecordBatch`` themselves. :meth:`close` before the end
     cancels every task of the query, and may be called from any thread: a
     generator closed while another thread waits in it fails with
