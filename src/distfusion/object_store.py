@@ -498,16 +498,6 @@ def add_to(ctx: SessionContext) -> None:
     PROCESS.add_to(ctx)
 
 
-def from_environment(url: str) -> Any:
-    """The store :func:`spec_for` makes for ``url``'s bucket from the environment.
-
-    Raises:
-        ValueError: ``url`` is not an object store URL.
-    """
-    scheme, _, host = store_url(url).partition("://")
-    return _from_environment(scheme, host)
-
-
 def spec_for(url: str) -> StoreSpec:
     """The spec of the store serving ``url``; one made from the environment if none is registered.
 
