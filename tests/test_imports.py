@@ -149,17 +149,6 @@ def test_function_level_imports_only_for_optional_dependencies(module):
     assert _function_imports(module) <= LAZY_IMPORTS
 
 
-def test_old_import_paths_name_the_coordinators_objects():
-    """``distfusion.runtime.base`` and ``.feeds`` re-export the coordinator's (user code imports them)."""
-    from distfusion.coordinator import feeds, query_run
-    from distfusion.runtime import base
-    from distfusion.runtime import feeds as old_feeds
-
-    for name in base.__all__:
-        assert getattr(base, name) is getattr(query_run, name), name
-    assert old_feeds.QueryFeeds is feeds.QueryFeeds
-
-
 def test_context_holds_the_public_api_only():
     """``context.py`` defines the API classes; what runs a query is ``coordinator/``'s."""
     import distfusion.context as context

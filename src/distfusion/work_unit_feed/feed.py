@@ -51,8 +51,6 @@ __all__ = [
     "WorkUnitFeedProvider",
     "close_query_feeds",
     "lookup_feed",
-    "query_feed_error",
-    "query_feed_metrics",
 ]
 
 DEFAULT_BUFFER_UNITS = 8
@@ -557,23 +555,3 @@ def close_query_feeds(query_id: str) -> None:
         sessions = list(_QUERIES.get(query_id, ()))
     for s in sessions:
         s.close()
-
-
-def query_feed_error(query_id: str) -> FeedError | None:
-    """The first provider failure of ``query_id``, or None."""
-    with _LOCK:
-        sessions = list(_QUERIES.get(query_id, ()))
-    for s in sessions:
-        if s.error is not None:
-            return s.error
-    return None
-
-
-def query_feed_metrics(query_id: str) -> dict[str, list[FeedPartitionMetrics]]:
-    """Metrics of every feed ``query_id`` read: table name -> per-partition metrics."""
-    with _LOCK:
-        sessions = list(_QUERIES.get(query_id, ()))
-    by_table: dict[str, list[FeedSession]] = {}
-    for s in sessions:
-        by_table.setdefault(s.ctx.table, []).append(s)
-    return {table: _merge(group) for table, group in by_table.items()}

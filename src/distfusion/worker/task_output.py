@@ -330,7 +330,3 @@ class TaskOutput:
         """Free every partition and delete every file. Idempotent."""
         for p in range(self.num_partitions):
             self.free(p)
-
-    def to_lists(self) -> list[list[pa.RecordBatch]]:
-        """Every partition as a list of batches (reads the files back)."""
-        return [self.read(p) for p in range(self.num_partitions)]
