@@ -161,6 +161,9 @@ class Stage:
             read them whole first (``DistributedConfig.stream_task_inputs``,
             resolved when the graph was planned); None: each worker's own
             default (:func:`~distfusion.worker.stream_inputs.streams_task_inputs`).
+        unbounded_memory_retry: a task of it still over its memory budget
+            after a run with sort-merge joins runs once more without a bound
+            (``DistributedConfig.unbounded_memory_retry``).
         session: the UDFs its fragment calls and the object stores of the
             query's context, registered in each task's session
             (:mod:`distfusion.session`); None: none.
@@ -180,6 +183,7 @@ class Stage:
     computation: str = ""
     operator_metrics: bool = True
     stream_inputs: bool | None = None
+    unbounded_memory_retry: bool = False
     session: SessionSettings | None = field(default=None, compare=False, repr=False)
 
     @property

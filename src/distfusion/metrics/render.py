@@ -28,6 +28,7 @@ from distfusion.stages import Stage, StageGraph
 __all__ = [
     "analyzed_text",
     "format_bytes",
+    "memory_line",
     "physical_plan_text",
     "to_dot",
     "to_html",
@@ -70,9 +71,31 @@ def _stage_line(sm: StageMetrics) -> str:
         parts.append(f"read {format_bytes(sm.source_bytes)} from sources")
     if sm.spilled_bytes:
         parts.append(f"spilled {format_bytes(sm.spilled_bytes)}")
+    again = [t for t in sm.tasks if t.memory_retries]
+    if again:
+        hows = [h for t in again for h in t.memory_retries]
+        counts = ", ".join(f"{h} {hows.count(h)}" for h in dict.fromkeys(hows))
+        parts.append(f"over the memory budget, {len(again)} ran again ({counts})")
     if len(sm.tasks) < sm.num_tasks:
         parts.append(f"metrics of {len(sm.tasks)} of {sm.num_tasks} tasks")
     return "; ".join(parts)
+
+
+def memory_line(graph: StageGraph) -> str:
+    """What a task of ``graph`` does over its memory budget, on one line (EXPLAIN ANALYZE).
+
+    The budget (``StageGraph.memory_per_task_bytes``, else the runtime's) and
+    whether a task still over it after sort-merge joins runs unbounded
+    (``Stage.unbounded_memory_retry``) or fails.
+    """
+    budget = graph.memory_per_task_bytes
+    size = "the runtime's" if budget is None else format_bytes(budget)
+    unbounded = any(s.unbounded_memory_retry for s in graph.stages)
+    last = "then without a bound" if unbounded else "else fails"
+    return (
+        f"Memory: {size} per task; over it a task spills, runs again with sort-merge "
+        f"joins, {last} (unbounded_memory_retry {'on' if unbounded else 'off'})"
+    )
 
 
 def _task_line(m: TaskMetrics) -> str:
@@ -162,7 +185,8 @@ def analyzed_text(
         f"Query {metrics.query_id[:8]} on {metrics.runtime}: {metrics.rows:,} rows in "
         f"{_s(metrics.elapsed_s)}, {len(graph.stages)} stages, "
         f"{sum(s.num_tasks for s in graph.stages)} tasks, "
-        f"{format_bytes(metrics.bytes_moved)} across network boundaries"
+        f"{format_bytes(metrics.bytes_moved)} across network boundaries",
+        memory_line(graph),
     ]
     current: int | None = None
     block: list[str] = []

@@ -79,6 +79,9 @@ class TaskMetrics:
         operators: the physical plan the task ran, root first, with each
             operator's metrics (several plans in a row for a task run once per
             chunk of a work unit feed: the last one).
+        memory_retries: how the task ran again after going over its memory
+            budget, in order (``"sort-merge joins"``, ``"unbounded"``:
+            :mod:`distfusion.worker.memory_retry`); empty: it ran once.
     """
 
     stage_id: int
@@ -94,6 +97,7 @@ class TaskMetrics:
     source_bytes: int = 0
     spilled_bytes: int = 0
     operators: tuple[OperatorMetrics, ...] = field(default=(), repr=False)
+    memory_retries: tuple[str, ...] = ()
 
     @property
     def output_rows(self) -> int:
@@ -118,7 +122,8 @@ class TaskMetrics:
         """
         d = dict(d)
         d["operators"] = tuple(OperatorMetrics(**o) for o in d.get("operators", ()))
-        for name in ("partition_rows", "partition_bytes", "input_rows", "input_bytes"):
+        names = ("partition_rows", "partition_bytes", "input_rows", "input_bytes", "memory_retries")
+        for name in names:
             d[name] = tuple(d.get(name, ()))
         return cls(**d)
 
@@ -191,6 +196,7 @@ class TaskMeter:
         self.input_wait_s = 0.0
         self.frames: list = []
         self.operators = operators
+        self.memory_retries: list[str] = []
         self._start = time.perf_counter()
         self._cpu = time.thread_time()
 
@@ -216,6 +222,10 @@ class TaskMeter:
         if 0 <= i < len(self.input_rows):
             self.input_rows[i] += batch.num_rows
             self.input_bytes[i] += batch.nbytes
+
+    def ran_again(self, how: str) -> None:
+        """Record that the task runs again over its memory budget, ``how`` (``"unbounded"``)."""
+        self.memory_retries.append(how)
 
     def executed(self, df) -> None:
         """Record that DataFrame ``df`` is (being) executed by this task."""
@@ -278,4 +288,5 @@ class TaskMeter:
             source_bytes=int(scanned) if seen_scan else self.unit_bytes,
             spilled_bytes=int(spilled),
             operators=operators,
+            memory_retries=tuple(self.memory_retries),
         )

@@ -232,7 +232,8 @@ class DistributedConfig:
             with, bytes (a fair spill pool: sorts, aggregates and sort-merge
             joins spill to disk past it; a task whose hash join does not fit
             runs again with sort-merge joins). Also the output a task keeps
-            in memory before its partitions spill to Arrow IPC files. None
+            in memory, and times a worker's slots the outputs a worker keeps
+            for the query, before they spill to Arrow IPC files. None
             (default): the runtime's own -- local and Flight workers: half of
             the machine's memory (or the cgroup's limit) shared by the task
             slots of the process (a Flight worker's ``--memory`` sets its
@@ -242,6 +243,15 @@ class DistributedConfig:
             coordinator: a quarter of the machine's memory; as a greedy
             pool (operators spill when the task's total reaches it, not past
             an equal share each). See :mod:`distfusion.worker.memory`.
+        unbounded_memory_retry: a task still over its memory budget after
+            running again with sort-merge joins (an operator that cannot
+            spill, such as a hash join's build side, asked for more) runs
+            once more with no bound on its pool, logged as a warning.
+            False (default): it fails with a ``TaskError`` naming the
+            operator and the bytes it asked for: a budget is what a Spark
+            executor or a container is sized for, and going past it there
+            kills the executor. ``EXPLAIN ANALYZE`` shows the setting and
+            the tasks that ran again (:mod:`distfusion.worker.memory_retry`).
 
         operator_metrics: every task reports DataFusion's metrics of each
             operator it ran (``TaskMetrics.operators``: rows, compute time,
@@ -306,6 +316,7 @@ class DistributedConfig:
     adaptive: bool = True
     adaptive_shuffle_bytes: int = 256 * 1024 * 1024
     memory_per_task_bytes: int | None = None
+    unbounded_memory_retry: bool = False
     operator_metrics: bool = True
     stream_task_inputs: bool | None = None
     in_place_bytes: int | None = None

@@ -229,6 +229,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
                     computation=computation or self._computation(frag),
                     operator_metrics=self.config.operator_metrics,
                     stream_inputs=self.config.stream_task_inputs,
+                    unbounded_memory_retry=self.config.unbounded_memory_retry,
                     session=session and session.for_fragment(fragment),
                 )
             )

@@ -81,6 +81,10 @@ class TaskPlan:
         stream_inputs: stream the task's inputs rather than read them whole
             first (``Stage.stream_inputs``); None: the worker's own default
             (:func:`~distfusion.worker.stream_inputs.streams_task_inputs`).
+        unbounded_memory_retry: still over its budget after a run with
+            sort-merge joins, the task runs once more without a bound
+            (``Stage.unbounded_memory_retry``); False: it fails
+            (:mod:`distfusion.worker.memory_retry`).
         session: the UDFs and object stores the task's session registers
             (``Stage.session``). Never in :meth:`to_json`: a Flight worker
             uses its own UDFs and the query's stores it was sent
@@ -98,6 +102,7 @@ class TaskPlan:
     memory_per_task_bytes: int | None = None
     operator_metrics: bool = True
     stream_inputs: bool | None = None
+    unbounded_memory_retry: bool = False
     session: SessionSettings | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -137,6 +142,7 @@ class TaskPlan:
             memory_per_task_bytes=memory_per_task_bytes,
             operator_metrics=stage.operator_metrics,
             stream_inputs=stage.stream_inputs,
+            unbounded_memory_retry=stage.unbounded_memory_retry,
             session=stage.session,
         )
 
@@ -194,6 +200,7 @@ class TaskPlan:
                 "memory_per_task_bytes": self.memory_per_task_bytes,
                 "operator_metrics": self.operator_metrics,
                 "stream_inputs": self.stream_inputs,
+                "unbounded_memory_retry": self.unbounded_memory_retry,
             }
         )
 
@@ -244,6 +251,7 @@ class TaskPlan:
                 memory_per_task_bytes=_budget(d.get("memory_per_task_bytes")),
                 operator_metrics=bool(d.get("operator_metrics", True)),
                 stream_inputs=_switch(d.get("stream_inputs")),
+                unbounded_memory_retry=d.get("unbounded_memory_retry", False) is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             msg = f"not a distfusion task plan: {exc}"

@@ -50,10 +50,10 @@ from distfusion.sources import SPARK, WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.work_unit_feed.table import rebuild_source
+from distfusion.worker import memory_retry as retry
 from distfusion.worker import stream_inputs
 from distfusion.worker.interrupt import iterate_native
 from distfusion.worker.memory import TaskMemory
-from distfusion.worker.memory_retry import is_exhausted, memory_attempts, warn_run_again
 from distfusion.worker.spark_partitions import spark_chunks, spark_schema
 from distfusion.worker.stream_inputs import InputBinding, InputStreams, metered, stream_plan
 
@@ -800,9 +800,9 @@ def run_task_into(
     and sort-merge joins spill to ``memory.spill_dir``). An operator that cannot
     spill and needs more than the pool (a hash join's build side) fails with
     DataFusion's "Resources exhausted"; the task then runs again, its output
-    ``sink.reset()``, with sort-merge joins instead of hash joins (they spill),
-    and, failing again, with an unbounded pool (logged as a warning: correct
-    first). A task reading a work unit feed runs once (its feed is consumed).
+    ``sink.reset()``, in the ways :mod:`~distfusion.worker.memory_retry` lists
+    (sort-merge joins; unbounded only with ``plan.unbounded_memory_retry``).
+    A task reading a work unit feed runs once (its feed is consumed).
 
     Args:
         sink: gets ``(partition, batch)`` as batches are produced; ``reset()``
@@ -824,7 +824,8 @@ def run_task_into(
     Raises:
         TaskError: the fragment failed (DataFusion's message and the traceback
             kept), an input's producer task failed (that task's error), or a
-            work unit feed failed (its FeedError's message: feed and partition).
+            work unit feed failed (its FeedError's message: feed and partition);
+            over ``memory`` every run (``MemoryBudgetExceeded``: the operator).
         QueryCancelledError: the query was cancelled.
     """
     metrics = SpillMetrics()
@@ -836,24 +837,27 @@ def run_task_into(
                 _partition_into(df, plan, cancelled, sink, metrics, meter)
             return metrics
         read_once = _read_once(plan, read_input)
-        attempts = memory_attempts(memory)
+        attempts = retry.memory_attempts(memory, plan.unbounded_memory_retry)
         binding = InputBinding(cancelled, keep=len(attempts) > 1)
         streaming = stream_inputs.streams_task_inputs(plan.stream_inputs)
         try:
-            for n, (mem, settings) in enumerate(attempts):
+            for n, run in enumerate(attempts):
                 try:
-                    ctx, df = build_dataframe(plan, read_once, mem, settings, binding, streaming)
+                    ctx, df = build_dataframe(plan, read_once, *run[:2], binding, streaming)
                     _partition_into(df, plan, cancelled, sink, metrics, meter, binding)
                     return metrics
                 except (TaskError, QueryCancelledError):
                     raise
                 except Exception as exc:
-                    last = n + 1 == len(attempts)
-                    if last or not is_exhausted(exc) or getattr(sink, "streamed", False):
+                    if not retry.is_exhausted(exc):
                         raise
+                    if n + 1 == len(attempts) or getattr(sink, "streamed", False):
+                        raise retry.over_budget(memory, n + 1, exc) from exc
                     sink.reset()
                     binding.error = None
-                    warn_run_again(plan, memory, n, exc)
+                    retry.warn_run_again(plan, memory, attempts[n + 1], exc)
+                    if meter is not None:
+                        meter.ran_again(attempts[n + 1].name)
         finally:
             binding.close()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -938,7 +942,7 @@ def stream_head_stage(
             transport error) or a feed's provider failed (FeedError), passed on
             as it is.
         QueryCancelledError: ``cancelled()`` became true.
-        TaskError: the fragment failed here (worker ``coordinator``).
+        TaskError: the fragment failed here (worker ``coordinator``) or over ``memory``.
     """
     meter = task_meter(plan, COORDINATOR)
     read_input = metered(meter, read_input)
@@ -953,13 +957,13 @@ def stream_head_stage(
                     yield batch
         else:
             read_once = _read_once(plan, read_input)
-            attempts = memory_attempts(memory)
+            attempts = retry.memory_attempts(memory, plan.unbounded_memory_retry)
             binding = InputBinding(cancelled, keep=len(attempts) > 1, remote=remote_inputs)
             try:
-                for n, (mem, settings) in enumerate(attempts):
+                for n, run in enumerate(attempts):
                     yielded = False
                     try:
-                        _ctx, df = build_dataframe(plan, read_once, mem, settings, binding)
+                        _ctx, df = build_dataframe(plan, read_once, *run[:2], binding)
                         meter.executed(df)
                         for batch in stream_batches(df, cancelled, None, binding):
                             if not yielded:  # no run again from here: drop what streams kept
@@ -972,10 +976,13 @@ def stream_head_stage(
                     except DistfusionError:
                         raise
                     except Exception as exc:
-                        if yielded or n + 1 == len(attempts) or not is_exhausted(exc):
+                        if not retry.is_exhausted(exc):
                             raise
+                        if yielded or n + 1 == len(attempts):
+                            raise retry.over_budget(memory, n + 1, exc) from exc
                         binding.error = None
-                        warn_run_again(plan, memory, n, exc)
+                        retry.warn_run_again(plan, memory, attempts[n + 1], exc)
+                        meter.ran_again(attempts[n + 1].name)
             finally:
                 binding.close()
         if on_metrics is not None:

@@ -180,7 +180,8 @@ class Worker:
             of ``slots`` (half the machine's memory shared by the slots).
         output_memory_bytes: outputs held in memory by this worker past which
             finished outputs spill to disk, bytes; None:
-            ``memory_per_task_bytes * slots``.
+            ``memory_per_task_bytes * slots``. After a task of a query that
+            sets ``memory_per_task_bytes``, at most that budget times ``slots``.
         spill_dir: the directory this worker makes its spill directory in;
             None: the system's temp directory.
 
@@ -645,14 +646,25 @@ class Worker:
             if cancelled:  # cancel_query may have run while this task still wrote
                 self.spill.remove_query(qid)
             elif task.error is None:
-                self._limit_outputs_held()
+                self._limit_outputs_held(self._output_limit(plan))
 
-    def _limit_outputs_held(self) -> None:
-        """Spill finished outputs, largest first, while those held in memory pass the budget."""
+    def _output_limit(self, plan: TaskPlan) -> int:
+        """Bytes of outputs held in memory past which finished ones spill, after ``plan``'s task.
+
+        ``output_memory_bytes``; for a query that sets ``memory_per_task_bytes``,
+        no more than that budget times the slots (the budget bounds the query
+        on this worker: a worker's default is sized for the machine).
+        """
+        if plan.memory_per_task_bytes is None:
+            return self.output_memory_bytes
+        return min(self.output_memory_bytes, plan.memory_per_task_bytes * self.slots)
+
+    def _limit_outputs_held(self, limit: int) -> None:
+        """Spill finished outputs, largest first, while those held pass ``limit`` bytes."""
         with self._lock:
             outputs = [t.output for t in self._tasks.values()]
         held = sum(o.held_bytes for o in outputs)
-        if held <= self.output_memory_bytes:
+        if held <= limit:
             return
         for output in sorted(outputs, key=lambda o: o.held_bytes, reverse=True):
             try:
@@ -663,7 +675,7 @@ class Worker:
             except OSError as exc:  # disk full: keep it in memory
                 log.warning("worker %s: cannot spill a task output: %s", self.url, exc)
                 return
-            if held <= self.output_memory_bytes:
+            if held <= limit:
                 return
 
 
