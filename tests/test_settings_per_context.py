@@ -101,3 +101,22 @@ def test_two_contexts_keep_their_own_store_of_one_bucket(
         df = ctx.sql("SELECT sum(x) AS s, count(*) AS n FROM t")
         assert df.stage_graph().stages[0].num_tasks == 2
         assert df.to_pylist() == [{"s": sum(ROWS) + 8 * offset, "n": 8}]
+
+
+def test_settings_travel_as_specs_and_are_built_again():
+    import pickle
+
+    from distfusion.object_store import AmazonS3, Stores
+    from distfusion.protocol.messages import decode_stores, encode_stores
+    from distfusion.session import SessionSettings
+    from distfusion.udfs import Functions
+
+    functions, stores = Functions(), Stores()
+    functions.register(distfusion.udf(_plus_one, [pa.int64()], pa.int64(), "immutable", name="f"))
+    stores.register("s3://", AmazonS3(bucket_name="lake-a", region="us-east-1"), "lake")
+    again = pickle.loads(pickle.dumps(SessionSettings(functions, stores)))
+    assert again.functions.names() == {"f"}
+    assert again.store_specs() == stores.specs()
+    assert decode_stores(encode_stores("q1", stores.specs())) == ("q1", stores.specs())
+    with pytest.raises(ValueError, match="object store specs"):
+        decode_stores(b'{"stores": []}')
