@@ -122,6 +122,14 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
             Pass ``LocalRuntime()`` to run in-process without Spark.
         config: planner settings (:class:`DistributedConfig`).
 
+    Attributes:
+        functions: its Python UDFs (:class:`~distfusion.udfs.Functions`;
+            :meth:`register_udf`, ...), and
+        stores: its object stores (:class:`~distfusion.object_store.Stores`;
+            :meth:`register_object_store`): its own, as a DataFusion
+            ``SessionContext``'s, shipped with its queries' stages
+            (:mod:`distfusion.session`); another context's never reach them.
+
     Raises:
         ImportError: (on first use) no ``runtime`` given and pyspark is not installed.
     """
