@@ -257,3 +257,23 @@ def test_write_to_s3(local_ctx, s3_server, s3_store):
         assert local_ctx.sql("SELECT count(*) AS n FROM back").to_pylist() == [{"n": 50}]
     finally:
         object_store.deregister("s3://", "delta-out")
+
+
+def test_sql_insert_into_and_overwrite_a_registered_table(ctx, tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, _source().slice(0, 10), partition_by=["p"])
+    ctx.register_delta("t", path)
+    # by position, cast to the table's types; the result is DataFusion's INSERT count
+    got = ctx.sql("INSERT INTO t SELECT CAST(id AS INT), p, x FROM src WHERE id >= 10").to_pylist()
+    assert got == [{"count": ROWS - 10}] and DeltaTable(path).version() == 1
+    _same(_read(path), _expected())
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": ROWS}]  # registered anew
+    ctx.sql("INSERT OVERWRITE t SELECT id, p, x FROM src WHERE id < 3")
+    _same(_read(path), _expected("id < 3"))
+    ctx.sql("INSERT INTO t (p, id) VALUES ('k 9', 1000)")
+    assert ctx.sql("SELECT id, p, x FROM t WHERE id = 1000").to_pylist() == [
+        {"id": 1000, "p": "k 9", "x": None}
+    ]
+    assert DeltaTable(path).version() == 3
+    with pytest.raises(distfusion.PlanningError, match="the query gives 2 column"):
+        ctx.sql("INSERT INTO t SELECT id, p FROM src")

@@ -281,3 +281,18 @@ def test_write_to_s3(local_ctx, s3_server, s3_store, tmp_path):
         assert local_ctx.sql("SELECT count(*) AS n FROM back").to_pylist() == [{"n": 50}]
     finally:
         object_store.deregister("s3://", "iceberg-w")
+
+
+def test_sql_insert_into_and_overwrite_a_registered_table(ctx, catalog):
+    t = catalog.create_table("db.sql", schema=SCHEMA, partition_spec=SPECS["identity"])
+    ctx.register_iceberg("t", t)
+    got = ctx.sql("INSERT INTO t SELECT CAST(id AS INT), p, d, ts, x FROM src WHERE id < 100")
+    assert got.to_pylist() == [{"count": 100}] and len(t.snapshots()) == 1
+    assert _read(t) == _expected("id < 100")
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": 100}]
+    ctx.sql("INSERT OVERWRITE t SELECT id, p, d, ts, x FROM src WHERE id >= 490")
+    assert _read(t) == _expected("id >= 490")
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": 10}]
+    ctx.sql("INSERT INTO t (id) VALUES (7000)")
+    assert _read(t)[-1] == {"id": 7000, "p": None, "d": None, "ts": None, "x": None}
+    assert len(t.snapshots()) == 3

@@ -73,6 +73,16 @@ LAZY_IMPORTS = {
     ("distfusion.testing.s3_server", "boto3"),
     ("distfusion.testing.s3_server", "moto.moto_server.werkzeug_app"),
     ("distfusion.testing.s3_server", "werkzeug.serving"),
+    # Table writes: deltalake and pyiceberg commit them, loaded only when used.
+    ("distfusion.table_write.iceberg", "pyiceberg.exceptions"),
+    ("distfusion.table_write.iceberg", "pyiceberg.io.pyarrow"),
+    ("distfusion.table_write.iceberg", "pyiceberg.manifest"),
+    ("distfusion.table_write.iceberg", "pyiceberg.table"),
+    ("distfusion.table_write.iceberg", "pyiceberg.transforms"),
+    ("distfusion.table_write.iceberg", "pyiceberg.typedef"),
+    ("distfusion.table_write.iceberg", "pyiceberg.types"),
+    ("distfusion.table_write.sql", "deltalake"),
+    ("distfusion.table_write.sql", "pyiceberg.io.pyarrow"),
     # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
     ("distfusion.iceberg.filters", "pyiceberg"),
     ("distfusion.iceberg.plan_files", "pyiceberg.manifest"),

@@ -73,6 +73,7 @@ from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.stages import StageGraph
 from distfusion.table_write import TableWrites
+from distfusion.table_write.sql import TableInserts
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.write import WrittenFile
@@ -104,7 +105,7 @@ def _default_runtime() -> Runtime:
     return runtime_from_name("spark")  # ImportError naming what to install without pyspark
 
 
-class DistributedContext(StatementRouting, TableCatalog, Readers):
+class DistributedContext(StatementRouting, TableCatalog, Readers, TableInserts):
     """Registers tables and plans SQL or DataFrames for distributed execution.
 
     Queries come as SQL (:meth:`sql`) or as DataFrames built with
@@ -479,7 +480,10 @@ class DistributedContext(StatementRouting, TableCatalog, Readers):
         - ``INSERT INTO`` a memory table (and ``UPDATE``/``DELETE`` where
           DataFusion supports them, ``COPY``) runs on the coordinator, when
           the result is collected (before the last statement: at once);
-        - ``CREATE VIEW``, ``DROP TABLE``/``VIEW`` and ``SET`` act at once.
+        - ``CREATE VIEW``, ``DROP TABLE``/``VIEW`` and ``SET`` act at once;
+        - ``INSERT INTO``/``INSERT OVERWRITE`` a table registered with
+          :meth:`register_delta` or :meth:`register_iceberg` runs at once,
+          distributed, as one commit (:mod:`distfusion.table_write.sql`).
 
         ``EXPLAIN [ANALYZE] [VERBOSE] [FORMAT TEXT|DOT|GRAPHVIZ|INDENT|TREE]
         query`` (the last statement) gives the distributed plan as rows

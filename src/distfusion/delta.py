@@ -500,7 +500,10 @@ def delta_source(name: str, dt: Any, schema: pa.Schema) -> TableSource:
                 partition_values=values[i],
             )
         )
-    options: dict = {"files_from": f"its Delta log (version {dt.version()})"}
+    options: dict = {
+        "files_from": f"its Delta log (version {dt.version()})",
+        "delta_table": dt.table_uri,  # where INSERT INTO writes (distfusion.table_write.sql)
+    }
     if partition_cols:
         options["partition_cols"] = partition_cols
     if mode == "name":

@@ -102,7 +102,7 @@ def write_delta(
     except dl.exceptions.TableNotFoundError:
         dt = None
     except Exception as exc:
-        msg = f"cannot load the Delta table at {uri}: {delta._message(exc, [])}"
+        msg = f"cannot load the Delta table at {uri}: {_cause(exc)}"
         raise PlanningError(object_store.redact(msg)) from None
     schema = file_schema(frame.schema())
     if isinstance(partition_by, str):
@@ -543,7 +543,7 @@ def _commit(
             )
     except Exception as exc:
         at = "" if read is None else f" (the write read version {read})"
-        msg = f"the commit to the Delta table at {uri} failed{at}: {delta._message(exc, [])}"
+        msg = f"the commit to the Delta table at {uri} failed{at}: {_cause(exc)}"
         raise TableWriteError(object_store.redact(msg)) from None
     return dl.DeltaTable(uri, storage_options=options).version()
 
@@ -554,3 +554,9 @@ def _add_columns(dl: Any, dt: Any, schema: pa.Schema) -> None:
     new = [f for f in dl.Schema.from_arrow(schema).fields if f.name not in have]
     if new:
         dt.alter.add_columns(new)
+
+
+def _cause(exc: BaseException) -> str:
+    """The first line of delta-rs's error (its backtrace dropped), secrets redacted."""
+    lines = str(exc).strip().splitlines()
+    return object_store.redact(lines[0] if lines else type(exc).__name__)

@@ -41,6 +41,7 @@ computed here yet: such a table is refused before any task runs.
 
 from __future__ import annotations
 
+import decimal
 import uuid
 from typing import Any
 from urllib.parse import unquote
@@ -171,17 +172,22 @@ def _checked(frame: Any, table: Any, name: str) -> tuple[pa.Schema, list[str], l
         )
         raise ValueError(msg) from None
     arrow = schema_to_pyarrow(schema, include_field_ids=True)
-    exprs = [f'"{n}"' if n in result.names else f'NULL AS "{n}"' for n in names]
+    exprs = [_ident(n) if n in result.names else f"NULL AS {_ident(n)}" for n in names]
     hidden = []
     types: list[pa.DataType] = []
     for i, field in enumerate(table.spec().fields):
         source = schema.find_field(field.source_id)
-        expr, typ = _transform_sql(name, field, source, f'"{source.name}"')
+        expr, typ = _transform_sql(name, field, source, _ident(source.name))
         hidden.append(f"{HIDDEN}{i}")
         exprs.append(f'{expr} AS "{hidden[-1]}"')
         types.append(typ)
     fields = [*arrow, *[pa.field(h, t) for h, t in zip(hidden, types, strict=True)]]
     return file_schema(pa.schema(fields)), exprs, hidden
+
+
+def _ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _fits(ours: pa.DataType, theirs: pa.DataType) -> bool:
@@ -284,8 +290,6 @@ def _parse(text: str, arrow: pa.DataType) -> Any:
     if pa.types.is_floating(arrow):
         return float(text)
     if pa.types.is_decimal(arrow):
-        import decimal
-
         return decimal.Decimal(text)
     return text
 
