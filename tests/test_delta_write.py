@@ -18,7 +18,10 @@ import distfusion
 from distfusion import DistributedConfig, DistributedContext, TaskError
 from distfusion.table_write import TableWriteError
 
-RUNTIMES = {"local": 3, "spark": 2}
+RUNTIMES = {"local": 3, "flight": 3, "spark": 2}
+# Flight workers run only the UDFs they were started with (tests.udf_funcs): the
+# failing UDF of these tests is the local and Spark runtimes' (a context's UDFs travel).
+UDF_RUNTIMES = ["local", "spark"]
 ROWS = 600
 
 
@@ -51,6 +54,11 @@ def _context(runtime) -> DistributedContext:
 
 @pytest.fixture(params=list(RUNTIMES))
 def ctx(request, runtime_for) -> DistributedContext:
+    return _context(runtime_for(request.param, RUNTIMES[request.param]))
+
+
+@pytest.fixture(params=UDF_RUNTIMES)
+def udf_ctx(request, runtime_for) -> DistributedContext:
     return _context(runtime_for(request.param, RUNTIMES[request.param]))
 
 
@@ -194,7 +202,8 @@ def test_a_schema_that_does_not_fit_is_refused_before_any_task(local_ctx, tmp_pa
     assert pc.sum(t["y"].is_null()).as_py() == ROWS
 
 
-def test_a_failing_task_leaves_the_table_and_its_directory_untouched(ctx, tmp_path):
+def test_a_failing_task_leaves_the_table_and_its_directory_untouched(udf_ctx, tmp_path):
+    ctx = udf_ctx
     path = str(tmp_path / "t")
     ctx.sql("SELECT id, p, x FROM src WHERE id < 100").write_delta(path, partition_by=["p"])
     before = _files(path)
@@ -209,6 +218,16 @@ def test_a_failing_task_leaves_the_table_and_its_directory_untouched(ctx, tmp_pa
     with pytest.raises(TaskError, match="boom in one task"):
         ctx.sql(bad).write_delta(str(tmp_path / "new"))
     assert not os.path.exists(tmp_path / "new")
+
+
+def test_a_blind_append_racing_another_append_lands(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    local_ctx.sql("SELECT id, p, x FROM src WHERE id < 10").write_delta(path)
+    stale = DeltaTable(path)  # the write reads version 0 ...
+    write_deltalake(path, _source().slice(10, 5), mode="append")  # ... another append wins v1
+    c = local_ctx.sql("SELECT id, p, x FROM src WHERE id >= 15").write_delta(stale)
+    assert c.version == 2 and DeltaTable(path).version() == 2
+    _same(_read(path), _expected())
 
 
 def test_a_refused_commit_deletes_the_files(local_ctx, tmp_path):

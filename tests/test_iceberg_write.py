@@ -39,7 +39,10 @@ from distfusion import DistributedConfig, DistributedContext, TaskError
 from distfusion.table_write import TableWriteError
 from tests.iceberg_tables import local_catalog, s3_catalog
 
-RUNTIMES = {"local": 3, "spark": 2}
+RUNTIMES = {"local": 3, "flight": 3, "spark": 2}
+# Flight workers run only the UDFs they were started with (tests.udf_funcs): the
+# failing UDF of these tests is the local and Spark runtimes' (a context's UDFs travel).
+UDF_RUNTIMES = ["local", "spark"]
 ROWS = 500
 COLUMNS = ["id", "p", "d", "ts", "x"]
 
@@ -97,6 +100,11 @@ def _context(runtime) -> DistributedContext:
 
 @pytest.fixture(params=list(RUNTIMES))
 def ctx(request, runtime_for) -> DistributedContext:
+    return _context(runtime_for(request.param, RUNTIMES[request.param]))
+
+
+@pytest.fixture(params=UDF_RUNTIMES)
+def udf_ctx(request, runtime_for) -> DistributedContext:
     return _context(runtime_for(request.param, RUNTIMES[request.param]))
 
 
@@ -227,7 +235,8 @@ def test_a_result_that_does_not_fit_is_refused_before_any_task(local_ctx, catalo
     assert _read(t)[-1] == {"id": 7, "p": "k 1", "d": None, "ts": None, "x": None}
 
 
-def test_a_failing_task_leaves_the_table_and_its_location_untouched(ctx, catalog):
+def test_a_failing_task_leaves_the_table_and_its_location_untouched(udf_ctx, catalog):
+    ctx = udf_ctx
     t = catalog.create_table("db.fail", schema=SCHEMA, partition_spec=SPECS["month_day_truncate"])
     ctx.sql(_select("id < 100")).write_iceberg(t)
     before, snapshot = _files(t.location()), t.current_snapshot().snapshot_id
