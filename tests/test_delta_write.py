@@ -296,3 +296,31 @@ def test_sql_insert_into_and_overwrite_a_registered_table(ctx, tmp_path):
     assert DeltaTable(path).version() == 3
     with pytest.raises(distfusion.PlanningError, match="the query gives 2 column"):
         ctx.sql("INSERT INTO t SELECT id, p FROM src")
+
+
+@pytest.mark.parametrize("column", ["d", "ts", "b"])
+def test_dynamic_overwrite_of_date_timestamp_and_boolean_partitions(local_ctx, tmp_path, column):
+    import datetime
+
+    local_ctx.register_table(
+        "typed",
+        pa.table(
+            {
+                "id": pa.array(range(4), pa.int64()),
+                "d": [datetime.date(2024, 1, 1 + i % 2) for i in range(4)],
+                "ts": pa.array(
+                    [datetime.datetime(2024, 1, 1, 10, i % 2) for i in range(4)],
+                    pa.timestamp("us", "UTC"),
+                ),
+                "b": [True, False, True, None],
+            }
+        ),
+    )
+    path = str(tmp_path / "t")
+    local_ctx.sql("SELECT id, d, ts, b FROM typed").write_delta(path, partition_by=[column])
+    local_ctx.sql("SELECT id + 10 AS id, d, ts, b FROM typed WHERE id = 0").write_delta(
+        path, mode="overwrite", partition_overwrite_mode="dynamic"
+    )
+    # rows 0 and 2 share row 0's partition: replaced; 1 and 3 stay
+    ids = sorted(pa.table(DeltaTable(path).to_pyarrow_table())["id"].to_pylist())
+    assert ids == [1, 3, 10] and DeltaTable(path).version() == 1

@@ -126,7 +126,11 @@ def write_delta(
             _check_written(uri, placed, parts, schema, predicate)
         adds = [_add_action(dl, p, parts, schema) for p in placed]
         if dt is not None and mode == "overwrite" and partition_overwrite_mode == "dynamic":
-            written = {tuple(partition_texts(p.relpath, parts).values()) for p in placed}
+            types = [schema.field(c).type for c in parts]
+            written = {
+                tuple(map(_typed, partition_texts(p.relpath, parts).values(), types))
+                for p in placed
+            }
             removed = _files_in_partitions(dt, parts, written)
         version = _commit(
             dl,
@@ -370,19 +374,25 @@ def _check_written(uri, placed: list[PlacedFile], parts, schema: pa.Schema, pred
 
 
 def _files_in_partitions(dt: Any, parts: tuple[str, ...], written: set[tuple]) -> list[dict]:
-    """Active files in one of the ``written`` partitions (values as text): a dynamic overwrite's."""
+    """Active files in one of the ``written`` partitions: a dynamic overwrite's removes.
+
+    ``written`` holds typed values (:func:`_typed`); the log's partition values
+    come typed from delta-rs, so a date, timestamp or number compares as a value.
+    """
     files = _file_table(dt, parts).to_pylist()
-    return [r for r in files if tuple(_text(r[c]) for c in parts) in written]
+    return [r for r in files if tuple(r[c] for c in parts) in written]
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
+def _typed(text: str | None, type_: pa.DataType) -> Any:
+    """A partition directory's value (pyarrow's Hive text) as a value of the column's type."""
+    if text is None:
         return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, datetime.datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f").rstrip("0").rstrip(".")
-    return str(value)
+    try:
+        return pa.array([text], pa.string()).cast(type_)[0].as_py()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if pa.types.is_boolean(type_):
+            return text == "true"
+        return text
 
 
 def _add_action(dl: Any, placed: PlacedFile, parts: tuple[str, ...], schema: pa.Schema) -> Any:
