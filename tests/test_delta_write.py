@@ -324,3 +324,13 @@ def test_dynamic_overwrite_of_date_timestamp_and_boolean_partitions(local_ctx, t
     # rows 0 and 2 share row 0's partition: replaced; 1 and 3 stay
     ids = sorted(pa.table(DeltaTable(path).to_pyarrow_table())["id"].to_pylist())
     assert ids == [1, 3, 10] and DeltaTable(path).version() == 1
+
+
+def test_a_column_mapped_table_is_refused_before_any_task(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    schema = _source().schema
+    DeltaTable.create(path, schema, configuration={"delta.columnMapping.mode": "name"})
+    before = _files(path)
+    with pytest.raises(ValueError, match="maps columns"):
+        local_ctx.sql("SELECT id, p, x FROM src").write_delta(path)
+    assert _files(path) == before

@@ -104,6 +104,7 @@ def write_delta(
     except Exception as exc:
         msg = f"cannot load the Delta table at {uri}: {_cause(exc)}"
         raise PlanningError(object_store.redact(msg)) from None
+    _check_writable(uri, dt)
     schema = file_schema(frame.schema())
     if isinstance(partition_by, str):
         partition_by = [partition_by]
@@ -181,6 +182,25 @@ def _check_arguments(mode, schema_mode, predicate, partition_overwrite_mode) -> 
         raise ValueError(msg)
     if predicate is not None and partition_overwrite_mode == "dynamic":
         msg = "give a predicate or partition_overwrite_mode='dynamic', not both"
+        raise ValueError(msg)
+
+
+def _check_writable(uri: str, dt: Any) -> None:
+    """Refuse a table whose files this writer would name wrongly (column mapping).
+
+    Raises:
+        ValueError: the table maps columns (``delta.columnMapping.mode`` is
+            ``name`` or ``id``): its files name columns by physical names and
+            field ids, which these tasks do not write yet.
+    """
+    if dt is None:
+        return
+    mode = (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+    if mode not in (None, "none"):
+        msg = (
+            f"the Delta table at {uri} maps columns (delta.columnMapping.mode={mode}); "
+            "distfusion does not write such tables yet"
+        )
         raise ValueError(msg)
 
 
