@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
+from distfusion.planner.config import RuntimeProfile
 from distfusion.runtime.registry import RUNTIMES
 from distfusion.stages import StageGraph
 
@@ -63,15 +64,26 @@ def runtime(runtime_name, workers, runtime_for) -> RecordingRuntime:
 
 
 class RecordingRuntime:
-    """A Runtime that forwards to another and records every graph whose head it streams.
+    """The real runtime, wrapped: it records every graph whose head it streams.
 
-    ``close`` does nothing: the inner runtime is shared by the test session.
+    Its profile (``profile()``) is the inner runtime's, so each runtime is
+    planned here as it is outside the suite; every other attribute (Spark's
+    session, optional abilities) is the inner runtime's too. ``close`` does
+    nothing: the inner runtime is shared by the test session.
     """
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.name = inner.name
         self.executed: list[StageGraph] = []
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def profile(self) -> RuntimeProfile:
+        return RuntimeProfile.of(self.inner)
 
     def num_workers(self) -> int:
         return self.inner.num_workers()
@@ -91,11 +103,16 @@ class RecordingRuntime:
 
 
 class _RecordingRun:
-    """A QueryRun that records the graph whose head stage it streams."""
+    """A QueryRun that records the graph whose head stage it streams (the rest: the inner run's)."""
 
     def __init__(self, runtime: RecordingRuntime, inner) -> None:
         self.runtime = runtime
         self.inner = inner
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def run_stages(self, graph: StageGraph, stage_ids: list[int]):
         return self.inner.run_stages(graph, stage_ids)
