@@ -361,3 +361,74 @@ def test_ctrl_c_during_a_write_leaves_the_table_and_its_directory_untouched(loca
         time.sleep(5)  # (a write done before the signal: it lands here; the check below fails)
     time.sleep(1)  # a task still unwinding would write now
     assert _files(path) == before and DeltaTable(path).version() == 0
+
+
+MERGE_SOURCE = pa.table(
+    {
+        "id": pa.array([2, 3, 4, 5, 700, 701, 702], pa.int64()),
+        "p": ["k 2", "k 0", "k 1", "k 2", "k 1", "k 2", "k 0"],
+        "x": pa.array([200.0, 300.0, None, 500.0, 7000.0, 7010.0, 7020.0]),
+        "op": ["u", "d", "u", "d", "i", "skip", "i"],
+    }
+)
+
+
+def _merged_by_deltalake(path: str) -> list[dict]:
+    dt = DeltaTable(path)
+    (
+        dt.merge(MERGE_SOURCE, "t.id = s.id", source_alias="s", target_alias="t")
+        .when_matched_delete("s.op = 'd'")
+        .when_matched_update({"x": "s.x + 1", "p": "s.p"})
+        .when_not_matched_insert({"id": "s.id", "p": "s.p", "x": "s.x"}, "s.op = 'i'")
+        .execute()
+    )
+    return _read(path).to_pylist()
+
+
+@pytest.mark.parametrize("partition_by", [None, ["p"]], ids=["unpartitioned", "partitioned"])
+def test_merge_into_equals_deltalakes_merge(ctx, tmp_path, partition_by):
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    for path in (ours, theirs):
+        write_deltalake(path, _source().slice(0, 50), partition_by=partition_by)
+    expected = _merged_by_deltalake(theirs)
+    ctx.register_table("changes", MERGE_SOURCE)
+    ctx.register_delta("t", ours)
+    ctx.sql(
+        """MERGE INTO t AS tgt USING changes AS s ON tgt.id = s.id
+        WHEN MATCHED AND s.op = 'd' THEN DELETE
+        WHEN MATCHED THEN UPDATE SET x = s.x + 1, p = s.p
+        WHEN NOT MATCHED AND s.op = 'i' THEN INSERT (id, p, x) VALUES (s.id, s.p, s.x)"""
+    )
+    assert _read(ours).to_pylist() == expected
+    assert DeltaTable(ours).version() == 1  # one commit
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": len(expected)}]
+
+
+def test_merge_star_clauses_and_a_source_query(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, _source().slice(0, 10))
+    local_ctx.register_delta("t", path)
+    local_ctx.sql(
+        """MERGE INTO t USING (SELECT id, p, x FROM src WHERE id BETWEEN 8 AND 11) AS s
+        ON t.id = s.id
+        WHEN MATCHED THEN UPDATE SET *
+        WHEN NOT MATCHED THEN INSERT *"""
+    )
+    _same(_read(path), _expected("id < 12"))
+
+
+def test_merge_refuses_a_target_row_matched_twice_before_writing(local_ctx, tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, _source().slice(0, 10))
+    local_ctx.register_delta("t", path)
+    local_ctx.register_table("twice", pa.table({"id": pa.array([5, 5], pa.int64())}))
+    before = _files(path)
+    with pytest.raises(distfusion.PlanningError, match="matched by more than one source row"):
+        local_ctx.sql(
+            "MERGE INTO t USING twice ON t.id = twice.id WHEN MATCHED THEN UPDATE SET x = 0"
+        )
+    assert _files(path) == before and DeltaTable(path).version() == 0
+    with pytest.raises(distfusion.PlanningError, match="NOT MATCHED BY SOURCE"):
+        local_ctx.sql(
+            "MERGE INTO t USING twice ON t.id = twice.id WHEN NOT MATCHED BY SOURCE THEN DELETE"
+        )

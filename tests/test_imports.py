@@ -82,6 +82,7 @@ LAZY_IMPORTS = {
     ("distfusion.table_write.iceberg", "pyiceberg.typedef"),
     ("distfusion.table_write.iceberg", "pyiceberg.types"),
     ("distfusion.table_write.sql", "deltalake"),
+    ("distfusion.table_write.merge", "deltalake"),
     ("distfusion.table_write.sql", "pyiceberg.io.pyarrow"),
     # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
     ("distfusion.iceberg.filters", "pyiceberg"),

@@ -1,0 +1,253 @@
+"""``MERGE INTO`` a registered Delta table, copy-on-write: one query, one commit.
+
+:meth:`~distfusion.context.DistributedContext.sql` asks :class:`TableMerges`
+(``_merge_into_table``) first for each statement. A statement (parsed with
+sqlglot)::
+
+    MERGE INTO t [AS a] USING s [AS b] ON cond
+      WHEN MATCHED [AND c] THEN UPDATE SET col = expr, ... | UPDATE SET * | DELETE
+      WHEN NOT MATCHED [AND c] THEN INSERT (cols) VALUES (exprs) | INSERT *
+
+whose ``t`` is a table registered with ``register_delta`` runs at once,
+distributed, with Spark's and delta-rs's semantics: the first ``WHEN``
+clause whose condition holds applies to a row; a matched target row no
+clause applies to stays as it is; a source row no ``NOT MATCHED`` clause
+applies to is dropped; a target row matched by two source rows (with a
+``WHEN MATCHED`` clause) is an error, before anything is written. One
+distributed query computes the table's new rows::
+
+    (target, TRUE AS __df_t) FULL OUTER JOIN (source, TRUE AS __df_s) ON cond
+      -> per row the clause that applies (CASE, in the clauses' order)
+      -> per column its new value; rows deleted or not inserted dropped
+
+and :func:`~distfusion.table_write.delta.write_delta` commits them as an
+overwrite of the version the merge read: one new version (add actions of the
+new files, remove actions of every old one), with delta-rs's conflict check
+against any commit in between.
+
+Copy-on-write of the **whole table**: every file is rewritten, not only the
+files that can match (partition and min/max pruning of the target's files is
+not done yet), and ``WHEN NOT MATCHED BY SOURCE`` is refused. The statement's
+result is one row, column ``count``: the rows of the new version.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from distfusion import delta, object_store
+from distfusion.coordinator.statements import table_name
+from distfusion.errors import PlanningError
+
+__all__ = ["MergeClause", "TableMerges", "parse_merge"]
+
+_MERGE = re.compile(r"^\s*MERGE\s+INTO\b", re.IGNORECASE)
+T, S = '"__df_t"', '"__df_s"'
+
+
+@dataclass
+class MergeClause:
+    """One ``WHEN`` clause: matched or not, its condition (SQL or None), its action.
+
+    ``action``: ``"update"``, ``"delete"`` or ``"insert"``; ``values``: target
+    column -> SQL expression (``None``: ``SET *`` / ``INSERT *``, by name).
+    """
+
+    matched: bool
+    condition: str | None
+    action: str
+    values: dict[str, str] | None = field(default=None)
+
+
+@dataclass
+class MergeStatement:
+    """A parsed ``MERGE INTO``."""
+
+    target: str
+    target_alias: str
+    source: str  # a table name or "(query)"
+    source_alias: str
+    on: str
+    clauses: list[MergeClause]
+
+
+def parse_merge(sql: str) -> MergeStatement | None:
+    """The parts of a ``MERGE INTO`` statement; None for any other statement.
+
+    Raises:
+        PlanningError: a MERGE sqlglot cannot parse, ``WHEN NOT MATCHED BY
+            SOURCE``, or a clause not listed in the module docstring.
+    """
+    if not _MERGE.match(sql):
+        return None
+    try:
+        tree = sqlglot.parse_one(sql, read="spark")
+    except sqlglot.errors.ParseError as exc:
+        msg = f"cannot parse the MERGE statement: {exc}"
+        raise PlanningError(msg) from None
+    if not isinstance(tree, exp.Merge):
+        return None
+
+    def render(e: Any) -> str:
+        return e.sql(dialect="postgres")
+
+    target = tree.this
+    using = tree.args["using"]
+    source_alias = using.alias_or_name
+    if isinstance(using, exp.Table):
+        source = render(using.this)
+    else:
+        source = f"({render(using.this)})"
+    clauses = []
+    whens = tree.args.get("whens")
+    for when in whens.expressions if whens is not None else []:
+        if when.args.get("source"):
+            msg = "MERGE: WHEN NOT MATCHED BY SOURCE is not supported yet"
+            raise PlanningError(msg)
+        cond = when.args.get("condition")
+        then = when.args["then"]
+        matched = bool(when.args.get("matched"))
+        condition = render(cond) if cond is not None else None
+        if isinstance(then, exp.Var) and then.name.upper() == "DELETE" and matched:
+            clauses.append(MergeClause(True, condition, "delete"))
+        elif isinstance(then, exp.Update) and matched:
+            values = None
+            if not (len(then.expressions) == 1 and isinstance(then.expressions[0], exp.Star)):
+                values = {e.this.name: render(e.expression) for e in then.expressions}
+            clauses.append(MergeClause(True, condition, "update", values))
+        elif isinstance(then, exp.Insert) and not matched:
+            values = None
+            if not isinstance(then.this, exp.Star):
+                cols = [c.name for c in then.this.expressions]
+                exprs = [render(v) for v in then.expression.expressions]
+                values = dict(zip(cols, exprs, strict=True))
+            clauses.append(MergeClause(False, condition, "insert", values))
+        else:
+            msg = f"MERGE: clause {render(when)!r} is not supported"
+            raise PlanningError(msg)
+    return MergeStatement(
+        render(target.this),
+        target.alias_or_name,
+        source,
+        source_alias,
+        render(tree.args["on"]),
+        clauses,
+    )
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def merge_sql(m: MergeStatement, columns: list[str], source_columns: list[str]) -> str:
+    """The query giving the target's rows after ``m`` (see the module docstring)."""
+    ta, sa = _ident(m.target_alias), _ident(m.source_alias)
+    matched = f"({ta}.{T} IS NOT NULL AND {sa}.{S} IS NOT NULL)"
+    target_only = f"({sa}.{S} IS NULL)"
+    source_only = f"({ta}.{T} IS NULL)"
+    matched_cases, source_cases = [], []
+    for i, c in enumerate(m.clauses, 1):
+        cond = f" AND ({c.condition}) IS TRUE" if c.condition else ""
+        if c.matched:
+            matched_cases.append(f"WHEN {matched}{cond} THEN {i}")
+        else:
+            source_cases.append(f"WHEN {source_only}{cond} THEN {i}")
+    # the first clause that holds applies (Spark's order); a matched row none applies to,
+    # and a target row no source row matches, stay as they are (0)
+    which = " ".join(
+        ["CASE", *matched_cases, f"WHEN {matched} OR {target_only} THEN 0", *source_cases]
+    )
+    which += " ELSE -1 END"
+    outs = []
+    for col in columns:
+        arms = [f"WHEN 0 THEN {ta}.{_ident(col)}"]
+        for i, c in enumerate(m.clauses, 1):
+            if c.action == "delete":
+                continue
+            if c.values is None:  # SET * / INSERT *: the source's column of that name
+                if col not in source_columns:
+                    msg = f"MERGE: {c.action.upper()} * needs column {col!r} in the source"
+                    raise PlanningError(msg)
+                value = f"{sa}.{_ident(col)}"
+            elif col in c.values:
+                value = c.values[col]
+            else:
+                value = f"{ta}.{_ident(col)}" if c.action == "update" else "NULL"
+            arms.append(f"WHEN {i} THEN {value}")
+        outs.append(f"CASE ({which}) {' '.join(arms)} END AS {_ident(col)}")
+    deleted = [str(i) for i, c in enumerate(m.clauses, 1) if c.action == "delete"]
+    keep = f"({which}) >= 0"
+    if deleted:
+        keep += f" AND ({which}) NOT IN ({', '.join(deleted)})"
+    return (
+        f"SELECT {', '.join(outs)} "
+        f"FROM (SELECT *, TRUE AS {T} FROM {m.target}) AS {ta} "
+        f"FULL OUTER JOIN (SELECT *, TRUE AS {S} FROM {m.source} AS {sa}) AS {sa} "
+        f"ON {m.on} WHERE {keep}"
+    )
+
+
+def duplicate_match_sql(m: MergeStatement) -> str:
+    """A query giving a row when some target row is matched by two or more source rows."""
+    ta, sa = _ident(m.target_alias), _ident(m.source_alias)
+    return (
+        f"SELECT 1 AS dup FROM (SELECT *, row_number() OVER () AS __df_rid FROM {m.target}) "
+        f"AS {ta} JOIN (SELECT * FROM {m.source} AS {sa}) AS {sa} ON {m.on} "
+        "GROUP BY __df_rid HAVING count(*) > 1 LIMIT 1"
+    )
+
+
+class TableMerges:
+    """MERGE INTO the Delta tables of a DistributedContext (a mixin).
+
+    Uses the context's ``sources``, ``sql``, ``ctx`` and ``register_delta``.
+    """
+
+    def _merge_into_table(self, sql: str) -> Any:
+        """Run ``sql`` when it is a MERGE INTO a registered Delta table; its result, else None.
+
+        Raises:
+            PlanningError: see :func:`parse_merge`; the target is registered
+                but not a Delta table; a source row matches two target rows
+                (a target row is matched twice), raised before any write.
+            ValueError, TableWriteError, TaskError: as ``write_delta``.
+        """
+        m = parse_merge(sql)
+        if m is None:
+            return None
+        name = table_name(m.target)
+        source = self.sources.get(name)
+        if source is None:
+            return None
+        uri = source.options.get("delta_table")
+        if not uri:
+            msg = f"MERGE INTO {name}: only Delta tables (register_delta) take MERGE here"
+            raise PlanningError(msg)
+        from deltalake import DeltaTable
+
+        options = delta.storage_options_for(uri) if object_store.is_url(uri) else None
+        dt = DeltaTable(uri, storage_options=options)
+        self.register_delta(name, dt)  # the version the merge reads and commits over
+        target = pa.schema(dt.schema().to_arrow())
+        source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
+        source_names = source_columns.schema().names
+        if any(c.matched for c in m.clauses) and self.sql(duplicate_match_sql(m)).to_pylist():
+            msg = (
+                f"MERGE INTO {name}: a target row is matched by more than one source row "
+                "(Spark's and delta-rs's error); make the source unique on the ON keys"
+            )
+            raise PlanningError(msg)
+        frame = self.sql(merge_sql(m, target.names, source_names))
+        have = frame.schema()
+        casts = {f.name: f.type for f in target if have.field(f.name).type != f.type}
+        if casts:
+            frame = frame.cast(casts)
+        commit = frame.write_delta(dt, mode="overwrite")
+        self.register_delta(name, uri)
+        return self.ctx.from_arrow(pa.table({"count": pa.array([commit.rows], pa.uint64())}))
