@@ -484,7 +484,8 @@ class DistributedContext(StatementRouting, TableCatalog, Readers, TableInserts, 
         - ``CREATE VIEW``, ``DROP TABLE``/``VIEW`` and ``SET`` act at once;
         - ``INSERT INTO``/``INSERT OVERWRITE`` a table registered with
           :meth:`register_delta` or :meth:`register_iceberg` runs at once,
-          distributed, as one commit (:mod:`distfusion.table_write.sql`).
+          distributed, as one commit (:mod:`distfusion.table_write.sql`); so
+          does ``MERGE INTO`` a Delta table (:mod:`distfusion.table_write.merge`).
 
         ``EXPLAIN [ANALYZE] [VERBOSE] [FORMAT TEXT|DOT|GRAPHVIZ|INDENT|TREE]
         query`` (the last statement) gives the distributed plan as rows
