@@ -63,6 +63,7 @@ SEM_ROWS = pa.table(
             ],
             pa.timestamp("us"),
         ),
+        "ai": pa.array([[1, 2], [3, None], None, [], [2, 2, 1], [5]], pa.list_(pa.int32())),
     }
 )
 
@@ -309,18 +310,39 @@ CASES = [
         "Spark rounds the decimal text, DataFusion the binary value",
     ),
     Case(
-        "explode, LATERAL VIEW",
-        "SELECT i, x FROM sem LATERAL VIEW explode(array(1, 2)) v AS x",
+        "ARRAY columns, array(), size, sort_array",
+        "SELECT i, ai, array(i, 2), array(1.5, i), size(ai), sort_array(ai), "
+        "sort_array(ai, false) FROM sem ORDER BY i",
+        "native",
+        "size of a NULL array: NULL with ANSI mode, -1 without",
+    ),
+    Case(
+        "collect_list, collect_set",
+        "SELECT s, sort_array(collect_list(i)), size(collect_set(dt)), collect_list(d) "
+        "FROM sem WHERE i IS NULL OR i < 7 GROUP BY s ORDER BY s",
+        "native",
+        "NULLs skipped, `[]` for none; the order of elements is undefined in both engines",
+    ),
+    Case("explode in a select list", "SELECT i, explode(ai) AS x FROM sem ORDER BY i, x", "native"),
+    Case(
+        "LATERAL VIEW, posexplode",
+        "SELECT i, x FROM sem LATERAL VIEW explode(ai) v AS x",
         "spark",
     ),
     Case(
-        "arrays, maps, structs",
-        "SELECT size(array(i, 2)), named_struct('a', i).a FROM sem",
+        "maps, structs",
+        "SELECT named_struct('a', i).a, map('k', s)['k'] FROM sem",
         "spark",
     ),
     Case(
-        "collect_list, percentile_approx",
-        "SELECT collect_list(i), percentile_approx(i, 0.5) FROM sem",
+        "concat_ws of an array",
+        "SELECT concat_ws(',', s, 'x'), concat_ws('-', ai) FROM sem",
+        "spark",
+        "Spark joins the elements",
+    ),
+    Case(
+        "percentile_approx, percentile",
+        "SELECT percentile_approx(i, 0.5), percentile(i, 0.5) FROM sem",
         "spark",
     ),
     Case(

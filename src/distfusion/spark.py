@@ -144,6 +144,11 @@ class SparkDataFrame(DistributedDataFrame):
         spark: the SparkSession :meth:`to_spark` creates its DataFrame in.
         query: the SQL text ``df`` was planned from, if any: its Spark SQL
             column names name :meth:`to_spark`'s columns.
+        spark_schema: Spark's analysis of ``query`` as Arrow (``toArrow()``'s
+            types): the result's names and types, where they differ from the
+            plan's only in names, time zones and list elements' names.
+        spark_struct: the same analysis as Spark's ``StructType``: the
+            schema of :meth:`to_spark`.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class SparkDataFrame(DistributedDataFrame):
         spark,
         query: str | None = None,
         spark_schema: pa.Schema | None = None,
+        spark_struct=None,
     ) -> None:
         label = df.label if isinstance(df, DistributedDataFrame) else ""
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
@@ -160,6 +166,7 @@ class SparkDataFrame(DistributedDataFrame):
         self.query = query
         # Spark's analysis of the query: its names (repeated ones too) and time zones
         self._spark_schema = spark_schema
+        self._spark_struct = spark_struct  # the same, as Spark's StructType (for to_spark)
         self.fallback: str | None = None
         """Why the query runs as ``spark.sql(query)`` itself, or None when distfusion runs it."""
         self._held: list[_HeldResult] = []
@@ -274,7 +281,7 @@ class SparkDataFrame(DistributedDataFrame):
             access, budget, threads = run.part_args(graph, parts)
             fn = frame_function(parts, access, budget, threads, schema)
             frame = self.spark.range(0, len(parts), 1, len(parts)).mapInArrow(
-                fn, from_arrow_schema(schema)
+                fn, self._spark_struct or from_arrow_schema(schema)
             )
             frame = self._spark_named(frame)
         except BaseException:
@@ -305,8 +312,9 @@ class SparkDataFrame(DistributedDataFrame):
 
         table = pa.Table.from_batches(batches) if batches else self.schema().empty_table()
         table = to_spark_compatible(table)
-        # the schema given: a time stamp without zone is a TIMESTAMP_NTZ (inferred, a TIMESTAMP)
-        frame = self.spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+        # Spark's schema given: nullability of elements, TIMESTAMP_NTZ (inferred, a TIMESTAMP)
+        schema = self._spark_struct or from_arrow_schema(table.schema)
+        frame = self.spark.createDataFrame(table, schema=schema)
         return self._spark_named(frame)
 
     def _spark_named(self, frame):
@@ -590,7 +598,9 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    return SparkDataFrame(ctx, df, spark, query, arrow if expected is not None else None)
+    if expected is None:
+        return SparkDataFrame(ctx, df, spark, query)
+    return SparkDataFrame(ctx, df, spark, query, arrow, expected)
 
 
 def _as_spark_batches(batches, schema: pa.Schema):

@@ -100,6 +100,9 @@ def test_ansi_off_wraps_and_divides_by_zero_to_null(sem):
         assert df.fallback is None
         rows = distfusion.spark.sql(sem, "SELECT i, i / (i - 1) AS q FROM sem").to_pylist()
         assert {"i": 1, "q": None} in rows  # a division by zero is NULL
+        df = _same_as_spark(sem, "SELECT i, size(ai) AS n FROM sem ORDER BY i")
+        assert df.fallback is None
+        assert {"i": 3, "n": -1} in df.to_pylist()  # the size of a NULL array
     finally:
         sem.conf.set("spark.sql.ansi.enabled", previous)
 

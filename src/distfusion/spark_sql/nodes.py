@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import re
+from typing import Any, Protocol
 
 from sqlglot import exp
 
-__all__ = ["T", "cast_to", "is_iso_date", "paren", "unsupported"]
+__all__ = ["T", "Translation", "cast_to", "is_iso_date", "paren", "unsupported"]
 
 T = exp.DataType.Type
 
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class Translation(Protocol):
+    """What a rule reads of the translation it is part of (``translate._Translator``)."""
+
+    settings: Any  # the SparkSettings followed
+
+    def type_of(self, node: exp.Expression) -> exp.DataType | None:
+        """Spark's type of ``node``, or None when unknown."""
+
+    def need(self, node: exp.Expression, what: str) -> exp.DataType:
+        """Spark's type of ``node``; unknown stops the translation (``what`` names the use)."""
+
+    def common_type(self, branches: list[exp.Expression]) -> exp.DataType | None:
+        """Spark's wider type of ``branches`` (CASE, coalesce, array elements), or None."""
 
 
 def unsupported(node: exp.Expression) -> str:

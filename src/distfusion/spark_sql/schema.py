@@ -50,7 +50,13 @@ def same_values(got: pa.DataType, spark: pa.DataType) -> bool:
         return got.scale == spark.scale
     if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark):
         return (got.tz is None) == (spark.tz is None)
+    if _is_list(got) and _is_list(spark):
+        return same_values(got.value_type, spark.value_type)
     return False
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t)
 
 
 def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
@@ -89,12 +95,15 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
 def plan_type(got: pa.DataType, spark: pa.DataType) -> pa.DataType:
     """The type a column of type ``got`` is cast to in the plan, to give Spark's ``spark``.
 
-    Spark's type, except a timestamp's zone: the plan keeps its own (Substrait
-    carries no zone but UTC), and the result is relabeled with the session's
-    zone, the same instants (:class:`distfusion.spark.SparkDataFrame`).
+    Spark's type, except a timestamp's zone (Substrait carries no zone but
+    UTC) and the name of a list's element (Substrait carries none): the plan
+    keeps its own, and the result is relabeled with Spark's, the same values
+    (:class:`distfusion.spark.SparkDataFrame`).
     """
     if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark) and got.tz and spark.tz:
         return pa.timestamp(spark.unit, got.tz)
+    if _is_list(got) and _is_list(spark):  # the element's name and nullability: at the result
+        return pa.list_(plan_type(got.value_type, spark.value_type))
     return spark
 
 

@@ -17,7 +17,6 @@ import datetime
 import re
 import zoneinfo
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
@@ -26,10 +25,7 @@ from sqlglot.time import format_time
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.datetime import to_chrono
-from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, unsupported
-
-if TYPE_CHECKING:
-    from distfusion.spark_sql.translate import _Translator as Translator
+from distfusion.spark_sql.nodes import T, Translation, cast_to, is_iso_date, unsupported
 
 __all__ = [
     "TIME_RULES",
@@ -114,7 +110,7 @@ def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expressio
     )
 
 
-def compared(t: Translator, node: exp.Expression, other: exp.DataType) -> exp.Expression | None:
+def compared(t: Translation, node: exp.Expression, other: exp.DataType) -> exp.Expression | None:
     """``node`` (compared with a value of type ``other``) as Spark casts it, or None.
 
     A string literal compared with a timestamp is that timestamp's literal;
@@ -127,7 +123,7 @@ def compared(t: Translator, node: exp.Expression, other: exp.DataType) -> exp.Ex
     return None
 
 
-def _local(t: Translator, node: exp.Expression, what: str) -> exp.Expression:
+def _local(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
     """``node``, a timestamp whose local time DataFusion computes as Spark does, or raise.
 
     A timestamp when the session's zone is UTC (Spark reads a ``TIMESTAMP_NTZ``
@@ -146,7 +142,7 @@ def _local(t: Translator, node: exp.Expression, what: str) -> exp.Expression:
     raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
 
 
-def rule_cast(t: Translator, node: exp.Cast) -> exp.Expression | None:
+def rule_cast(t: Translation, node: exp.Cast) -> exp.Expression | None:
     """A cast to or from a timestamp Spark's way, or None when it is no such cast.
 
     ``CAST('...' AS TIMESTAMP)`` (and ``TIMESTAMP '...'``) of a literal; a
@@ -172,7 +168,7 @@ def rule_cast(t: Translator, node: exp.Cast) -> exp.Expression | None:
     return None
 
 
-def _rule_to_date(t: Translator, node: exp.TsOrDsToDate) -> exp.Expression:
+def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expression:
     """``to_date(x)`` (and a date function's argument as sqlglot reads it).
 
     A DATE as it is, an ISO date literal, or a timestamp's local date.
@@ -199,7 +195,7 @@ _DATE_PARTS = {
 }
 
 
-def _rule_date_part(t: Translator, node: exp.Expression) -> exp.Expression:
+def _rule_date_part(t: Translation, node: exp.Expression) -> exp.Expression:
     """``year(d)``, ``dayofweek(d)``, ``EXTRACT(... FROM d)`` of a DATE (INT in both)."""
     arg = node.expression if isinstance(node, exp.Extract) else node.this
     at = t.type_of(arg)
@@ -229,7 +225,7 @@ def shifted_date(
     return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
 
 
-def _date_arg(t: Translator, node: exp.Expression, what: str) -> exp.Expression:
+def _date_arg(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
     """``node`` as a DATE: a DATE, or an ISO date literal cast (Spark casts it the same)."""
     if is_iso_date(node):
         return cast_to(node, "DATE")
@@ -240,7 +236,7 @@ def _date_arg(t: Translator, node: exp.Expression, what: str) -> exp.Expression:
     return node
 
 
-def _rule_date_add(t: Translator, node: exp.TsOrDsAdd) -> exp.Expression:
+def _rule_date_add(t: Translation, node: exp.TsOrDsAdd) -> exp.Expression:
     """``date_add(d, n)`` / ``date_sub(d, n)`` on a DATE: the day number plus ``n``."""
     unit = node.args.get("unit")
     if unit is not None and unit.name.upper() != "DAY":
@@ -252,7 +248,7 @@ def _rule_date_add(t: Translator, node: exp.TsOrDsAdd) -> exp.Expression:
     return shifted_date(_date_arg(t, node.this, "date_add"), days)
 
 
-def _rule_datediff(t: Translator, node: exp.DateDiff) -> exp.Expression:
+def _rule_datediff(t: Translation, node: exp.DateDiff) -> exp.Expression:
     """``datediff(end, start)`` of DATEs: days from ``start`` to ``end`` (INT)."""
     if node.args.get("unit") is not None:
         raise SparkSemanticsError("datediff() with a unit has no Spark-equal translation")
@@ -268,7 +264,7 @@ def _java_pattern(node: exp.Expression, what: str) -> str:
     return format_time(node.this, Spark.INVERSE_TIME_MAPPING, Spark.INVERSE_TIME_TRIE)
 
 
-def _rule_date_format(t: Translator, node: exp.TimeToStr) -> exp.Expression:
+def _rule_date_format(t: Translation, node: exp.TimeToStr) -> exp.Expression:
     """``date_format(x, pattern)`` with a literal pattern: chrono's ``to_char``.
 
     A DATE with the letters of a date; a timestamp's local time
@@ -285,14 +281,14 @@ def _rule_date_format(t: Translator, node: exp.TimeToStr) -> exp.Expression:
     return exp.Anonymous(this="to_char", expressions=[arg, exp.Literal.string(chrono)])
 
 
-def _rule_date_format_arg(t: Translator, node: exp.TimeStrToTime) -> exp.Expression:
+def _rule_date_format_arg(t: Translation, node: exp.TimeStrToTime) -> exp.Expression:
     # sqlglot wraps date_format's argument; _rule_date_format reads through it.
     if isinstance(node.parent, exp.TimeToStr) and node.arg_key == "this":
         return node
     raise SparkSemanticsError(unsupported(node))
 
 
-def _rule_interval(t: Translator, node: exp.Interval) -> exp.Expression:
+def _rule_interval(t: Translation, node: exp.Interval) -> exp.Expression:
     """``INTERVAL n DAY[S] | MONTH[S] | YEAR[S]`` added to or subtracted from a DATE."""
     unit = node.unit.name.upper() if node.unit else ""
     singular = unit.removesuffix("S")
@@ -306,7 +302,7 @@ def _rule_interval(t: Translator, node: exp.Interval) -> exp.Expression:
 _TIME_PARTS = {exp.Hour: "HOUR", exp.Minute: "MINUTE", exp.Second: "SECOND"}
 
 
-def _rule_time_part(t: Translator, node: exp.Expression) -> exp.Expression:
+def _rule_time_part(t: Translation, node: exp.Expression) -> exp.Expression:
     """``hour(ts)``, ``minute(ts)``, ``second(ts)``: the local time's field (INT)."""
     arg = _local(t, node.this, _TIME_PARTS[type(node)].lower())
     return cast_to(exp.Extract(this=exp.var(_TIME_PARTS[type(node)]), expression=arg), "INT")
@@ -329,7 +325,7 @@ _TRUNC_UNITS = {
 }
 
 
-def _rule_timestamp_trunc(t: Translator, node: exp.TimestampTrunc) -> exp.Expression:
+def _rule_timestamp_trunc(t: Translation, node: exp.TimestampTrunc) -> exp.Expression:
     """``date_trunc(unit, ts)``: the local time truncated (weeks start on Monday in both)."""
     unit = _TRUNC_UNITS.get(node.unit.name.upper() if node.unit else "")
     if unit is None:
@@ -340,7 +336,7 @@ def _rule_timestamp_trunc(t: Translator, node: exp.TimestampTrunc) -> exp.Expres
     return exp.Anonymous(this="date_trunc", expressions=[exp.Literal.string(unit), arg])
 
 
-def _rule_unix_timestamp(t: Translator, node: exp.StrToUnix) -> exp.Expression:
+def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expression:
     """``unix_timestamp(ts)``: whole seconds since the epoch, truncated toward zero (BIGINT)."""
     fmt = node.args.get("format")
     at = t.type_of(node.this) if node.this is not None else None
@@ -351,7 +347,7 @@ def _rule_unix_timestamp(t: Translator, node: exp.StrToUnix) -> exp.Expression:
     return exp.Anonymous(this="to_unixtime", expressions=[node.this])
 
 
-def _rule_from_unixtime(t: Translator, node: exp.UnixToStr) -> exp.Expression:
+def _rule_from_unixtime(t: Translation, node: exp.UnixToStr) -> exp.Expression:
     """``from_unixtime(seconds[, pattern])``: the local time as text (UTC sessions)."""
     if t.settings.time_zone not in UTC_ZONES:
         msg = f"from_unixtime() in session time zone {t.settings.time_zone!r}: not translated"
@@ -366,7 +362,7 @@ def _rule_from_unixtime(t: Translator, node: exp.UnixToStr) -> exp.Expression:
     return exp.Anonymous(this="to_char", expressions=[seconds, chrono])
 
 
-TIME_RULES: dict[type, Callable[[Translator, exp.Expression], exp.Expression]] = {
+TIME_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
     exp.TsOrDsToDate: _rule_to_date,
     exp.Extract: _rule_date_part,
     **{c: _rule_date_part for c in _DATE_PARTS},

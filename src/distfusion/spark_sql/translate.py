@@ -44,6 +44,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
+from distfusion.spark_sql.collection_rules import COLLECTION_RULES
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
@@ -285,7 +286,6 @@ _PASS = {
     exp.Upper,
     exp.Lower,
     exp.Length,
-    exp.ConcatWs,
     exp.DPipe,
     exp.Abs,
 }
@@ -368,8 +368,13 @@ class _Translator:
         if isinstance(node, exp.Min | exp.Max):
             return self.type_of(node.this)
         if isinstance(node, exp.Case | exp.If | exp.Coalesce):
-            return self._common_type(self._branches(node))
+            return self.common_type(self._branches(node))
         if isinstance(node, exp.Window):
+            return self.type_of(node.this)
+        if isinstance(node, exp.ArrayAgg | exp.ArrayUniqueAgg):  # collect_list, collect_set
+            element = self.type_of(node.this)
+            return None if element is None else exp.DataType.build(f"ARRAY<{element.sql()}>")
+        if isinstance(node, exp.ArraySort):
             return self.type_of(node.this)
         if isinstance(node, exp.Distinct) and len(node.expressions) == 1:
             return self.type_of(node.expressions[0])
@@ -430,7 +435,7 @@ class _Translator:
             return [node.args["true"]] + ([node.args["false"]] if node.args.get("false") else [])
         return [node.this, *node.expressions]
 
-    def _common_type(self, branches: list[exp.Expression]) -> exp.DataType | None:
+    def common_type(self, branches: list[exp.Expression]) -> exp.DataType | None:
         """Spark's wider type of CASE / IF / coalesce branches (NULL branches aside)."""
         types = [self.type_of(b) for b in branches if not isinstance(b, exp.Null)]
         if not types or any(t is None for t in types):
@@ -851,6 +856,7 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.Between: _rule_between,
     exp.In: _rule_in,
     **TIME_RULES,
+    **COLLECTION_RULES,
 }
 """Node class -> its rule: the node as it is, its Spark-equal rewrite, or
 :class:`SparkSemanticsError`. Classes in ``_PASS`` pass unchanged; any other

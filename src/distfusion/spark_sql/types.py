@@ -171,6 +171,9 @@ def arrow_to_sql_type(t: pa.DataType) -> str:
         return f"DECIMAL({t.precision}, {t.scale})"
     if pa.types.is_timestamp(t):
         return "TIMESTAMP" if t.tz else "TIMESTAMP_NTZ"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        element = arrow_to_sql_type(t.value_type)
+        return "UNKNOWN" if element == "UNKNOWN" else f"ARRAY<{element}>"
     for test, name in _ARROW:
         if test(t):
             return name

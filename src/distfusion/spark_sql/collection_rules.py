@@ -1,0 +1,140 @@
+"""Rules for arrays: Spark's array functions as DataFusion's, with Spark's answers.
+
+``collect_list``, ``collect_set``, ``sort_array``, ``size``, ``array(...)``
+and ``explode``.
+
+Differences each rule covers (checked against Spark in tests/spark_sql_cases.py):
+
+- ``collect_list`` / ``collect_set`` skip NULLs and give ``[]`` for a group
+  without a value; DataFusion's ``array_agg`` keeps NULLs and gives NULL.
+  The order of the elements is not defined in either engine (Spark's
+  documentation calls both functions non-deterministic).
+- ``sort_array``: NULLs first ascending, last descending.
+- ``size`` of a NULL array: NULL with ANSI mode, -1 without (Spark's
+  ``spark.sql.legacy.sizeOfNull``); DataFusion's ``cardinality`` is NULL.
+- ``explode`` in a select list: a row per element, none for a NULL or empty
+  array, as DataFusion's ``unnest``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlglot import exp
+
+from distfusion.errors import SparkSemanticsError
+from distfusion.spark_sql import types as st
+from distfusion.spark_sql.nodes import T, Translation, cast_to, unsupported
+
+__all__ = ["COLLECTION_RULES"]
+
+_ARROW_NAMES = {
+    T.TINYINT: "Int8",
+    T.SMALLINT: "Int16",
+    T.INT: "Int32",
+    T.BIGINT: "Int64",
+    T.FLOAT: "Float32",
+    T.DOUBLE: "Float64",
+    T.BOOLEAN: "Boolean",
+    T.VARCHAR: "Utf8",
+    T.TEXT: "Utf8",
+    T.DATE: "Date32",
+}
+
+
+def _arrow_name(t: exp.DataType, what: str) -> str:
+    """DataFusion's name of the Arrow type of Spark type ``t`` (for ``arrow_cast``)."""
+    if st.is_decimal(t):
+        d = st.decimal_of(t)
+        return f"Decimal128({d.precision}, {d.scale})"
+    name = _ARROW_NAMES.get(t.this)
+    if name is None:
+        raise SparkSemanticsError(f"{what}() of a {t.sql('spark')}: not translated")
+    return name
+
+
+def _is_array(t: exp.DataType | None) -> bool:
+    return t is not None and t.this == T.ARRAY
+
+
+def _fn(name: str, *args: exp.Expression) -> exp.Anonymous:
+    return exp.Anonymous(this=name, expressions=list(args))
+
+
+def _rule_collect(t: Translation, node: exp.Expression) -> exp.Expression:
+    """``collect_list(x)`` / ``collect_set(x)``: ``array_agg`` of the non-NULL values, or ``[]``."""
+    what = "collect_set" if isinstance(node, exp.ArrayUniqueAgg) else "collect_list"
+    if isinstance(node.parent, exp.Window):
+        raise SparkSemanticsError(f"{what}() over a window: not translated")
+    arg = node.this
+    elem = _arrow_name(t.need(arg, what), what)
+    inner = exp.Distinct(expressions=[arg]) if what == "collect_set" else arg
+    present = exp.Not(this=exp.Is(this=arg.copy(), expression=exp.Null()))
+    filtered = exp.Filter(this=_fn("array_agg", inner), expression=exp.Where(this=present))
+    empty = _fn("arrow_cast", _fn("make_array"), exp.Literal.string(f"List({elem})"))
+    return exp.Coalesce(this=filtered, expressions=[empty])
+
+
+def _rule_sort_array(t: Translation, node: exp.ArraySort) -> exp.Expression:
+    """``sort_array(a[, asc])``: NULLs first ascending, last descending (Spark's order)."""
+    asc = node.args.get("asc")
+    if asc is not None and not isinstance(asc, exp.Boolean):
+        raise SparkSemanticsError("sort_array() with an order that is not TRUE or FALSE")
+    ascending = asc is None or asc.this
+    order = "ASC" if ascending else "DESC"
+    nulls = "NULLS FIRST" if ascending else "NULLS LAST"
+    return _fn("array_sort", node.this, exp.Literal.string(order), exp.Literal.string(nulls))
+
+
+def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
+    """``size(a)`` of an array (INT): NULL for a NULL array with ANSI mode, else -1."""
+    if not _is_array(t.type_of(node.this)):
+        raise SparkSemanticsError(f"{unsupported(node)} of anything but an array")
+    size = cast_to(_fn("cardinality", node.this), "INT")
+    if t.settings.ansi:
+        return size
+    return exp.Coalesce(this=size, expressions=[exp.Literal.number(-1)])
+
+
+def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
+    """``array(a, b, ...)``: its elements cast to Spark's common type."""
+    if not node.expressions:
+        raise SparkSemanticsError("array() without elements: not translated")
+    common = t.common_type(node.expressions)
+    if common is None:
+        raise SparkSemanticsError("array() of elements without a common type here")
+    _arrow_name(common, "array")  # a type make_array builds as Spark does
+    return _fn("make_array", *(cast_to(e, common) for e in node.expressions))
+
+
+def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
+    """``explode(a)`` as an item of a select list: ``unnest(a)``, the column ``col``."""
+    parent = node.parent
+    in_select = isinstance(parent, exp.Select) or (
+        isinstance(parent, exp.Alias) and isinstance(parent.parent, exp.Select)
+    )
+    if not in_select or node.expressions or not _is_array(t.type_of(node.this)):
+        raise SparkSemanticsError("explode() other than of an array in a select list")
+    unnest = _fn("unnest", node.this)
+    return unnest if isinstance(parent, exp.Alias) else exp.Alias(this=unnest, alias="col")
+
+
+def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expression:
+    """``concat_ws(sep, s, ...)`` of strings (Spark also joins arrays' elements: not translated)."""
+    for e in node.expressions:
+        et = t.type_of(e)
+        if et is None or et.this not in (T.VARCHAR, T.TEXT, T.CHAR):
+            raise SparkSemanticsError("concat_ws() of anything but strings: not translated")
+    return node
+
+
+COLLECTION_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
+    exp.ArrayAgg: _rule_collect,
+    exp.ArrayUniqueAgg: _rule_collect,
+    exp.ArraySort: _rule_sort_array,
+    exp.ArraySize: _rule_size,
+    exp.Array: _rule_array,
+    exp.Explode: _rule_explode,
+    exp.ConcatWs: _rule_concat_ws,
+}
+"""The node classes of arrays -> their rules (part of ``translate.RULES``)."""
