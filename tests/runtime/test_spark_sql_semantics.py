@@ -165,3 +165,24 @@ def test_timestamps_across_dst_changes_in_two_session_zones(sem, zone):
         assert got.equals(sem.sql(sql).toPandas()), (got, sem.sql(sql).toPandas())
     finally:
         sem.conf.set("spark.sql.session.timeZone", previous)
+
+
+def test_session_python_udf_runs_on_spark_and_a_given_one_natively(sem):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from datafusion import udf
+
+    sem.udf.register("triple", lambda x: None if x is None else 3 * x, "int")
+    sql = "SELECT i, triple(i) AS t FROM sem ORDER BY i"
+    df = _same_as_spark(sem, sql)  # the session's own function: Spark runs the query
+    assert df.fallback and "triple()" in df.fallback
+    native = udf(
+        lambda a: pc.multiply(a, pa.scalar(3, pa.int32())),
+        [pa.int32()],
+        pa.int32(),
+        "immutable",
+        name="triple",
+    )
+    ours = distfusion.spark.sql(sem, sql, udfs=[native])  # the same, as a DataFusion UDF
+    assert ours.fallback is None
+    assert ours.to_arrow_table().equals(sem.sql(sql).toArrow())
