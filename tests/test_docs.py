@@ -14,8 +14,11 @@ Conventions of the examples (docs/testing.md, "The docs"):
   runs in a Python process of its own (a Connect session switches the process's
   ``pyspark.sql`` to Connect) against the Connect service of the test session's
   Spark application;
-- a block right after a ``<!-- no-run -->`` line needs a real cluster, store or
-  catalog: a Python one is only compiled.
+- a block right after a ``<!-- no-run -->`` line (or ``<!-- no-run: why -->``,
+  the form docs/ pages must use) needs a real cluster, store or catalog: a
+  Python one is only compiled.
+
+The blocks of docs/ pages run in tests/test_docs_blocks.py.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import pytest
 import distfusion
 from tests.conftest import REPO
 
-RUNNABLE_DOCS = ("README.md", "docs/udfs.md")
+RUNNABLE_DOCS = ("README.md",)
 NO_RUN = "<!-- no-run -->"
+NO_RUN_LINE = re.compile(r"^<!-- no-run(?::\s*(?P<reason>.*?))?\s*-->$")
+"""The marker of a block that does not run, with an optional reason after a colon."""
 CONNECT_URL = "sc://localhost:15002"
 PACKAGE = REPO / "src" / "distfusion"
 
@@ -49,6 +54,7 @@ class Block:
     lang: str
     code: str
     runs: bool  # False: marked no-run
+    reason: str = ""  # why not, from ``<!-- no-run: why -->``
 
     @property
     def id(self) -> str:
@@ -69,8 +75,10 @@ def code_blocks(path: str) -> list[Block]:
         while i < len(lines) and lines[i].rstrip() != "```":
             body.append(lines[i])
             i += 1
-        runs = not (start > 0 and lines[start - 1].strip() == NO_RUN)
-        blocks.append(Block(path, start + 1, fence.group(1), "\n".join(body) + "\n", runs))
+        marker = NO_RUN_LINE.match(lines[start - 1].strip()) if start > 0 else None
+        code = "\n".join(body) + "\n"
+        reason = (marker.group("reason") or "") if marker else ""
+        blocks.append(Block(path, start + 1, fence.group(1), code, marker is None, reason))
         i += 1
     return blocks
 
@@ -99,7 +107,7 @@ def test_the_readme_starts_with_the_two_commands_and_marks_its_blocks():
     # The marker must sit right before a fence, or it would silently mark nothing.
     text = (REPO / "README.md").read_text().splitlines()
     for n, line in enumerate(text):
-        if line.strip() == NO_RUN:
+        if NO_RUN_LINE.match(line.strip()):
             assert text[n + 1].startswith("```"), f"README.md:{n + 1}: {NO_RUN} not before a fence"
 
 
