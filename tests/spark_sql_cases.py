@@ -325,8 +325,15 @@ CASES = [
     ),
     Case("explode in a select list", "SELECT i, explode(ai) AS x FROM sem ORDER BY i, x", "native"),
     Case(
-        "LATERAL VIEW, posexplode",
-        "SELECT i, x FROM sem LATERAL VIEW explode(ai) v AS x",
+        "LATERAL VIEW explode over one table",
+        "SELECT s, v.x, y FROM sem LATERAL VIEW explode(ai) v AS x "
+        "LATERAL VIEW explode(array(x, 0)) w AS y WHERE y >= 0 ORDER BY s, x, y",
+        "native",
+        "a subquery with explode in its select list",
+    ),
+    Case(
+        "LATERAL VIEW OUTER, posexplode",
+        "SELECT i, x FROM sem LATERAL VIEW OUTER explode(ai) v AS x",
         "spark",
     ),
     Case(

@@ -13,7 +13,9 @@ Differences each rule covers (checked against Spark in tests/spark_sql_cases.py)
 - ``size`` of a NULL array: NULL with ANSI mode, -1 without (Spark's
   ``spark.sql.legacy.sizeOfNull``); DataFusion's ``cardinality`` is NULL.
 - ``explode`` in a select list: a row per element, none for a NULL or empty
-  array, as DataFusion's ``unnest``.
+  array, as DataFusion's ``unnest``. ``LATERAL VIEW explode(...)`` over one
+  table becomes such a select list in a subquery
+  (:func:`without_lateral_views`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.nodes import T, Translation, cast_to, unsupported
 
-__all__ = ["COLLECTION_RULES"]
+__all__ = ["COLLECTION_RULES", "without_lateral_views"]
 
 _ARROW_NAMES = {
     T.TINYINT: "Int8",
@@ -126,6 +128,52 @@ def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expression:
         if et is None or et.this not in (T.VARCHAR, T.TEXT, T.CHAR):
             raise SparkSemanticsError("concat_ws() of anything but strings: not translated")
     return node
+
+
+def without_lateral_views(ast: exp.Expression) -> exp.Expression:
+    """``ast`` with each ``FROM t [AS a] LATERAL VIEW explode(e) v AS x`` as a subquery.
+
+    ``FROM (SELECT *, explode(e) AS x FROM t AS a) AS a``, one level per
+    lateral view in order; ``v.x`` becomes ``a.x``. The same rows and columns
+    (Spark's ``SELECT *`` lists the table's columns, then the generated ones).
+
+    Raises:
+        SparkSemanticsError: a lateral view DataFusion cannot compute so: ``OUTER``,
+            a generator other than ``explode`` of one argument, several
+            output names, a ``FROM`` with joins, or a generated name that
+            is also a column name written without its table.
+    """
+    for select in list(ast.find_all(exp.Select)):
+        laterals = select.args.get("laterals") or []
+        if not laterals:
+            continue
+        source = select.args.get("from_") or select.args.get("from")
+        table = source.this if source is not None else None
+        if select.args.get("joins") or not isinstance(table, exp.Table):
+            raise SparkSemanticsError("LATERAL VIEW beside a join or a subquery: not translated")
+        alias = table.alias_or_name
+        views = {lateral.alias.lower() for lateral in laterals if lateral.alias}
+        for column in select.find_all(exp.Column):  # the laterals' own arguments too
+            if column.table.lower() in views:
+                column.set("table", exp.to_identifier(alias))
+        for lateral in laterals:
+            gen = lateral.this
+            names = lateral.args["alias"].columns if lateral.args.get("alias") else []
+            if (
+                lateral.args.get("outer")
+                or type(gen) is not exp.Explode
+                or gen.expressions
+                or len(names) > 1
+            ):
+                raise SparkSemanticsError(
+                    f"LATERAL VIEW {lateral.sql('spark')[13:60]!r}: not translated"
+                )
+            name = names[0].name if names else "col"
+            inner = exp.select(exp.Star(), exp.alias_(gen.copy(), name)).from_(table)
+            table = exp.alias_(exp.Subquery(this=inner), alias, table=True)
+        select.set("laterals", None)
+        select.set("from_" if "from_" in select.args else "from", exp.From(this=table))
+    return ast
 
 
 COLLECTION_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {

@@ -44,7 +44,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
-from distfusion.spark_sql.collection_rules import COLLECTION_RULES
+from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_lateral_views
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
@@ -187,6 +187,7 @@ def parse(query: str) -> exp.Query:
     if not isinstance(ast, exp.Query):
         msg = f"a {ast.key.upper()} statement, not a query: Spark SQL owns it"
         raise SparkSemanticsError(msg)
+    ast = without_lateral_views(ast)
     _check_constructs(ast)
     return ast
 
