@@ -15,7 +15,7 @@ replacements of tests/test_docs.py (``data/tpch-sf1`` and ``data/tpch-sf0.1``
   (``SparkSession.builder.getOrCreate()`` returns it; ``DistributedContext()``
   runs on it); the temp views a page makes are dropped after it;
 - a pyiceberg catalog ``prod`` (a SQL catalog in the test's directory, holding
-  ``db.trips``) for ``load_catalog("prod")``.
+  ``db.trips`` with a snapshot of January 2026) for ``load_catalog("prod")``.
 
 A block that cannot run here (a remote cluster, a template, a block that
 shows a DataFusion panic) follows a ``<!-- no-run: why -->`` line: it is only
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import gc
 import re
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,7 @@ PAGES = sorted(
 LAKE = "lake"
 OWN_SERVER = ("ThreadedMotoServer", "S3Server(")
 DOC_REGION = 'region="eu-west-1"'
+JANUARY = datetime(2026, 1, 15, tzinfo=UTC)
 
 
 def _python_blocks(page: str) -> list[Block]:
@@ -77,7 +80,10 @@ def lake(s3_server, tpch_dir) -> str:
 
 
 def _iceberg_prod(tmp_path: Path, monkeypatch) -> None:
-    """``load_catalog("prod")``: a SQL catalog in ``tmp_path`` with ``db.trips`` (2 snapshots)."""
+    """``load_catalog("prod")``: a SQL catalog in ``tmp_path`` with ``db.trips``.
+
+    Two snapshots: one of :data:`JANUARY`, one of now.
+    """
     import pyarrow as pa
     import pyiceberg.catalog
     from pyiceberg.catalog.sql import SqlCatalog
@@ -94,7 +100,9 @@ def _iceberg_prod(tmp_path: Path, monkeypatch) -> None:
     catalog.create_namespace("db")
     trips = pa.table({"city": ["Oslo", "Rome", "Oslo"], "distance_km": [3.5, 7.25, 12.0]})
     table = catalog.create_table("db.trips", schema=trips.schema)
-    table.append(trips)
+    with monkeypatch.context() as then:  # a snapshot of January, for as_of=datetime(2026, 2, 1)
+        then.setattr(time, "time", lambda: JANUARY.timestamp())
+        table.append(trips)
     table.append(trips)
 
 
