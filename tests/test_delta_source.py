@@ -190,6 +190,18 @@ def test_load_errors_hide_secrets_and_backtraces(tmp_path):
     assert "\x1b[" not in text and "\n" not in text
 
 
+def test_a_time_before_the_table_is_refused_not_read_as_its_first_version(tmp_path):
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": [1, 2]}))
+    write_deltalake(path, pa.table({"id": [3]}), mode="append")
+    ctx = DistributedContext(runtime=LocalRuntime())
+    with pytest.raises(PlanningError, match="nothing at .* as of 2024-02-01.*earliest version"):
+        ctx.register_delta("old", path, timestamp="2024-02-01T00:00:00Z")
+    now = datetime.datetime.now(datetime.UTC)
+    ctx.register_delta("now", path, timestamp=now)
+    assert ctx.sql("SELECT count(*) AS n FROM now").to_pylist() == [{"n": 3}]
+
+
 # ---------------------------------------------------------------------- the source
 def test_partition_values_of_every_type_come_from_the_log(tmp_path):
     rows = pa.table(

@@ -388,7 +388,35 @@ def load_delta(
             hint = _latest_hint(dl, uri, options)
         msg = f"table {name!r}: cannot load the Delta table at {where}{at}{hint} ({cause})"
         raise PlanningError(msg) from None
+    if timestamp is not None:
+        _check_not_before(name, where, dt, timestamp)
     return dt
+
+
+def _check_not_before(name: str, where: str, dt: Any, timestamp: datetime.datetime | str) -> None:
+    """Raise when ``timestamp`` is before the table's first version still in its log.
+
+    delta-rs's ``load_as_version`` loads the earliest version for such a
+    time; reading it would answer with rows the table did not hold then.
+    """
+    if isinstance(timestamp, str):
+        try:
+            timestamp = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        except ValueError:  # delta-rs parsed it: its own format, not checked here
+            return
+    if timestamp.tzinfo is None:
+        timestamp = timestamp.replace(tzinfo=datetime.UTC)
+    commits = {c.get("version"): c.get("timestamp") for c in dt.history()}
+    millis = commits.get(dt.version())
+    if millis is None:
+        return
+    committed = datetime.datetime.fromtimestamp(millis / 1000, datetime.UTC)
+    if timestamp < committed:
+        msg = (
+            f"table {name!r}: nothing at {where} as of {timestamp.isoformat()}: its earliest "
+            f"version ({dt.version()}) was committed at {committed.isoformat()}"
+        )
+        raise PlanningError(msg)
 
 
 def _latest_hint(dl, uri: str, options) -> str:
