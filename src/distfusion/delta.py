@@ -398,6 +398,10 @@ def _check_not_before(name: str, where: str, dt: Any, timestamp: datetime.dateti
 
     delta-rs's ``load_as_version`` loads the earliest version for such a
     time; reading it would answer with rows the table did not hold then.
+    delta-rs dates a version by its log file's modification time, the
+    commit's ``timestamp`` is the writer's clock: times within a second of
+    the first commit (an object store's modification times are whole
+    seconds) are left to delta-rs.
     """
     if isinstance(timestamp, str):
         try:
@@ -406,12 +410,13 @@ def _check_not_before(name: str, where: str, dt: Any, timestamp: datetime.dateti
             return
     if timestamp.tzinfo is None:
         timestamp = timestamp.replace(tzinfo=datetime.UTC)
-    commits = {c.get("version"): c.get("timestamp") for c in dt.history()}
-    millis = commits.get(dt.version())
-    if millis is None:
+    if dt.version() != 0:  # a later version was current then (a truncated log: not checked)
         return
-    committed = datetime.datetime.fromtimestamp(millis / 1000, datetime.UTC)
-    if timestamp < committed:
+    stamps = [c["timestamp"] for c in dt.history() if c.get("timestamp") is not None]
+    if not stamps:
+        return
+    committed = datetime.datetime.fromtimestamp(min(stamps) / 1000, datetime.UTC)
+    if timestamp < committed - datetime.timedelta(seconds=1):
         msg = (
             f"table {name!r}: nothing at {where} as of {timestamp.isoformat()}: its earliest "
             f"version ({dt.version()}) was committed at {committed.isoformat()}"

@@ -362,7 +362,7 @@ def _run_flight_task(
     """Run the task plan of this Spark partition on this process's Flight worker.
 
     ``sessions``: each stage's UDFs and object stores (``Stage.session``), by
-    stage id: the task plan's JSON carries none.
+    stage id, pickled: the task plan's JSON carries none.
 
     The record is ``(attempt, task plan JSON)``, or ``(attempt, plan, table)``
     for a task of a stage reading Spark table ``table`` that has no partition
@@ -389,9 +389,9 @@ def _run_flight_task(
     return iter([result])
 
 
-def _with_session(plan: TaskPlan, sessions: dict) -> TaskPlan:
-    """``plan`` with its stage's session of ``sessions`` (stage id -> ``Stage.session``)."""
-    return dataclasses.replace(plan, session=sessions.get(plan.key.stage_id))
+def _with_session(plan: TaskPlan, sessions: bytes) -> TaskPlan:
+    """``plan`` with its stage's session (``sessions``: pickled, stage id -> ``Stage.session``)."""
+    return dataclasses.replace(plan, session=pickle.loads(sessions).get(plan.key.stage_id))
 
 
 def _run_flight_spark_task(index, records, plans, table, read_schema, sessions, *worker_args):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -354,8 +355,10 @@ class SparkFlightQuery(WorkerQueryRun):
                 plain.append((sid, t))
                 plain_plans.append(record if scan is None else (*record, scan.source.name))
             whole, partial = [], []
-            # Each stage's UDFs and stores, with the closure (task plan JSON carries none).
-            sessions = {sid: self._stages[sid].session for sid, _ in tasks}
+            # Each stage's UDFs and stores, with the closure (task plan JSON carries none);
+            # pickled here, loaded in the task: an executor without distfusion then fails
+            # in the task, which says so, not while Spark loads the closure.
+            sessions = pickle.dumps({sid: self._stages[sid].session for sid, _ in tasks})
             if plain:
                 fn = task_function(
                     plain, "_run_flight_task", sessions, *self.runtime.executor_worker_args()
