@@ -61,8 +61,7 @@ LAZY_IMPORTS = {
     ("distfusion.spark", "pyspark.sql"),
     ("distfusion.transport.flight", "pyarrow.flight"),
     # A query's UDFs travel by value: cloudpickle (PySpark's copy first), when installed.
-    ("distfusion.session", "pyspark"),
-    ("distfusion.session", "cloudpickle"),
+    ("distfusion.runtime.spark.jobs", "pyspark"),
     # Delta tables are read through deltalake (delta-rs), loaded only when used.
     ("distfusion.delta", "deltalake"),
     # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.

@@ -18,9 +18,10 @@ store for the same bucket) never see each other's.
 How the settings reach a task, by runtime:
 
 - **local**: the task plan object itself (nothing is serialised).
-- **spark**: pickled with the stage or task plan in the job's closure, as
-  PySpark ships its UDFs; the executor builds the UDFs and stores again from
-  their specs (:meth:`SessionSettings.__getstate__`). A UDF made by
+- **spark**: pickled with the stage or task plan in the job's closure, by
+  value as PySpark ships its UDFs (:func:`distfusion.runtime.spark.jobs.by_value`);
+  the executor builds the UDFs and stores again from their specs
+  (:meth:`SessionSettings.__getstate__`). A UDF made by
   DataFusion's own ``udf()`` (no spec) cannot travel and is left out.
 - **flight**: task plans carry no code and no credentials. A worker's UDFs
   are its own (``distfusion worker --udf``); the stores travel in a
@@ -31,7 +32,6 @@ How the settings reach a task, by runtime:
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from datafusion import SessionContext
@@ -83,12 +83,10 @@ class SessionSettings:
         self.stores.add_to(ctx)
 
     def __getstate__(self) -> dict[str, Any]:
-        # The UDFs' functions by value, whichever pickler ships the settings (Spark pickles
-        # job data with plain pickle, which names a function of __main__ by reference).
-        return {"udfs": _by_value(self.functions.specs()), "stores": self.stores.specs()}
+        return {"udfs": self.functions.specs(), "stores": self.stores.specs()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.functions = Functions.from_specs(pickle.loads(state["udfs"]))
+        self.functions = Functions.from_specs(state["udfs"])
         self.stores = Stores.from_specs(state["stores"])
 
     def store_specs(self) -> tuple[tuple[str, StoreSpec], ...]:
@@ -97,18 +95,6 @@ class SessionSettings:
 
     def __repr__(self) -> str:
         return f"SessionSettings({self.functions!r}, {self.stores!r})"
-
-
-def _by_value(value: Any) -> bytes:
-    """``value`` pickled with cloudpickle (PySpark's copy first: every executor has it)."""
-    try:
-        from pyspark import cloudpickle  # optional: the spark extra
-    except ImportError:
-        try:
-            import cloudpickle  # optional
-        except ImportError:
-            return pickle.dumps(value)
-    return cloudpickle.dumps(value)
 
 
 def called_functions(fragment: bytes) -> frozenset[str]:

@@ -96,7 +96,7 @@ from distfusion.runtime.spark.dataframes import (
     spark_scan,
 )
 from distfusion.runtime.spark.flight_plane import KEEP_WARM_S, SparkFlightQuery
-from distfusion.runtime.spark.jobs import spark_call
+from distfusion.runtime.spark.jobs import by_value, spark_call
 from distfusion.runtime.spark.runtime import SparkRuntime
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.transport.tls import TlsMaterial, self_signed_tls
@@ -777,7 +777,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
                 threads = task_threads(self.target_partitions, stage.num_tasks, slots)
                 table = scan.source.name if scan is not None else None
                 inputs = self._input_workers(stage)
-                stages[sid] = (pickle.dumps(stage), inputs, threads, self._memory, table)
+                stages[sid] = (by_value(stage), inputs, threads, self._memory, table)
             if scan is not None and t not in self._beyond.get(sid, ()):
                 on_frames.setdefault(sid, {})[t] = attempts[(sid, t)]
             else:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,13 @@ from distfusion.protocol.errors import (
 )
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.spark.dataframes import spark_input, spark_scan
-from distfusion.runtime.spark.jobs import CallSite, job_group, spark_call, spark_progress
+from distfusion.runtime.spark.jobs import (
+    CallSite,
+    by_value,
+    job_group,
+    spark_call,
+    spark_progress,
+)
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.worker.head_parts import HeadPart
 from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, task_function
@@ -358,7 +363,7 @@ class SparkFlightQuery(WorkerQueryRun):
             # Each stage's UDFs and stores, with the closure (task plan JSON carries none);
             # pickled here, loaded in the task: an executor without distfusion then fails
             # in the task, which says so, not while Spark loads the closure.
-            sessions = pickle.dumps({sid: self._stages[sid].session for sid, _ in tasks})
+            sessions = by_value({sid: self._stages[sid].session for sid, _ in tasks})
             if plain:
                 fn = task_function(
                     plain, "_run_flight_task", sessions, *self.runtime.executor_worker_args()

@@ -29,6 +29,17 @@ _MISSING_MODULE = re.compile(r"No module named '(distfusion|datafusion|pyarrow)[
 _MISSING_DAEMON = "port number from distfusion_spark_daemon's stdout"
 
 
+def by_value(value) -> bytes:
+    """``value`` pickled for Spark's executors, as PySpark pickles its own UDFs (cloudpickle).
+
+    A function of ``__main__`` (a notebook's UDF) travels by value, where
+    plain pickle would name it by reference and fail on the executor.
+    """
+    from pyspark import cloudpickle  # optional dependency
+
+    return cloudpickle.dumps(value)
+
+
 def missing_module(text: str) -> str | None:
     """The import error of executors lacking distfusion that Spark's error ``text`` shows."""
     found = _MISSING_MODULE.search(text)

@@ -32,7 +32,6 @@ fragment natively with DataFusion inside the Spark task
 
 from __future__ import annotations
 
-import pickle
 import socket
 import tempfile
 import time
@@ -53,7 +52,13 @@ from distfusion.metrics.observer import observer_for
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.spark.dataframes import spark_input, spark_scan
-from distfusion.runtime.spark.jobs import CallSite, job_group, spark_call, spark_progress
+from distfusion.runtime.spark.jobs import (
+    CallSite,
+    by_value,
+    job_group,
+    spark_call,
+    spark_progress,
+)
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.worker.execute_task import run_task, stream_head_stage
 from distfusion.worker.memory import TaskMemory
@@ -324,7 +329,7 @@ class SparkShuffleQuery:
             stage = self.feeds.serve(self.runtime.feed_endpoint(), stage)
         args = (
             self.query_id,
-            pickle.dumps(stage),
+            by_value(stage),
             bool(read),
             broadcast,
             task_threads(
