@@ -92,6 +92,18 @@ def _localized(text: str, tpch_dir: Path, tmp_path: Path) -> str:
     return text.replace('"out/"', repr(f"{tmp_path}/out/"))
 
 
+def release(namespace: dict, spark, views: list[str]) -> None:
+    """What examples run in ``namespace`` left: contexts closed, Spark's temp ``views`` dropped."""
+    for value in namespace.values():
+        if isinstance(value, distfusion.DistributedContext):
+            value.close()
+    namespace.clear()
+    gc.collect()  # a SparkDataFrame's held outputs are released when it is collected
+    if spark is not None:
+        for view in views:
+            spark.catalog.dropTempView(view)
+
+
 def _commands(block: Block) -> list[str]:
     """The ``distfusion`` command lines of a bash block (continued lines joined)."""
     joined = block.code.replace("\\\n", " ")
@@ -173,14 +185,7 @@ def test_python_blocks_run(block, request, tpch_dir, tmp_path, monkeypatch, caps
     try:
         exec(compiled, namespace)
     finally:
-        for value in namespace.values():
-            if isinstance(value, distfusion.DistributedContext):
-                value.close()
-        namespace.clear()
-        gc.collect()  # a SparkDataFrame's held outputs are released when it is collected
-        if spark is not None:
-            for view in views:
-                spark.catalog.dropTempView(view)
+        release(namespace, spark, views)
     if "print(" in block.code:
         assert capsys.readouterr().out.strip(), "the example printed nothing"
 

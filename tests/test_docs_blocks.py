@@ -24,7 +24,6 @@ compiled, and the test fails when the reason is missing.
 
 from __future__ import annotations
 
-import gc
 import re
 import time
 from datetime import UTC, datetime
@@ -32,9 +31,8 @@ from pathlib import Path
 
 import pytest
 
-import distfusion
 from tests.conftest import REPO
-from tests.test_docs import Block, _localized, code_blocks
+from tests.test_docs import Block, _localized, code_blocks, release
 
 PAGES = sorted(
     str(p.relative_to(REPO))
@@ -133,13 +131,6 @@ def test_the_blocks_of_a_page_run(page, request, tpch_dir, tmp_path, monkeypatch
             if block.runs:
                 exec(compiled, namespace)
     finally:
-        for value in namespace.values():
-            if isinstance(value, distfusion.DistributedContext):
-                value.close()
-        namespace.clear()
-        gc.collect()  # a SparkDataFrame's held outputs are released when it is collected
-        if spark is not None:
-            for view in views:
-                spark.catalog.dropTempView(view)
+        release(namespace, spark, views)
     if "print(" in text:
         assert capsys.readouterr().out.strip(), "the page's examples printed nothing"

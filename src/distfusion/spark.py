@@ -144,11 +144,10 @@ class SparkDataFrame(DistributedDataFrame):
         spark: the SparkSession :meth:`to_spark` creates its DataFrame in.
         query: the SQL text ``df`` was planned from, if any: its Spark SQL
             column names name :meth:`to_spark`'s columns.
-        spark_schema: Spark's analysis of ``query`` as Arrow (``toArrow()``'s
-            types): the result's names and types, where they differ from the
-            plan's only in names, time zones and list elements' names.
-        spark_struct: the same analysis as Spark's ``StructType``: the
-            schema of :meth:`to_spark`.
+        spark_struct: Spark's analysis of ``query`` (a ``StructType``), if
+            known: the schema of :meth:`to_spark`, and as Arrow (``toArrow()``'s
+            types) the result's names and types, which differ from the plan's
+            only in names, time zones and list elements' names.
     """
 
     def __init__(
@@ -157,16 +156,16 @@ class SparkDataFrame(DistributedDataFrame):
         df,
         spark,
         query: str | None = None,
-        spark_schema: pa.Schema | None = None,
         spark_struct=None,
     ) -> None:
         label = df.label if isinstance(df, DistributedDataFrame) else ""
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
         self.spark = spark
         self.query = query
-        # Spark's analysis of the query: its names (repeated ones too) and time zones
-        self._spark_schema = spark_schema
-        self._spark_struct = spark_struct  # the same, as Spark's StructType (for to_spark)
+        self._spark_struct = spark_struct
+        self._spark_schema = (  # its names (repeated ones too), zones, element names
+            None if spark_struct is None else spark_arrow_schema(spark_struct, "UTC")
+        )
         self.fallback: str | None = None
         """Why the query runs as ``spark.sql(query)`` itself, or None when distfusion runs it."""
         self._held: list[_HeldResult] = []
@@ -598,9 +597,7 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    if expected is None:
-        return SparkDataFrame(ctx, df, spark, query)
-    return SparkDataFrame(ctx, df, spark, query, arrow, expected)
+    return SparkDataFrame(ctx, df, spark, query, expected)
 
 
 def _as_spark_batches(batches, schema: pa.Schema):
@@ -628,18 +625,14 @@ class _SparkSqlResult(SparkDataFrame):
             _log.warning("distfusion.spark.sql runs a query on Spark SQL: %s", reason)
         frame = spark.sql(query)  # Spark's own error here; DDL and DML run now, as in Spark
         self._frame = frame
-        self._arrow_schema = spark_arrow_schema(frame.schema, "UTC")  # toArrow()'s zone
+        arrow = spark_arrow_schema(frame.schema, "UTC")  # toArrow()'s zone
         placeholder = pa.schema(  # DataFusion's names must differ; Spark's may repeat
-            [f.with_name(f"c{i}") for i, f in enumerate(self._arrow_schema)]
+            [f.with_name(f"c{i}") for i, f in enumerate(arrow)]
         )
         empty = ctx.ctx.from_arrow(placeholder.empty_table())
-        super().__init__(ctx, empty, spark, query)
+        super().__init__(ctx, empty, spark, query, frame.schema)
         self.fallback = reason
         self._registered = False
-
-    def schema(self) -> pa.Schema:
-        """Spark's result schema, as Arrow."""
-        return self._arrow_schema
 
     def to_spark(self):
         """``spark.sql(query)`` itself."""
@@ -679,7 +672,7 @@ class _SparkSqlResult(SparkDataFrame):
             name = f"spark_sql_{uuid.uuid4().hex[:16]}"
             register_spark_dataframe(self.context, name, self._frame)
             table = self.context.ctx.table(name)
-            renamed = [col(n.lower()).alias(n) for n in self._arrow_schema.names]
+            renamed = [col(n.lower()).alias(n) for n in self._spark_schema.names]
             self.df = table.select(*renamed)
             self._registered = True
         return super()._transformed(method, build)
