@@ -46,6 +46,7 @@ from distfusion.runtime.flight import FlightRuntime
 from distfusion.runtime.local import LocalRuntime
 from distfusion.runtime.spark import SparkRuntime
 from distfusion.stages import StageGraph
+from distfusion.table_write import DeltaDirectoryCatalog, TableCommit, TableWriteError
 from distfusion.transport.base import WorkerTransport
 from distfusion.transport.in_memory import InMemoryTransport
 from distfusion.udfs import udaf, udf, udwf
@@ -65,6 +66,7 @@ __all__ = [
     "BoundaryMetrics",
     "ContextClosedError",
     "DefaultTaskEstimator",
+    "DeltaDirectoryCatalog",
     "DistfusionError",
     "DistributedConfig",
     "DistributedContext",
@@ -93,6 +95,8 @@ __all__ = [
     "StageGraph",
     "StageMetrics",
     "StaticWorkerResolver",
+    "TableCommit",
+    "TableWriteError",
     "TaskError",
     "TaskEstimator",
     "TaskMetrics",

@@ -72,9 +72,7 @@ from distfusion.sources import (
 from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.stages import StageGraph
-from distfusion.table_write import TableWrites
-from distfusion.table_write.merge import TableMerges
-from distfusion.table_write.sql import TableInserts
+from distfusion.table_write import CatalogMounts, TableInserts, TableMerges, TableWrites
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.write import WrittenFile
@@ -106,7 +104,9 @@ def _default_runtime() -> Runtime:
     return runtime_from_name("spark")  # ImportError naming what to install without pyspark
 
 
-class DistributedContext(StatementRouting, TableCatalog, Readers, TableInserts, TableMerges):
+class DistributedContext(
+    StatementRouting, TableCatalog, Readers, TableInserts, TableMerges, CatalogMounts
+):
     """Registers tables and plans SQL or DataFrames for distributed execution.
 
     Queries come as SQL (:meth:`sql`) or as DataFrames built with

@@ -221,7 +221,7 @@ class TableCatalog:
             self._stores_for(uri)
         self._forget(name)
         try:
-            schema, unreadable = delta.register_on_coordinator(self.ctx, name, dt)
+            schema, unreadable = delta.register_on_coordinator(self.ctx, table_name(name), dt)
             source = delta.delta_source(name, dt, schema)
             for key in {object_store.store_url(u.path) for u in source.units if "://" in u.path}:
                 self._stores_for(key)  # files elsewhere (a shallow clone's): their stores
@@ -406,6 +406,6 @@ class TableCatalog:
         self._feed_sources.pop(table_name(name), None)
         self._held.pop(table_name(name), None)
         try:
-            self.ctx.deregister_table(name)
+            self.ctx.deregister_table(sql_name(table_name(name)))  # "lake.db.t": one name
         except Exception:  # not registered: nothing to forget
             pass

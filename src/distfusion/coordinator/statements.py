@@ -124,13 +124,16 @@ class StatementRouting:
 
     It plans one statement on the context's DataFusion ``ctx`` and keeps
     ``sources`` in step (``_add``, ``_stores_for``, ``_file_views``,
-    ``_written``, ``sql``, ``_insert_into_table`` and ``_merge_into_table`` are
-    the context's).
+    ``_written``, ``sql``, ``_catalog_statement``, ``_insert_into_table`` and
+    ``_merge_into_table`` are the context's).
     """
 
     def _statement(self, sql: str) -> DataFrame:
         """Plan one statement on the coordinator's context; keep :attr:`sources` in step."""
         self._reread_memory_tables()
+        handled, sql = self._catalog_statement(sql)  # lake.db.t: distfusion.table_write.catalogs
+        if handled is not None:
+            return handled
         inserted = self._insert_into_table(sql)  # into Delta or Iceberg: distfusion.table_write
         if inserted is None:
             inserted = self._merge_into_table(sql)

@@ -2,7 +2,10 @@
 
 :class:`TableWrites` gives :class:`~distfusion.context.DistributedDataFrame`
 its ``write_delta`` and ``write_iceberg``; :mod:`.files` runs the tasks and
-places their files, :mod:`.delta` and :mod:`.iceberg` commit them.
+places their files, :mod:`.delta` and :mod:`.iceberg` commit them. :class:`CatalogMounts` gives
+:class:`~distfusion.context.DistributedContext` its ``register_catalog``
+(:mod:`.catalogs`; a directory of Delta tables is a :class:`DeltaDirectoryCatalog`),
+:class:`TableInserts` and :class:`TableMerges` its SQL ``INSERT`` and ``MERGE``.
 """
 
 from __future__ import annotations
@@ -10,11 +13,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from distfusion.table_write.catalogs import CatalogMounts
 from distfusion.table_write.delta import TableCommit, write_delta
+from distfusion.table_write.delta_catalog import DeltaDirectoryCatalog
 from distfusion.table_write.files import TableWriteError
 from distfusion.table_write.iceberg import write_iceberg
+from distfusion.table_write.merge import TableMerges
+from distfusion.table_write.sql import TableInserts
 
-__all__ = ["TableCommit", "TableWriteError", "TableWrites"]
+__all__ = [
+    "CatalogMounts",
+    "DeltaDirectoryCatalog",
+    "TableCommit",
+    "TableInserts",
+    "TableMerges",
+    "TableWriteError",
+    "TableWrites",
+]
 
 
 class TableWrites:

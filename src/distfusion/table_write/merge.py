@@ -44,6 +44,7 @@ from sqlglot import exp
 from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
+from distfusion.sources import sql_name
 
 __all__ = ["MergeClause", "TableMerges", "parse_merge"]
 
@@ -233,7 +234,7 @@ class TableMerges:
 
         options = delta.storage_options_for(uri) if object_store.is_url(uri) else None
         dt = DeltaTable(uri, storage_options=options)
-        self.register_delta(name, dt)  # the version the merge reads and commits over
+        self.register_delta(sql_name(name), dt)  # the version the merge reads and commits over
         target = pa.schema(dt.schema().to_arrow())
         source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
         source_names = source_columns.schema().names
@@ -249,5 +250,5 @@ class TableMerges:
         if casts:
             frame = frame.cast(casts)
         commit = frame.write_delta(dt, mode="overwrite")
-        self.register_delta(name, uri)
+        self.register_delta(sql_name(name), uri)
         return self.ctx.from_arrow(pa.table({"count": pa.array([commit.rows], pa.uint64())}))

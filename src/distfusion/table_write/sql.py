@@ -33,6 +33,7 @@ from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
 from distfusion.iceberg import IcebergTable
+from distfusion.sources import sql_name
 
 __all__ = ["TableInserts", "parse_insert"]
 
@@ -103,7 +104,7 @@ class TableInserts:
             target = schema_to_pyarrow(table.schema(), include_field_ids=False)
             frame = self._insert_frame(name, query, target, columns)
             commit = frame.write_iceberg(table, mode=mode)
-            self.register_iceberg(name, table)
+            self.register_iceberg(sql_name(name), table)
         elif source.options.get("delta_table"):
             from deltalake import DeltaTable
 
@@ -112,7 +113,7 @@ class TableInserts:
             target = pa.schema(dt.schema().to_arrow())
             frame = self._insert_frame(name, query, target, columns)
             commit = frame.write_delta(dt, mode=mode)
-            self.register_delta(name, uri)
+            self.register_delta(sql_name(name), uri)
         else:
             return None
         return self.ctx.from_arrow(pa.table({"count": pa.array([commit.rows], pa.uint64())}))

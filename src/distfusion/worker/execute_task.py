@@ -626,15 +626,16 @@ def _register_feed(
 ) -> None:
     """Register ``batches`` as table ``name``, split into up to ``n`` partitions."""
     if name in ctx.catalog().schema().names():
-        ctx.deregister_table(name)
+        ctx.deregister_table(sql_name(name))
     if not batches:
-        ctx.register_record_batches(name, [[pa.RecordBatch.from_pylist([], schema=schema)]])
+        empty = [[pa.RecordBatch.from_pylist([], schema=schema)]]
+        ctx.register_record_batches(sql_name(name), empty)
         return
     n = max(1, min(n, len(batches)))
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(n)]
     for i, b in enumerate(batches):
         parts[i % n].append(b)
-    ctx.register_record_batches(name, parts)
+    ctx.register_record_batches(sql_name(name), parts)
 
 
 def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], n: int) -> None:

@@ -1,0 +1,416 @@
+"""Mounted catalogs: ``lake.db.orders`` in SQL, loaded when a statement names it.
+
+:class:`CatalogMounts` is the part of :class:`~distfusion.context.DistributedContext`
+that :meth:`~distfusion.context.DistributedContext.sql` asks first for each
+statement (``_catalog_statement``)::
+
+    ctx.register_catalog("lake", catalog)      # pyiceberg Catalog or DeltaDirectoryCatalog
+    SELECT ... FROM lake.db.orders             # loads db.orders now, registers it, reads it
+    INSERT INTO lake.db.orders SELECT ...      # the same, then distfusion.table_write.sql
+    CREATE TABLE lake.db.t [PARTITIONED BY (c, ...)] AS SELECT ...
+    SHOW TABLES [FROM|IN lake[.db]]            # DataFusion's tables and the catalogs'
+
+Registering a catalog reads nothing. A statement naming ``lake.ns.t`` loads
+that table from its catalog (pyiceberg's ``load_table``, or delta-rs for a
+:class:`~distfusion.table_write.delta_catalog.DeltaDirectoryCatalog`) and
+registers it, as ``register_iceberg`` / ``register_delta`` do, under the bare
+name ``"lake.ns.t"`` (:mod:`distfusion.table_write.catalog_names` rewrites
+the statement to read it): every statement reads the table's current
+snapshot or version; one loaded before and unchanged since (same metadata
+file or version) is not registered again. Only ``SHOW TABLES`` and the error
+for a missing table list a catalog.
+
+``CREATE TABLE lake.ns.t AS query`` runs ``query`` distributed: for Iceberg
+the table is created through the catalog with the query's schema (every
+column optional, as Spark creates it; ``PARTITIONED BY`` columns as identity
+partitions), then the rows are one append commit
+(:func:`~distfusion.table_write.iceberg.write_iceberg`); for Delta, the
+table's first commit holds the rows
+(:func:`~distfusion.table_write.delta.write_delta`). When the query or the
+commit fails, the files written are deleted and the table does not exist.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
+
+from distfusion import object_store
+from distfusion.ddl import fold_identifier, sql_tokens
+from distfusion.errors import PlanningError
+from distfusion.sources import sql_name
+from distfusion.table_write.catalog_names import (
+    TableName,
+    find_names,
+    internal_name,
+    rewrite_names,
+)
+from distfusion.table_write.delta import write_delta
+from distfusion.table_write.delta_catalog import DeltaDirectoryCatalog
+from distfusion.table_write.iceberg import write_iceberg
+from distfusion.write import file_schema
+
+__all__ = ["CatalogMounts"]
+
+_SHOW_TABLES = re.compile(r"^\s*SHOW\s+TABLES(?:\s+(?:FROM|IN)\s+([^\s;]+))?\s*$", re.IGNORECASE)
+SHOW_TABLES_SCHEMA = pa.schema(
+    [
+        pa.field("table_catalog", pa.string(), nullable=False),
+        pa.field("table_schema", pa.string(), nullable=False),
+        pa.field("table_name", pa.string(), nullable=False),
+        pa.field("table_type", pa.string(), nullable=False),
+    ]
+)
+"""The columns of DataFusion's ``SHOW TABLES``."""
+
+
+@dataclass
+class _Mounted:
+    catalogs: dict[str, Any] = field(default_factory=dict)
+    loaded: dict[str, Any] = field(default_factory=dict)  # internal name -> what was loaded
+
+
+@dataclass(frozen=True)
+class _CreateAs:
+    name: TableName
+    if_not_exists: bool
+    partition_by: list[str]
+    query: str
+
+
+class CatalogMounts:
+    """Catalogs mounted on a DistributedContext (a mixin).
+
+    Uses the context's ``sources``, ``ctx``, ``sql``, ``register_iceberg`` and
+    ``register_delta``.
+    """
+
+    @property
+    def _mounted(self) -> _Mounted:
+        state = self.__dict__.get("_mounted_catalogs")
+        if state is None:
+            state = self.__dict__["_mounted_catalogs"] = _Mounted()
+        return state
+
+    def register_catalog(self, name: str, catalog: Any) -> None:
+        """Mount ``catalog`` as ``name``: its tables are ``name.namespace.table`` in SQL.
+
+        Nothing is read now: a table is loaded from the catalog when a
+        statement names it (each statement reads its current snapshot or
+        version), and registered under the bare name ``"name.namespace.table"``
+        (:meth:`table_names` lists it then). ``SELECT``, ``INSERT INTO`` /
+        ``INSERT OVERWRITE``, ``MERGE INTO`` (Delta), ``CREATE TABLE
+        name.ns.t [PARTITIONED BY (c, ...)] AS query`` and ``SHOW TABLES``
+        take such names (:mod:`distfusion.table_write.catalogs`). Mounting
+        another catalog under the same name replaces it.
+
+        Args:
+            name: the catalog's name in SQL (folds to lower case unless
+                double-quoted, as an identifier).
+            catalog: a pyiceberg ``Catalog`` (REST, SQL, Glue, Hive, ...:
+                ``pyiceberg.catalog.load_catalog``), or a
+                :class:`~distfusion.DeltaDirectoryCatalog`.
+
+        Raises:
+            TypeError: ``catalog`` is neither.
+
+        Example:
+            >>> import tempfile
+            >>> from distfusion import DeltaDirectoryCatalog, DistributedContext, LocalRuntime
+            >>> ctx = DistributedContext(runtime=LocalRuntime())
+            >>> ctx.register_catalog("lake", DeltaDirectoryCatalog(tempfile.mkdtemp()))
+            >>> ctx.sql("CREATE TABLE lake.db.t AS SELECT 1 AS x").collect()
+            []
+            >>> ctx.sql("SELECT x FROM lake.db.t").to_pylist()
+            [{'x': 1}]
+        """
+        if not isinstance(catalog, DeltaDirectoryCatalog) and not _is_iceberg_catalog(catalog):
+            msg = (
+                "catalog must be a pyiceberg Catalog or a distfusion.DeltaDirectoryCatalog, "
+                f"got {type(catalog).__name__}"
+            )
+            raise TypeError(msg)
+        key = name[1:-1] if len(name) >= 2 and name[0] == name[-1] == '"' else name.lower()
+        self._mounted.catalogs[key] = catalog
+
+    def _catalog_statement(self, sql: str) -> tuple[Any, str]:
+        """``(result, None)`` for a statement handled here, else ``(None, sql rewritten)``.
+
+        Handled: ``SHOW TABLES`` (with a catalog mounted) and ``CREATE TABLE
+        catalog.ns.t AS``. Other statements get the catalog tables they name
+        loaded and registered, and their names rewritten to the bare names.
+
+        Raises:
+            PlanningError: a table named is not in its catalog (the message
+                names catalog, namespace and table, and what exists), or
+                cannot be loaded; a ``CREATE TABLE AS`` this cannot do.
+        """
+        mounts = self._mounted.catalogs
+        if not mounts:
+            return None, sql
+        show = _SHOW_TABLES.match(sql)
+        if show is not None:
+            return self._show_tables(show.group(1)), sql
+        create = _create_as(sql, mounts)
+        if create is not None:
+            return self._create_table_as_in_catalog(create), sql
+        names = find_names(sql, mounts)
+        if not names:
+            return None, sql
+        for n in dict.fromkeys((n.catalog, n.namespace, n.table) for n in names):
+            self._load_catalog_table(*n)
+        return None, rewrite_names(sql, names)
+
+    # ------------------------------------------------------------- loading
+    def _load_catalog_table(self, catalog: str, namespace: str, table: str) -> None:
+        """Register ``catalog.namespace.table`` at its current version (when it changed)."""
+        mounted = self._mounted.catalogs[catalog]
+        internal = internal_name(catalog, namespace, table)
+        if isinstance(mounted, DeltaDirectoryCatalog):
+            uri = mounted.table_uri(namespace, table)
+            try:
+                dt = mounted.load_table(namespace, table)
+            except ImportError:
+                raise
+            except Exception as exc:
+                msg = f"cannot load the Delta table {internal} at {uri}: {exc}"
+                raise PlanningError(object_store.redact(msg)) from exc
+            if dt is None:
+                raise self._missing(catalog, namespace, table)
+            mark = (uri, dt.version())
+            if self._mounted.loaded.get(internal) != mark or internal not in self.sources:
+                self.register_delta(
+                    sql_name(internal), dt, storage_options=mounted.options_for(uri)
+                )
+        else:
+            from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+            try:
+                loaded = mounted.load_table((namespace, table))
+            except (NoSuchTableError, NoSuchNamespaceError):
+                raise self._missing(catalog, namespace, table) from None
+            except Exception as exc:
+                msg = f"cannot load the Iceberg table {internal} from catalog {catalog!r}: {exc}"
+                raise PlanningError(object_store.redact(msg)) from exc
+            mark = loaded.metadata_location
+            if self._mounted.loaded.get(internal) != mark or internal not in self.sources:
+                self.register_iceberg(sql_name(internal), loaded)
+        self._mounted.loaded[internal] = mark
+
+    def _missing(self, catalog: str, namespace: str, table: str) -> PlanningError:
+        """The error for ``catalog.namespace.table`` that its catalog does not hold."""
+        mounted = self._mounted.catalogs[catalog]
+        what = f"table {catalog}.{namespace}.{table} does not exist"
+        try:
+            namespaces = _namespaces(mounted)
+            if namespace not in namespaces:
+                listed = ", ".join(namespaces) or "none"
+                msg = (
+                    f"{what}: catalog {catalog!r} ({_describe(mounted)}) has no namespace "
+                    f"{namespace!r} (its namespaces: {listed})"
+                )
+                return PlanningError(msg)
+            tables = _tables(mounted, namespace)
+        except Exception as exc:  # listing failed: say what was asked, and why no list
+            return PlanningError(f"{what} in catalog {catalog!r} (cannot list it: {exc})")
+        listed = ", ".join(tables) if tables else "it holds no table"
+        msg = (
+            f"{what}: namespace {namespace!r} of catalog {catalog!r} ({_describe(mounted)}) "
+            f"has no table {table!r} ({listed})"
+        )
+        return PlanningError(msg)
+
+    # ------------------------------------------------------------- SHOW TABLES
+    def _show_tables(self, where: str | None) -> Any:
+        """DataFusion's ``SHOW TABLES`` (catalog tables' bare names left out), the catalogs'."""
+        mounts = self._mounted.catalogs
+        prefix = None
+        if where is not None:
+            parts = [fold_identifier(p.strip('"'), p.startswith('"')) for p in where.split(".")]
+            if parts[0] not in mounts:
+                return self.ctx.sql(f"SHOW TABLES FROM {where}")
+            prefix = parts
+        rows = []
+        if prefix is None:
+            own = self.ctx.sql("SHOW TABLES").to_arrow_table().to_pylist()
+            rows = [r for r in own if r["table_name"] not in self._mounted.loaded]
+        for name, mounted in sorted(mounts.items()):
+            if prefix is not None and name != prefix[0]:
+                continue
+            for ns in _namespaces(mounted):
+                if prefix is not None and len(prefix) > 1 and ns != ".".join(prefix[1:]):
+                    continue
+                rows += [
+                    {
+                        "table_catalog": name,
+                        "table_schema": ns,
+                        "table_name": t,
+                        "table_type": "BASE TABLE",
+                    }
+                    for t in _tables(mounted, ns)
+                ]
+        return self.ctx.from_arrow(pa.Table.from_pylist(rows, schema=SHOW_TABLES_SCHEMA))
+
+    # ------------------------------------------------------------- CREATE TABLE AS
+    def _create_table_as_in_catalog(self, create: _CreateAs) -> Any:
+        """Run ``create``'s query and make its table in the mounted catalog; an empty result."""
+        catalog, namespace, table = create.name.parts
+        mounted = self._mounted.catalogs[catalog]
+        internal = internal_name(catalog, namespace, table)
+        done = self.ctx.from_arrow(pa.table({}))
+        if isinstance(mounted, DeltaDirectoryCatalog):
+            uri = mounted.table_uri(namespace, table)
+            if mounted.load_table(namespace, table) is not None:
+                if create.if_not_exists:
+                    return done
+                raise PlanningError(f"table {internal} already exists (a Delta table at {uri})")
+            frame = self.sql(create.query)
+            _check_columns(frame.schema(), create.partition_by, internal)
+            write_delta(
+                frame,
+                uri,
+                "append",
+                create.partition_by or None,
+                storage_options=mounted.storage_options,
+            )
+            return done
+        if mounted.table_exists((namespace, table)):
+            if create.if_not_exists:
+                return done
+            raise PlanningError(f"table {internal} already exists in catalog {catalog!r}")
+        frame = self.sql(create.query)
+        schema = _iceberg_arrow_schema(frame.schema())
+        _check_columns(schema, create.partition_by, internal)
+        try:
+            transaction = mounted.create_table_transaction((namespace, table), schema=schema)
+            if create.partition_by:
+                with transaction.update_spec() as spec:
+                    for column in create.partition_by:
+                        spec.add_identity(column)
+            transaction.commit_transaction()
+        except Exception as exc:
+            msg = f"cannot create the Iceberg table {internal} in catalog {catalog!r}: {exc}"
+            raise PlanningError(object_store.redact(msg)) from exc
+        created = mounted.load_table((namespace, table))
+        try:
+            write_iceberg(frame, created, "append")
+        except BaseException:
+            _drop_iceberg(mounted, created)
+            raise
+        return done
+
+
+def _is_iceberg_catalog(catalog: Any) -> bool:
+    try:
+        from pyiceberg.catalog import Catalog
+    except ImportError:
+        return False
+    return isinstance(catalog, Catalog)
+
+
+def _describe(mounted: Any) -> str:
+    if isinstance(mounted, DeltaDirectoryCatalog):
+        return f"Delta tables below {mounted.root}"
+    return f"pyiceberg {type(mounted).__name__} {getattr(mounted, 'name', '')!r}"
+
+
+def _namespaces(mounted: Any) -> list[str]:
+    if isinstance(mounted, DeltaDirectoryCatalog):
+        return mounted.list_namespaces()
+    return sorted(".".join(ns) for ns in mounted.list_namespaces())
+
+
+def _tables(mounted: Any, namespace: str) -> list[str]:
+    if isinstance(mounted, DeltaDirectoryCatalog):
+        return mounted.list_tables(namespace)
+    return sorted(ident[-1] for ident in mounted.list_tables(tuple(namespace.split("."))))
+
+
+def _create_as(sql: str, mounts: dict) -> _CreateAs | None:
+    """``CREATE TABLE [IF NOT EXISTS] cat.ns.t [PARTITIONED BY (cols)] AS query``; else None.
+
+    Raises:
+        PlanningError: ``CREATE OR REPLACE TABLE`` of a catalog table, or
+            ``CREATE TABLE`` of one without ``AS`` (not supported).
+    """
+    try:
+        tokens = sql_tokens(sql)
+    except TokenError:
+        return None
+    if len(tokens) < 2 or tokens[0].token_type != TokenType.CREATE:
+        return None
+    i = 1
+    replace = tokens[i].token_type == TokenType.OR
+    if replace:
+        i += 2
+    if i >= len(tokens) or tokens[i].token_type != TokenType.TABLE:
+        return None
+    i += 1
+    if_not_exists = [t.text.upper() for t in tokens[i : i + 3]] == ["IF", "NOT", "EXISTS"]
+    if if_not_exists:
+        i += 3
+    names = find_names(sql, mounts)
+    if not names or i >= len(tokens) or names[0].start != tokens[i].start:
+        return None
+    name = names[0]
+    if replace:
+        msg = (
+            f"CREATE OR REPLACE TABLE {internal_name(*name.parts)} is not supported; "
+            "use INSERT OVERWRITE, or DROP the table through its catalog first"
+        )
+        raise PlanningError(msg)
+    while i < len(tokens) and tokens[i].start < name.end:
+        i += 1
+    partition_by: list[str] = []
+    if i < len(tokens) and tokens[i].token_type == TokenType.PARTITION_BY:
+        close = next(
+            (k for k in range(i, len(tokens)) if tokens[k].token_type == TokenType.R_PAREN), None
+        )
+        if close is None or tokens[i + 1].token_type != TokenType.L_PAREN:
+            return None
+        for tok in tokens[i + 2 : close]:
+            if tok.token_type == TokenType.COMMA:
+                continue
+            partition_by.append(fold_identifier(tok.text, tok.token_type == TokenType.IDENTIFIER))
+        i = close + 1
+    if i >= len(tokens) or tokens[i].token_type != TokenType.ALIAS:
+        msg = (
+            f"CREATE TABLE {internal_name(*name.parts)} needs AS query (a catalog table takes "
+            "its schema from a query here; create it through its catalog otherwise)"
+        )
+        raise PlanningError(msg)
+    query = sql[tokens[i].end + 1 :].strip()
+    return _CreateAs(name, if_not_exists, partition_by, query)
+
+
+def _check_columns(schema: pa.Schema, partition_by: list[str], table: str) -> None:
+    unknown = [c for c in partition_by if c not in schema.names]
+    if unknown:
+        msg = (
+            f"CREATE TABLE {table}: PARTITIONED BY column(s) {unknown} are not columns of the "
+            f"query ({', '.join(schema.names)})"
+        )
+        raise PlanningError(msg)
+
+
+def _iceberg_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """The query's schema as an Iceberg table takes it: file types, every column optional."""
+    plain = file_schema(schema)
+    return pa.schema([f.with_nullable(True).with_metadata(None) for f in plain])
+
+
+def _drop_iceberg(mounted: Any, table: Any) -> None:
+    """Drop ``table`` from its catalog and delete the metadata file its creation wrote."""
+    try:
+        mounted.drop_table(table.name())
+    except Exception:  # pragma: no cover - dropping what was just created
+        return
+    try:
+        table.io.delete(table.metadata_location)
+    except Exception:  # pragma: no cover - a metadata file left is harmless
+        pass
