@@ -117,3 +117,46 @@ def test_java_date_patterns_become_chrono(java, chrono):
 def test_java_patterns_without_an_equal_are_refused(java):
     with pytest.raises(SparkSemanticsError, match="datetime pattern"):
         to_chrono(java)
+
+
+def test_explicit_null_order_is_kept(ctx):
+    # Found by tests/runtime/test_spark_sql_inputs.py: sqlglot dropped an explicit
+    # NULLS LAST / DESC NULLS FIRST, and DataFusion sorted NULLs by its own default.
+    assert ctx.sql("SELECT i FROM t ORDER BY i NULLS LAST").to_pydict() == {"i": [1, 2, 3, None]}
+    assert ctx.sql("SELECT i FROM t ORDER BY i DESC NULLS FIRST").to_pydict() == {
+        "i": [None, 3, 2, 1]
+    }
+    rows = ctx.sql(
+        "SELECT i, row_number() OVER (ORDER BY i NULLS LAST) AS r FROM t ORDER BY i"
+    ).to_pydict()
+    assert rows == {"i": [None, 1, 2, 3], "r": [4, 1, 2, 3]}
+
+
+def test_trailing_cube_rollup_and_grouping_sets_group_as_spark(ctx):
+    def groups(sql):
+        rows = ctx.sql(sql).to_pylist()
+        return sorted(repr(tuple(r.values())) for r in rows)
+
+    cube = groups("SELECT i, d, count(*) AS n FROM t GROUP BY i, d WITH CUBE")
+    assert cube == groups("SELECT i, d, count(*) AS n FROM t GROUP BY CUBE (i, d)")
+    assert len(cube) == 4 + 3 + 4 + 1  # (i, d), (d), (i), ()
+    rollup = groups("SELECT i, d, count(*) AS n FROM t GROUP BY i, d WITH ROLLUP")
+    assert rollup == groups("SELECT i, d, count(*) AS n FROM t GROUP BY ROLLUP (i, d)")
+    sets = groups("SELECT i, d, count(*) AS n FROM t GROUP BY i, d GROUPING SETS (i, (i, d), ())")
+    assert sets == groups(
+        "SELECT i, d, count(*) AS n FROM t GROUP BY GROUPING SETS (i, (i, d), ())"
+    )
+    assert len(sets) == 4 + 4 + 1
+
+
+def test_what_spark_rejects_or_datafusion_answers_otherwise_is_not_translated():
+    schemas = {"t": pa.schema([("i", pa.int32()), ("s", pa.string())])}
+    for sql, reason in (
+        ("SELECT i, grouping(i) FROM t GROUP BY i", "grouping"),
+        ("SELECT count(DISTINCT i, s) FROM t", "several columns"),
+        ("SELECT i + 1, s FROM t GROUP BY i + 1, s GROUPING SETS (s)", "no grouping set"),
+        # DataFusion 55 moves the filter below the aggregate: one row where Spark has none
+        ("SELECT * FROM (SELECT 1 AS z, count(*) AS n FROM t) WHERE z <> 1", "constant"),
+    ):
+        with pytest.raises(SparkSemanticsError, match=reason):
+            translate(sql, schemas.get)

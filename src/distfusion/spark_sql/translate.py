@@ -102,13 +102,19 @@ class SparkSettings:
 class _Writer(Spark):
     """Spark's SQL text, with every sort key's NULL order written out.
 
-    sqlglot omits ``NULLS FIRST/LAST`` where it is the dialect's default;
-    declaring DataFusion's default (NULLs large) makes it write Spark's
-    order wherever the two differ, so the text means the same under either
-    parser setting.
+    sqlglot omits ``NULLS FIRST/LAST`` where it is the writing dialect's
+    default, whatever the reading parser's default is: ``ORDER BY x NULLS
+    LAST`` came out as ``ORDER BY x``, which DataFusion (NULLs small) sorts
+    NULLs first. Every sort key, in ``ORDER BY`` and in windows, says its
+    NULL order, so the text means the same under any parser setting.
     """
 
-    NULL_ORDERING = "nulls_are_large"
+    class Generator(Spark.Generator):
+        def ordered_sql(self, expression: exp.Ordered) -> str:
+            desc = expression.args.get("desc")
+            order = " DESC" if desc else (" ASC" if desc is False else "")
+            nulls = " NULLS FIRST" if expression.args.get("nulls_first") else " NULLS LAST"
+            return f"{self.sql(expression, 'this')}{order}{nulls}"
 
 
 def translate(
@@ -242,7 +248,6 @@ _PASS = {
     exp.From,
     exp.Join,
     exp.Where,
-    exp.Group,
     exp.Having,
     exp.Order,
     exp.Ordered,
@@ -275,7 +280,6 @@ _PASS = {
     exp.Null,
     exp.ILike,
     # aggregates and windows whose values and types agree
-    exp.Count,
     exp.Min,
     exp.Max,
     exp.Window,
@@ -341,6 +345,7 @@ class _Translator:
                 for projection in source.expression.selects:  # a union's: its first query's
                     if projection.alias_or_name == column.name:
                         self.derived[id(column)] = projection
+                        _check_filtered_constant(column, source.expression, projection)
                         break
 
     # ------------------------------------------------------------------ Spark types
@@ -467,6 +472,27 @@ class _Translator:
             msg = f"{what} {node.sql('spark')!r}: the type of an operand is not known here"
             raise SparkSemanticsError(msg)
         return t
+
+
+def _check_filtered_constant(
+    column: exp.Column, source: exp.Expression, projection: exp.Expression
+) -> None:
+    """Raise for a ``WHERE`` on a constant column of a global aggregate's subquery.
+
+    DataFusion 55 moves such a filter (a constant once the column is
+    inlined) below the aggregate, which then answers one row where Spark's
+    filter leaves none: ``SELECT * FROM (SELECT 1 AS z, count(*) AS n FROM
+    t) WHERE z <> 1``.
+    """
+    if not isinstance(source, exp.Select) or source.args.get("group"):
+        return
+    if not isinstance(column.find_ancestor(exp.Where, exp.Select), exp.Where):
+        return
+    if not any(p.find(exp.AggFunc) for p in source.selects):
+        return
+    if projection.find(exp.Column, exp.AggFunc, exp.Window) is None:
+        msg = f"a filter on {column.name!r}, a global aggregate's constant (DataFusion moves it)"
+        raise SparkSemanticsError(msg)
 
 
 def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
@@ -823,7 +849,53 @@ def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expression:
 
 
 def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
+    """``grouping(x)``: a TINYINT; only with ``CUBE``, ``ROLLUP`` or ``GROUPING SETS`` (Spark's)."""
+    select = node.find_ancestor(exp.Select)
+    group = select.args.get("group") if select is not None else None
+    if group is None or not (
+        any(group.args.get(k) for k in ("cube", "rollup", "grouping_sets"))
+        or group.find(exp.Cube, exp.Rollup, exp.GroupingSets)
+    ):
+        raise SparkSemanticsError(
+            "grouping() without CUBE, ROLLUP or GROUPING SETS: Spark rejects it"
+        )
     return cast_to(node, "TINYINT")
+
+
+def _rule_group(t: _Translator, node: exp.Group) -> exp.Expression:
+    """Spark's ``GROUP BY a, b WITH CUBE | WITH ROLLUP | GROUPING SETS (...)`` written out.
+
+    DataFusion reads the trailing form and ignores it (one group per ``(a,
+    b)``): it becomes ``GROUP BY CUBE (a, b)``, ``ROLLUP (a, b)`` or
+    ``GROUPING SETS (...)`` (the list before it only names the columns).
+    """
+    trailing = [k for k in ("cube", "rollup", "grouping_sets") if node.args.get(k)]
+    if not trailing:
+        return node
+    keys = node.expressions
+    if len(trailing) > 1 or any(
+        isinstance(k, exp.Cube | exp.Rollup | exp.GroupingSets) for k in keys
+    ):
+        raise SparkSemanticsError(f"GROUP BY {node.sql('spark')[9:60]!r}: not translated")
+    (spec,) = node.args[trailing[0]]
+    if trailing[0] == "grouping_sets":
+        named = {e.sql() for e in spec.find_all(exp.Expression) if e is not spec}
+        if any(k.sql() not in named for k in keys):  # NULL in every set: DataFusion refuses it
+            raise SparkSemanticsError("GROUP BY a column that no grouping set names")
+        new = spec
+    elif spec.expressions:  # not Spark's trailing form
+        raise SparkSemanticsError(f"GROUP BY {node.sql('spark')[9:60]!r}: not translated")
+    else:
+        new = spec.__class__(expressions=[k.copy() for k in keys])
+    return exp.Group(expressions=[new.copy()])
+
+
+def _rule_count(t: _Translator, node: exp.Count) -> exp.Expression:
+    """``count``; ``count(DISTINCT a, b)`` (rows where neither is NULL) is not translated."""
+    arg = node.this
+    if isinstance(arg, exp.Distinct) and len(arg.expressions) > 1:
+        raise SparkSemanticsError("count(DISTINCT ...) of several columns: not translated")
+    return node
 
 
 RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
@@ -853,6 +925,8 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.JoinHint: lambda t, n: None,
     exp.Substring: _rule_substring,
     exp.Grouping: _rule_grouping,
+    exp.Group: _rule_group,
+    exp.Count: _rule_count,
     **{c: _rule_compare for c in _COMPARISONS},
     exp.Between: _rule_between,
     exp.In: _rule_in,
