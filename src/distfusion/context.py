@@ -486,8 +486,8 @@ class DistributedContext(
           :meth:`register_delta` or :meth:`register_iceberg` runs at once,
           distributed, as one commit (:mod:`distfusion.table_write.sql`); so
           does ``MERGE INTO`` a Delta table (:mod:`distfusion.table_write.merge`).
-        - ``lake.ns.t`` names a table of a catalog mounted with ``register_catalog``
-          (also in ``CREATE TABLE ... AS`` and ``SHOW TABLES``; :mod:`distfusion.table_write.catalogs`).
+        - ``lake.ns.t`` names a table of a catalog mounted by ``register_catalog`` (also in
+          ``CREATE TABLE ... AS``, ``SHOW TABLES``; :mod:`distfusion.table_write.catalogs`).
 
         ``EXPLAIN [ANALYZE] [VERBOSE] [FORMAT TEXT|DOT|GRAPHVIZ|INDENT|TREE]
         query`` (the last statement) gives the distributed plan as rows
