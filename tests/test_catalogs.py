@@ -162,6 +162,8 @@ def test_an_unknown_table_or_namespace_names_what_exists(runtime_for, tmp_path):
         ctx.sql("SELECT * FROM lake.db.nope")
     with pytest.raises(PlanningError, match=r"no namespace 'nons' \(its namespaces: db\)"):
         ctx.sql("SELECT * FROM lake.nons.t")
+    with pytest.raises(PlanningError, match="dropped through the catalog"):
+        ctx.sql("DROP TABLE lake.db.orders")
     with pytest.raises(TypeError, match="pyiceberg Catalog or a distfusion.DeltaDirectoryCatalog"):
         ctx.register_catalog("x", object())
 

@@ -148,7 +148,8 @@ class CatalogMounts:
         Raises:
             PlanningError: a table named is not in its catalog (the message
                 names catalog, namespace and table, and what exists), or
-                cannot be loaded; a ``CREATE TABLE AS`` this cannot do.
+                cannot be loaded; a ``CREATE TABLE AS`` this cannot do; a
+                ``DROP`` of a catalog table (drop it through its catalog).
         """
         mounts = self._mounted.catalogs
         if not mounts:
@@ -162,6 +163,13 @@ class CatalogMounts:
         names = find_names(sql, mounts)
         if not names:
             return None, sql
+        if sql.lstrip()[:4].upper() == "DROP":
+            msg = (
+                f"DROP of {internal_name(*names[0].parts)}: a mounted catalog's tables are "
+                "dropped through the catalog (pyiceberg's drop_table, or deleting the Delta "
+                "table's directory)"
+            )
+            raise PlanningError(msg)
         for n in dict.fromkeys((n.catalog, n.namespace, n.table) for n in names):
             self._load_catalog_table(*n)
         return None, rewrite_names(sql, names)
