@@ -166,10 +166,44 @@ def test_predicate_and_dynamic_partition_overwrite(local_ctx, tmp_path):
             path, mode="overwrite", predicate="p = 'k 0'"
         )
     assert _files(path) == before and DeltaTable(path).version() == 2
-    with pytest.raises(ValueError, match="partition columns"):
+    with pytest.raises(ValueError, match="do not match the overwrite predicate"):
         local_ctx.sql("SELECT id, p, x FROM src").write_delta(
             path, mode="overwrite", predicate="id > 3"
         )
+    assert _files(path) == before and DeltaTable(path).version() == 2
+    with pytest.raises(ValueError, match="not SQL over its columns"):
+        local_ctx.sql("SELECT id, p, x FROM src WHERE id > 3").write_delta(
+            path, mode="overwrite", predicate="nope > 3"
+        )
+    assert _files(path) == before and DeltaTable(path).version() == 2
+
+
+@pytest.mark.parametrize("runtime_name", ["local", "flight"])
+@pytest.mark.parametrize("partition_by", [None, ["p"]])
+@pytest.mark.parametrize(
+    "predicate",
+    ["id >= 200 AND id < 400", "p = 'k 1' AND (x > 10 OR id < 5)", "x > 100"],
+)
+def test_predicate_over_data_columns_replaces_the_rows_as_deltalake(
+    runtime_name, partition_by, predicate, runtime_for, tmp_path
+):
+    ctx = _context(runtime_for(runtime_name, RUNTIMES[runtime_name]))
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    for path in (ours, theirs):
+        write_deltalake(path, _source().slice(0, 300), partition_by=partition_by)
+        write_deltalake(path, _source().slice(300), mode="append")
+    new = f"SELECT id, p, x * 2 AS x FROM src WHERE {predicate}"  # matches the predicate too
+    replaced = _expected(predicate)
+    replaced = replaced.set_column(2, "x", pc.multiply(replaced["x"], 2))
+    write_deltalake(theirs, replaced, mode="overwrite", predicate=predicate)
+    commit = ctx.sql(new).write_delta(ours, mode="overwrite", predicate=predicate)
+    assert DeltaTable(ours).version() == 2 == commit.version
+    assert commit.files_removed and commit.rows >= replaced.num_rows
+    expected = pa.concat_tables([_expected(f"NOT coalesce(({predicate}), false)"), replaced])
+    _same(_read(ours), expected.sort_by("id"))
+    _same(_read(ours), _read(theirs))
+    if partition_by and predicate.startswith("p = "):  # only the files of partition 'k 1'
+        assert all(f.startswith("p=k%201/") for f in commit.files_removed), commit.files_removed
 
 
 def test_appends_to_a_table_deltalake_made(local_ctx, tmp_path):

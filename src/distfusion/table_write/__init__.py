@@ -67,9 +67,15 @@ class TableWrites:
                 ``partition_overwrite_mode="dynamic"``, the partitions written).
             partition_by: partition columns of a new table (an existing
                 table's must equal them when given).
-            predicate: with ``"overwrite"``, SQL over the partition columns:
-                the files of the partitions it selects are replaced, and every
-                written row must fall inside it.
+            predicate: with ``"overwrite"``, SQL over the table's columns:
+                the rows it selects are replaced, and every written row must
+                match it. Over partition columns only, the files of the
+                partitions it selects are removed; over data columns, the
+                files that can hold such rows (narrowed by the predicate's
+                conjuncts over partition columns) are rewritten without them
+                in the same query and commit (the new rows are counted
+                against the predicate first, so the query runs twice;
+                :mod:`distfusion.table_write.delta_predicate`).
             schema_mode: ``None``: the result's columns must be the table's,
                 of the same types; ``"merge"``: new columns are added to the
                 table; ``"overwrite"`` (with ``mode="overwrite"``): the table
@@ -90,10 +96,11 @@ class TableWrites:
             ValueError: an unknown ``mode``, ``schema_mode`` or
                 ``partition_overwrite_mode``; a column missing, extra or of
                 another type than the table's (the message names it);
-                ``partition_by`` unlike the table's; a ``predicate`` over a
-                data column, or rows written outside it. Raised before any
-                task runs, except rows outside the predicate (after the
-                tasks, before the commit).
+                ``partition_by`` unlike the table's; a ``predicate`` that is
+                not SQL over the table's columns, or rows written outside it.
+                Raised before any data file is written, except rows outside a
+                predicate over partition columns (after the tasks, before
+                the commit).
             PlanningError: the table cannot be loaded; the query cannot be
                 planned.
             TableWriteError: delta-rs refused the commit (a concurrent commit

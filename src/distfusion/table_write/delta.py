@@ -40,6 +40,7 @@ from datafusion import SessionContext
 
 from distfusion import delta, object_store
 from distfusion.errors import PlanningError
+from distfusion.table_write.delta_predicate import over_partitions_only, replace_where
 from distfusion.table_write.files import (
     PlacedFile,
     TableWriteError,
@@ -111,8 +112,21 @@ def write_delta(
     parts = _partition_columns(uri, dt, partition_by, schema)
     table_schema = _checked_schema(uri, dt, schema, schema_mode, mode)
     removed: list[Any] = []
+    cleanup = None  # forgets what a predicate over data columns registered
     if dt is not None and mode == "overwrite" and predicate is not None:
-        removed = _files_matching(uri, dt, parts, predicate)
+        if over_partitions_only(predicate, parts):
+            removed = _files_matching(uri, dt, parts, predicate)
+        else:  # copy-on-write of the files that can match: distfusion.table_write.delta_predicate
+            frame, removed, cleanup = replace_where(
+                frame,
+                uri,
+                dt,
+                parts,
+                predicate,
+                lambda p: _files_matching(uri, dt, parts, p),
+                lambda: _file_table(dt, ()).to_pylist(),
+            )
+            schema = file_schema(frame.schema())
     elif dt is not None and mode == "overwrite" and partition_overwrite_mode == "static":
         removed = _file_table(dt, ()).to_pylist()  # delta-rs removes them (mode "overwrite")
     spec = WriteSpec(uri.rstrip("/"), str(uuid.uuid4()), "parquet", schema, parts)
@@ -122,8 +136,11 @@ def write_delta(
     except BaseException:
         _remove_root(created)
         raise
+    finally:
+        if cleanup is not None:
+            cleanup()
     try:
-        if predicate is not None and dt is not None and mode == "overwrite":
+        if predicate is not None and dt is not None and mode == "overwrite" and cleanup is None:
             _check_written(uri, placed, parts, schema, predicate)
         adds = [_add_action(dl, p, parts, schema) for p in placed]
         if dt is not None and mode == "overwrite" and partition_overwrite_mode == "dynamic":
