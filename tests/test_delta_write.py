@@ -182,7 +182,7 @@ def test_predicate_and_dynamic_partition_overwrite(local_ctx, tmp_path):
 @pytest.mark.parametrize("partition_by", [None, ["p"]])
 @pytest.mark.parametrize(
     "predicate",
-    ["id >= 200 AND id < 400", "p = 'k 1' AND (x > 10 OR id < 5)", "x > 100"],
+    ["id >= 200 AND id < 400", "p = 'k 1' AND (x > 10 OR id < 5)", "x > 100", "id >= 350"],
 )
 def test_predicate_over_data_columns_replaces_the_rows_as_deltalake(
     runtime_name, partition_by, predicate, runtime_for, tmp_path
@@ -202,6 +202,8 @@ def test_predicate_over_data_columns_replaces_the_rows_as_deltalake(
     expected = pa.concat_tables([_expected(f"NOT coalesce(({predicate}), false)"), replaced])
     _same(_read(ours), expected.sort_by("id"))
     _same(_read(ours), _read(theirs))
+    if predicate == "id >= 350":  # min/max: only the files of the second write (ids 300-599)
+        assert len(commit.files_removed) == (3 if partition_by else 1), commit.files_removed
     if partition_by and predicate.startswith("p = "):  # only the files of partition 'k 1'
         assert all(f.startswith("p=k%201/") for f in commit.files_removed), commit.files_removed
 

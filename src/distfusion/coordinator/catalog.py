@@ -235,6 +235,34 @@ class TableCatalog:
         if unreadable:
             self._not_on_coordinator[table_name(name)] = unreadable
 
+    def _register_delta_files(self, name: str, dt: Any, keep: set[int]) -> None:
+        """Register version ``dt`` of a Delta table as ``name``, reading only some of its files.
+
+        ``keep`` holds indexes into ``dt.get_add_actions()``'s rows (the order
+        of :func:`~distfusion.delta.delta_source`'s units). The coordinator's
+        context gets a view of exactly those files (as :meth:`_register_files`
+        does), so a query runs alike in place and in tasks. Called by
+        :mod:`distfusion.table_write.delta_predicate` for the files a
+        predicate overwrite rewrites.
+
+        Raises:
+            PlanningError: as :meth:`register_delta`.
+        """
+        self.register_delta(name, dt)
+        full = self.sources[table_name(name)]
+        units = tuple(u for i, u in enumerate(full.units) if i in keep)
+        paths = {u.path for u in units}
+        stats = {p: s for p, s in full.unit_stats.items() if p in paths}
+        source = dataclasses.replace(full, units=units, unit_stats=stats)
+        self._forget(name)
+        try:
+            register_scan(self.ctx, source, units)
+        except Exception as exc:
+            self._forget(name)
+            raise PlanningError(f"cannot read the files of {name!r}: {exc}") from exc
+        self._file_views.add(table_name(name))
+        self._add(source)
+
     def _stores_for(self, path: str, extension: str | None = None) -> str:
         """Make sure the store of ``path`` (when a URL) is this context's and DataFusion's.
 

@@ -72,7 +72,8 @@ class TableWrites:
                 match it. Over partition columns only, the files of the
                 partitions it selects are removed; over data columns, the
                 files that can hold such rows (narrowed by the predicate's
-                conjuncts over partition columns) are rewritten without them
+                conjuncts over partition columns and the files' min/max of
+                integer and date columns) are rewritten without them
                 in the same query and commit (the new rows are counted
                 against the predicate first, so the query runs twice;
                 :mod:`distfusion.table_write.delta_predicate`).
