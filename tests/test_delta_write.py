@@ -440,6 +440,47 @@ def test_merge_into_equals_deltalakes_merge(ctx, tmp_path, partition_by):
     assert ctx.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": len(expected)}]
 
 
+@pytest.mark.parametrize("partition_by", [None, ["p"]], ids=["unpartitioned", "partitioned"])
+def test_merge_rewrites_only_the_files_the_source_keys_can_match(local_ctx, tmp_path, partition_by):
+    # six files (one per append) of even ids, 100 apart; the source's ids 210..231
+    # overlap the third file's range only (per partition: its three files)
+    even = _source().filter(pc.equal(pc.bit_wise_and(_source()["id"], 1), 0))
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    for path in (ours, theirs):
+        for k in range(6):
+            part = even.filter(pc.equal(pc.divide(even["id"], 100), k))
+            write_deltalake(path, part, partition_by=partition_by, mode="append")
+    changes = pa.table(
+        {
+            "id": pa.array([210, 220, 231], pa.int64()),
+            "p": ["k 1", "k 2", "k 0"],
+            "x": [-1.0, -2.0, -3.0],
+            "op": ["u", "d", "i"],
+        }
+    )
+    DeltaTable(theirs).merge(
+        changes, "t.id = s.id", source_alias="s", target_alias="t"
+    ).when_matched_delete("s.op = 'd'").when_matched_update({"x": "s.x"}).when_not_matched_insert(
+        {"id": "s.id", "p": "s.p", "x": "s.x"}
+    ).execute()
+    before = {a["path"] for a in pa.table(DeltaTable(ours).get_add_actions()).to_pylist()}
+    local_ctx.register_table("changes", changes)
+    local_ctx.register_delta("t", ours)
+    count = local_ctx.sql(
+        """MERGE INTO t USING changes AS s ON t.id = s.id
+        WHEN MATCHED AND s.op = 'd' THEN DELETE
+        WHEN MATCHED THEN UPDATE SET x = s.x
+        WHEN NOT MATCHED THEN INSERT *"""
+    ).to_pylist()
+    assert _read(ours).to_pylist() == _read(theirs).to_pylist()
+    assert count == [{"count": _read(theirs).num_rows}]
+    dt = DeltaTable(ours)
+    assert dt.version() == 6  # one commit
+    after = {a["path"] for a in pa.table(dt.get_add_actions()).to_pylist()}
+    kept = before & after
+    assert len(before - kept) == (1 if partition_by is None else 3)  # the third write's only
+
+
 def test_merge_star_clauses_and_a_source_query(local_ctx, tmp_path):
     path = str(tmp_path / "t")
     write_deltalake(path, _source().slice(0, 10))

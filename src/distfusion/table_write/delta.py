@@ -40,7 +40,11 @@ from datafusion import SessionContext
 
 from distfusion import delta, object_store
 from distfusion.errors import PlanningError
-from distfusion.table_write.delta_predicate import over_partitions_only, replace_where
+from distfusion.table_write.delta_predicate import (
+    candidate_files,
+    over_partitions_only,
+    replace_where,
+)
 from distfusion.table_write.files import (
     PlacedFile,
     TableWriteError,
@@ -51,7 +55,7 @@ from distfusion.table_write.files import (
 )
 from distfusion.write import WriteSpec, file_schema
 
-__all__ = ["TableCommit", "delta_stats", "write_delta"]
+__all__ = ["TableCommit", "delta_stats", "merge_candidates", "write_delta"]
 
 MODES = ("append", "overwrite")
 SCHEMA_MODES = (None, "merge", "overwrite")
@@ -88,10 +92,15 @@ def write_delta(
     schema_mode: str | None = None,
     storage_options: dict[str, str] | None = None,
     partition_overwrite_mode: str = "static",
+    *,
+    replacing: list[dict] | None = None,
 ) -> TableCommit:
     """Run ``frame``'s query and commit its rows into the Delta table ``table``.
 
     See :meth:`distfusion.context.DistributedDataFrame.write_delta`.
+    ``replacing`` (with ``mode="overwrite"`` and a ``DeltaTable``): remove
+    exactly these active files (as :func:`merge_candidates` gives them) in the
+    commit instead of every file; MERGE's pruned rewrite.
     """
     dl = delta.import_deltalake()
     _check_arguments(mode, schema_mode, predicate, partition_overwrite_mode)
@@ -113,7 +122,9 @@ def write_delta(
     table_schema = _checked_schema(uri, dt, schema, schema_mode, mode)
     removed: list[Any] = []
     cleanup = None  # forgets what a predicate over data columns registered
-    if dt is not None and mode == "overwrite" and predicate is not None:
+    if replacing is not None and dt is not None and mode == "overwrite":
+        removed = replacing
+    elif dt is not None and mode == "overwrite" and predicate is not None:
         if over_partitions_only(predicate, parts):
             removed = _files_matching(uri, dt, parts, predicate)
         else:  # copy-on-write of the files that can match: distfusion.table_write.delta_predicate
@@ -163,6 +174,7 @@ def write_delta(
             parts,
             table_schema,
             schema_mode,
+            replacing is not None,
         )
     except BaseException:
         discard(spec, placed)
@@ -176,6 +188,24 @@ def write_delta(
         sum(p.rows for p in placed),
         sum(p.size for p in placed),
     )
+
+
+def merge_candidates(uri: str, dt: Any, predicate: str) -> tuple[list[dict], set[int], int]:
+    """The active files of ``dt`` that can hold a row ``predicate`` selects (MERGE's pruning).
+
+    Returns:
+        ``(files, their indexes in dt.get_add_actions(), number of active files)``
+        (see :func:`~distfusion.table_write.delta_predicate.candidate_files`).
+    """
+    parts = tuple(dt.metadata().partition_columns)
+    files, keep = candidate_files(
+        dt,
+        parts,
+        predicate,
+        lambda p: _files_matching(uri, dt, parts, p),
+        lambda: _file_table(dt, ()).to_pylist(),
+    )
+    return files, keep, len(_file_table(dt, ()))
 
 
 def _check_arguments(mode, schema_mode, predicate, partition_overwrite_mode) -> None:
@@ -536,6 +566,7 @@ def _commit(
     parts: tuple[str, ...],
     schema: pa.Schema,
     schema_mode: str | None,
+    replacing: bool = False,
 ) -> int:
     """Commit ``adds`` (and removes) as one transaction; the new version.
 
@@ -572,7 +603,12 @@ def _commit(
                 storage_options=options,
                 commit_properties=props,
             )
-        elif mode == "overwrite" and predicate is None and partition_overwrite_mode == "static":
+        elif (
+            mode == "overwrite"
+            and predicate is None
+            and partition_overwrite_mode == "static"
+            and not replacing
+        ):
             dt.create_write_transaction(
                 adds, "overwrite", schema, list(parts) or None, commit_properties=props
             )

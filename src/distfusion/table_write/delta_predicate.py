@@ -41,7 +41,7 @@ from sqlglot import exp
 from distfusion.errors import PlanningError
 from distfusion.sources import sql_name
 
-__all__ = ["over_partitions_only", "replace_where", "stats_condition"]
+__all__ = ["candidate_files", "over_partitions_only", "replace_where", "stats_condition"]
 
 
 def _conjuncts(predicate: str) -> list[exp.Expression] | None:
@@ -68,6 +68,36 @@ def over_partitions_only(predicate: str, parts: tuple[str, ...]) -> bool:
     if conjuncts is None:
         return True  # the partition path reports DataFusion's error
     return all(_columns(c) <= set(parts) for c in conjuncts)
+
+
+def candidate_files(
+    dt: Any,
+    parts: tuple[str, ...],
+    predicate: str,
+    files_matching: Callable[[str], list[dict]],
+    all_files: Callable[[], list[dict]],
+) -> tuple[list[dict], set[int]]:
+    """The active files that can hold a row ``predicate`` selects, and their log indexes.
+
+    Narrowed by the predicate's conjuncts over partition columns
+    (``files_matching``), then by the files' min/max (:func:`stats_condition`).
+    Also used by MERGE (:mod:`distfusion.table_write.merge`) with the ON keys'
+    range in the source as ``predicate``.
+
+    Returns:
+        ``(files as files_matching gives them, indexes into dt.get_add_actions())``.
+    """
+    conjuncts = _conjuncts(predicate) or []
+    narrowing = [c.sql(dialect="postgres") for c in conjuncts if _columns(c) <= set(parts)]
+    where_parts = " AND ".join(f"({c})" for c in narrowing) if narrowing else None
+    removed = files_matching(where_parts) if where_parts else all_files()
+    may_match = _stats_may_match(conjuncts, dt, parts)
+    if may_match is not None:
+        removed = [r for r in removed if r["path"] in may_match]
+    chosen = {r["path"] for r in removed}
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    log_paths = [unquote(p) for p in actions["path"].to_pylist()]
+    return removed, {i for i, p in enumerate(log_paths) if p in chosen}
 
 
 def replace_where(
@@ -99,16 +129,7 @@ def replace_where(
             new row does not match it (nothing written).
     """
     context = frame.context
-    conjuncts = _conjuncts(predicate) or []
-    narrowing = [c.sql(dialect="postgres") for c in conjuncts if _columns(c) <= set(parts)]
-    where_parts = " AND ".join(f"({c})" for c in narrowing) if narrowing else None
-    removed = files_matching(where_parts) if where_parts else all_files()
-    may_match = _stats_may_match(conjuncts, dt, parts)
-    if may_match is not None:
-        removed = [r for r in removed if r["path"] in may_match]
-    chosen = {r["path"] for r in removed}
-    log_paths = [unquote(p) for p in pa.table(dt.get_add_actions(flatten=True))["path"].to_pylist()]
-    keep = {i for i, p in enumerate(log_paths) if p in chosen}
+    removed, keep = candidate_files(dt, parts, predicate, files_matching, all_files)
     new = f"__distfusion_new_{uuid.uuid4().hex}"
     old = f"__distfusion_read_{uuid.uuid4().hex}"
     context.ctx.register_view(new, frame.df)

@@ -25,14 +25,20 @@ overwrite of the version the merge read: one new version (add actions of the
 new files, remove actions of every old one), with delta-rs's conflict check
 against any commit in between.
 
-Copy-on-write of the **whole table**: every file is rewritten, not only the
-files that can match (partition and min/max pruning of the target's files is
-not done yet), and ``WHEN NOT MATCHED BY SOURCE`` is refused. The statement's
-result is one row, column ``count``: the rows of the new version.
+Copy-on-write of the files that can match: when ON holds equalities
+``tgt.c = <source expression>``, the source's range of each (min and max, one
+more query over the source) selects the target files whose partition values
+or min/max (integer and date columns) overlap it
+(:func:`~distfusion.table_write.delta.merge_candidates`); only they are read,
+joined and rewritten, and the commit removes only them. Without such keys,
+every file is rewritten. ``WHEN NOT MATCHED BY SOURCE`` is refused (it would
+need every file). The statement's result is one row, column ``count``: the
+rows of the new version (the untouched files' counted from the log).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +51,7 @@ from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
 from distfusion.sources import sql_name
+from distfusion.table_write.delta import merge_candidates, write_delta
 
 __all__ = ["MergeClause", "TableMerges", "parse_merge"]
 
@@ -236,6 +243,7 @@ class TableMerges:
         dt = DeltaTable(uri, storage_options=options)
         self.register_delta(sql_name(name), dt)  # the version the merge reads and commits over
         target = pa.schema(dt.schema().to_arrow())
+        replacing, untouched_rows = self._merge_pruned(m, name, uri, dt, target)
         source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
         source_names = source_columns.schema().names
         if any(c.matched for c in m.clauses) and self.sql(duplicate_match_sql(m)).to_pylist():
@@ -249,6 +257,87 @@ class TableMerges:
         casts = {f.name: f.type for f in target if have.field(f.name).type != f.type}
         if casts:
             frame = frame.cast(casts)
-        commit = frame.write_delta(dt, mode="overwrite")
+        commit = write_delta(frame, dt, "overwrite", replacing=replacing)
         self.register_delta(sql_name(name), uri)
-        return self.ctx.from_arrow(pa.table({"count": pa.array([commit.rows], pa.uint64())}))
+        rows = commit.rows + untouched_rows
+        return self.ctx.from_arrow(pa.table({"count": pa.array([rows], pa.uint64())}))
+
+    def _merge_pruned(
+        self, m: MergeStatement, name: str, uri: str, dt: Any, target: pa.Schema
+    ) -> tuple[list[dict] | None, int]:
+        """Register only the target files the source's ON keys can match; ``(those, rows kept)``.
+
+        ``(None, 0)`` (every file rewritten) when the ON condition has no
+        equality of a target column with the source's, the keys' range
+        (min/max over the source, a query) prunes no file, or a key's type
+        has no usable bounds.
+        """
+        keys = merge_keys(m, target.names)
+        if not keys:
+            return None, 0
+        sa = _ident(m.source_alias)
+        exprs = [f"min({e}) AS lo{i}, max({e}) AS hi{i}" for i, (_, e) in enumerate(keys)]
+        bounds = self.sql(f"SELECT {', '.join(exprs)} FROM {m.source} AS {sa}").to_pylist()[0]
+        conditions = []
+        for i, (column, _) in enumerate(keys):
+            lo, hi = _literal(bounds[f"lo{i}"]), _literal(bounds[f"hi{i}"])
+            if bounds[f"lo{i}"] is None:  # no source row has a key: none matches
+                conditions = ["FALSE"]
+                break
+            if lo is not None and hi is not None:
+                conditions.append(f"{_ident(column)} BETWEEN {lo} AND {hi}")
+        if not conditions:
+            return None, 0
+        files, keep, total = merge_candidates(uri, dt, " AND ".join(conditions))
+        if len(files) == total:
+            return None, 0
+        self._register_delta_files(sql_name(name), dt, keep)  # what the merge query reads
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        records = actions["num_records"].to_pylist()
+        return files, sum(n or 0 for i, n in enumerate(records) if i not in keep)
+
+
+def merge_keys(m: MergeStatement, columns: list[str]) -> list[tuple[str, str]]:
+    """``(target column, source expression)`` of each ``tgt.c = <source expr>`` conjunct of ON.
+
+    Example:
+        >>> m = MergeStatement("t", "t", "s", "s", "t.id = s.id + 1 AND t.x > s.x", [])
+        >>> merge_keys(m, ["id", "x"])
+        [('id', 's.id + 1')]
+    """
+    try:
+        tree = sqlglot.parse_one(m.on, read="postgres")
+    except sqlglot.errors.ParseError:
+        return []
+    conjuncts = list(tree.flatten()) if isinstance(tree, exp.And) else [tree]
+    out = []
+    for c in conjuncts:
+        if not isinstance(c, exp.EQ):
+            continue
+        for a, b in ((c.left, c.right), (c.right, c.left)):
+            refs = list(b.find_all(exp.Column))
+            if (
+                isinstance(a, exp.Column)
+                and a.table.lower() == m.target_alias.lower()
+                and a.name in columns
+                and refs
+                and all(r.table.lower() == m.source_alias.lower() for r in refs)
+            ):
+                out.append((a.name, b.sql(dialect="postgres")))
+                break
+    return out
+
+
+def _literal(value: Any) -> str | None:
+    """``value`` as a SQL literal for a bound (integers, dates, strings); None otherwise."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        return None
+    if isinstance(value, datetime.date):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return None
