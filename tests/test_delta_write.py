@@ -479,6 +479,12 @@ def test_merge_rewrites_only_the_files_the_source_keys_can_match(local_ctx, tmp_
     after = {a["path"] for a in pa.table(dt.get_add_actions()).to_pylist()}
     kept = before & after
     assert len(before - kept) == (1 if partition_by is None else 3)  # the third write's only
+    # a merge refused after pruning leaves the whole table registered, not the files it read
+    local_ctx.register_table("twice", pa.table({"id": pa.array([410, 410], pa.int64())}))
+    with pytest.raises(distfusion.PlanningError, match="matched by more than one source row"):
+        local_ctx.sql("MERGE INTO t USING twice ON t.id = twice.id WHEN MATCHED THEN DELETE")
+    n = _read(ours).num_rows
+    assert local_ctx.sql("SELECT count(*) AS n FROM t").to_pylist() == [{"n": n}]
 
 
 def test_merge_star_clauses_and_a_source_query(local_ctx, tmp_path):

@@ -244,20 +244,25 @@ class TableMerges:
         self.register_delta(sql_name(name), dt)  # the version the merge reads and commits over
         target = pa.schema(dt.schema().to_arrow())
         replacing, untouched_rows = self._merge_pruned(m, name, uri, dt, target)
-        source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
-        source_names = source_columns.schema().names
-        if any(c.matched for c in m.clauses) and self.sql(duplicate_match_sql(m)).to_pylist():
-            msg = (
-                f"MERGE INTO {name}: a target row is matched by more than one source row "
-                "(Spark's and delta-rs's error); make the source unique on the ON keys"
-            )
-            raise PlanningError(msg)
-        frame = self.sql(merge_sql(m, target.names, source_names))
-        have = frame.schema()
-        casts = {f.name: f.type for f in target if have.field(f.name).type != f.type}
-        if casts:
-            frame = frame.cast(casts)
-        commit = write_delta(frame, dt, "overwrite", replacing=replacing)
+        try:
+            source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
+            source_names = source_columns.schema().names
+            if any(c.matched for c in m.clauses) and self.sql(duplicate_match_sql(m)).to_pylist():
+                msg = (
+                    f"MERGE INTO {name}: a target row is matched by more than one source row "
+                    "(Spark's and delta-rs's error); make the source unique on the ON keys"
+                )
+                raise PlanningError(msg)
+            frame = self.sql(merge_sql(m, target.names, source_names))
+            have = frame.schema()
+            casts = {f.name: f.type for f in target if have.field(f.name).type != f.type}
+            if casts:
+                frame = frame.cast(casts)
+            commit = write_delta(frame, dt, "overwrite", replacing=replacing)
+        except BaseException:
+            if replacing is not None:  # the whole table again, not only the files read
+                self.register_delta(sql_name(name), dt)
+            raise
         self.register_delta(sql_name(name), uri)
         rows = commit.rows + untouched_rows
         return self.ctx.from_arrow(pa.table({"count": pa.array([rows], pa.uint64())}))
