@@ -35,10 +35,11 @@ LAZY_IMPORTS = {
     ("distfusion.worker.spark_tasks", "pyspark"),
     # The executor side imports itself inside the task (an executor without
     # distfusion reports it), and its import probe, with the standard library.
+    ("distfusion.worker.spark_entries", "distfusion.worker.spark_entries"),
+    ("distfusion.worker.spark_entries", "json"),
+    ("distfusion.worker.spark_entries", "os"),
+    ("distfusion.worker.spark_entries", "socket"),
     ("distfusion.worker.spark_tasks", "distfusion.worker.spark_tasks"),
-    ("distfusion.worker.spark_tasks", "json"),
-    ("distfusion.worker.spark_tasks", "os"),
-    ("distfusion.worker.spark_tasks", "socket"),
     # The executors' import probe: what a task needs, imported there on purpose.
     ("distfusion.worker.spark_tasks", "datafusion"),
     ("distfusion.worker.spark_tasks", "pyarrow"),

@@ -179,7 +179,8 @@ class SparkWorkerResolver:
 
     def executors(self) -> list[str]:
         """The ids of the registered executors (the driver excluded; empty in local mode)."""
-        ids = self.sc._jsc.sc().getExecutorIds()
+        # pyspark lists no executors: the JVM SparkContext does
+        ids = self.sc._jsc.sc().getExecutorIds()  # noqa: SLF001
         return sorted((str(ids.apply(i)) for i in range(ids.size())), key=lambda x: (len(x), x))
 
     def get_urls(self) -> list[str]:

@@ -213,13 +213,18 @@ class FlightRuntime:
         """
         return _RetryingQueryRun(self, query_id, self._urls(), keep_outputs=True)
 
-    def _start(
+    def start_run(
         self,
         query_id: str,
         urls: list[str],
         keep_outputs: bool,
         observer: QueryObserver | None = None,
     ) -> WorkerQueryRun:
+        """One attempt of query ``query_id`` on ``urls``, its workers kept alive (heartbeat).
+
+        Called by the retrying query run for its first attempt and each retry.
+        """
+
         def finish() -> None:
             self._end_heartbeat(query_id)
             self.transport.forget_query(query_id)
@@ -238,7 +243,8 @@ class FlightRuntime:
         self._start_heartbeat(query_id, urls, run.placement)
         return run
 
-    def _lost_workers(self, urls: list[str]) -> list[str]:
+    def lost_workers(self, urls: list[str]) -> list[str]:
+        """The workers of ``urls`` that do not answer (one stats call each)."""
         lost = []
         for url in urls:
             try:
@@ -384,7 +390,7 @@ class _RetryingQueryRun:
         self._calls: list[tuple[StageGraph, list[int]]] = []
         # Attempts run under fresh query ids; their metrics go to the first id's observer.
         self._observer = observer if observer is not None else observer_for(query_id)
-        self._run = runtime._start(query_id, self._urls, keep_outputs, self._observer)
+        self._run = runtime.start_run(query_id, self._urls, keep_outputs, self._observer)
 
     @property
     def query_id(self) -> str:
@@ -449,7 +455,7 @@ class _RetryingQueryRun:
         while True:
             if self._attempts >= self._runtime.max_retries:
                 raise exc
-            lost = self._runtime._lost_workers(self._urls)
+            lost = self._runtime.lost_workers(self._urls)
             if not lost:
                 raise exc
             remaining = [u for u in self._urls if u not in lost]
@@ -461,7 +467,7 @@ class _RetryingQueryRun:
             )
             self._urls = remaining
             self._attempts += 1
-            self._run = self._runtime._start(
+            self._run = self._runtime.start_run(
                 str(uuid.uuid4()), remaining, self._keep_outputs, self._observer
             )
             try:

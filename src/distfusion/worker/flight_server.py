@@ -149,7 +149,7 @@ class _Server(flight.FlightServerBase):
 
     def do_action(self, context, action):
         try:
-            return self._owner._action(action.type, action.body.to_pybytes())
+            return self._owner.handle_action(action.type, action.body.to_pybytes())
         except Exception as exc:
             raise encode_error(exc, self._owner.sends_tracebacks) from None
 
@@ -165,13 +165,13 @@ class _Server(flight.FlightServerBase):
 
     def do_put(self, context, descriptor, reader, writer):
         try:
-            self._owner._put(descriptor.command, reader)
+            self._owner.handle_put(descriptor.command, reader)
         except Exception as exc:
             raise encode_error(exc, self._owner.sends_tracebacks) from None
 
     def do_get(self, context, ticket):
         try:
-            return self._owner._get(ticket.ticket)
+            return self._owner.handle_get(ticket.ticket)
         except Exception as exc:
             raise encode_error(exc, self._owner.sends_tracebacks) from None
 
@@ -383,7 +383,8 @@ class FlightWorker:
             self._plans_received += 1
         self.worker.set_plan(plan)
 
-    def _action(self, name: str, body: bytes) -> list[bytes]:
+    def handle_action(self, name: str, body: bytes) -> list[bytes]:
+        """Action ``name`` with ``body`` (the server's ``do_action``): its answers."""
         if name == ACTION_SET_PLAN:
             self._set_plan(TaskPlan.from_json(body))
             return []
@@ -458,7 +459,7 @@ class FlightWorker:
         part = dataclasses.replace(part, plan=self._with_session(part.plan))
         spec = WriteSpec.from_json(d["spec"])
         self._touch(part.plan.key.query_id)
-        memory = self.worker._task_memory(part.plan)
+        memory = self.worker.task_memory(part.plan)
         try:
             files = write_task(spec, part.index, run_part(part, self.transport, memory))
         except TaskError:
@@ -470,7 +471,7 @@ class FlightWorker:
             self._touch(part.plan.key.query_id)
         return json.dumps([f.to_json() for f in files]).encode()
 
-    def _get(self, ticket: bytes):
+    def handle_get(self, ticket: bytes):
         """A partition as a stream: each batch sent as the task produces it.
 
         Waits for the task's plan (at most the ticket's ``timeout_s``, and at
@@ -499,7 +500,7 @@ class FlightWorker:
 
         return flight.GeneratorStream(schema, rest())
 
-    def _put(self, command: bytes, reader) -> None:
+    def handle_put(self, command: bytes, reader) -> None:
         """A work unit feed pushed by the coordinator: into the task's inbox."""
         key, table = decode_feed_descriptor(command)
         self._touch(key.query_id)

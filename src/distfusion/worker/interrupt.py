@@ -112,7 +112,7 @@ class Interruptible:
         self._signal_native = signal_native
         self._native = False  # the thread is inside its native call now
         self._sent = False  # an asynchronous exception is scheduled in the thread
-        self._wake: Callable[[], None] | None = None  # ends the thread's current wait
+        self.waker: Callable[[], None] | None = None  # ends the thread's current wait
 
     def __enter__(self) -> Interruptible:
         self.thread_id = threading.get_ident()
@@ -146,7 +146,7 @@ class Interruptible:
                 self.error = error or QueryCancelledError("the query was cancelled")
             if self._signal_native and self._native and not self._sent and self.thread_id:
                 self._sent = _send(self.thread_id, _Interrupted)
-            wake = self._wake
+            wake = self.waker
         if wake is not None:
             wake()
 
@@ -160,7 +160,7 @@ class Interruptible:
         if error is not None:
             raise error.with_traceback(None)
 
-    def _native_call(self, fn: Callable[..., T], *args) -> T:
+    def native_call(self, fn: Callable[..., T], *args) -> T:
         """``fn(*args)`` inside the helper's native section (asynchronous exceptions allowed)."""
         with _LOCK:
             if self.error is not None:
@@ -235,7 +235,7 @@ class _Helper:
 
     def call(self, fn: Callable[..., T], *args) -> T:
         """``fn(*args)`` in this helper, its native call interruptible (asynchronous exception)."""
-        return self.scope._native_call(fn, *args)
+        return self.scope.native_call(fn, *args)
 
     def wanted(self) -> bool:
         """Wait for the waiting thread's next ask; False when it left."""
@@ -250,7 +250,7 @@ class _Helper:
         """
         self.asks.put(_NEXT)
         if waiting is not None:
-            waiting._wake = lambda: self.out.put(("wake", None))
+            waiting.waker = lambda: self.out.put(("wake", None))
         try:
             while True:
                 if waiting is not None:
@@ -266,7 +266,7 @@ class _Helper:
                     raise QueryCancelledError(msg) from None
         finally:
             if waiting is not None:
-                waiting._wake = None
+                waiting.waker = None
 
     def abandon(self) -> None:
         """The waiting thread left: the helper stops after its call, or at once when idle."""

@@ -1,8 +1,10 @@
 """The executor side of the Spark runtime on Spark Connect: the functions its jobs run.
 
 Every job of :class:`~distfusion.runtime.spark.connect.SparkConnectRuntime` is
-a DataFrame's ``mapInArrow`` with a function made by :func:`mapper`: in the
-executor's Python worker it calls one of this module's entries (:func:`entry`):
+a DataFrame's ``mapInArrow`` with a function made by
+:func:`~distfusion.worker.spark_entries.mapper`: in the executor's Python
+worker it calls one of the registered entries
+(:data:`~distfusion.worker.spark_entries.ENTRIES`); this module's are
 :func:`run_task` and :func:`run_table_task` (a round's tasks, on this
 process's Flight worker, as the classic Flight plane's
 :func:`~distfusion.worker.spark_tasks.flight_task`), :func:`run_head` (the head,
@@ -19,15 +21,15 @@ import json
 import os
 import pickle
 import socket
+from collections.abc import Iterator
 
 import pyarrow as pa
 
 from distfusion.errors import TaskError, TransportError, WorkerUnavailableError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import error_to_dict, is_task_failure, task_error
-from distfusion.protocol.task_plan import TaskPlan
-from distfusion.stages import Stage
 from distfusion.worker.head_parts import HeadPart
+from distfusion.worker.spark_codec import StageRecord, TaskRecord, task_plan
 from distfusion.worker.spark_records import CHUNK_BYTES, ipc_stream, record_chunks
 from distfusion.worker.spark_tasks import (
     drain,
@@ -35,7 +37,6 @@ from distfusion.worker.spark_tasks import (
     flight_task,
     part_batches,
     run_head_part,
-    task_function,
 )
 
 __all__ = [
@@ -49,19 +50,12 @@ __all__ = [
     "ROUND_SCHEMA",
     "SCHEMA",
     "control",
-    "entry",
-    "mapper",
     "nothing",
     "run_head",
     "run_parts",
     "run_table_task",
     "run_task",
 ]
-
-
-def entry(name: str) -> str:
-    """``"module:function"`` of this module's function ``name``, as :func:`mapper` takes it."""
-    return f"{__name__}:{name}"
 
 
 ROUND_SCHEMA = "stage int, task int, url string, metrics string, error string"
@@ -92,69 +86,11 @@ CONTROL_SCHEMA = "url string, ok boolean, stats string"
 CONTROL_ARROW = pa.schema([("url", pa.string()), ("ok", pa.bool_()), ("stats", pa.string())])
 
 
-def mapper(tasks, entry: str, by_partition: bool, *args):
-    """The ``mapInArrow`` function of a Connect job: runs ``entry`` in the executor's Python worker.
-
-    Args:
-        tasks: ``(stage, task)`` by index, for the report of a task that
-            cannot import distfusion.
-        entry: ``"module:function"``, called as ``entry(index, records, *args)``;
-            it returns (or yields) Arrow record batches of the job's schema.
-        by_partition: the input is a partition of a Spark table's DataFrame
-            (:func:`_spark_frame`): ``index`` is its partition number (its
-            last column), ``records`` its Arrow batches without that column;
-            an empty partition runs nothing (its task runs over an empty one
-            in a job of its own). Else each input row is an id of
-            ``spark.range``, the index, and ``records`` is empty.
-        *args: ``entry``'s other arguments (pickled with the function).
-
-    Built on :func:`~distfusion.worker.spark_tasks.task_function`: the same
-    shipping of UDFs and object stores, the same report when an executor
-    cannot import distfusion, the same heap freeze after the first task.
-    """
-    run = task_function(tasks, entry, *args)
-
-    def map_in_arrow(batches):
-        if by_partition:
-            batches = iter(batches)
-            first = next(batches, None)
-            while first is not None and first.num_rows == 0:
-                first = next(batches, None)
-            if first is None:  # an empty partition: its number is unknown here
-                return
-            index = first.column(first.num_columns - 1)[0].as_py()
-
-            def data():
-                yield first.select(range(first.num_columns - 1))
-                for b in batches:
-                    yield b.select(range(b.num_columns - 1))
-
-            yield from run(index, data())
-            return
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                yield from run(index, iter(()))
-
-    return map_in_arrow
-
-
 def nothing(batches):
     """A ``mapInArrow`` function reading its input and yielding nothing (keep-warm jobs)."""
     for _ in batches:
         pass
     return iter(())
-
-
-_STAGES: dict[bytes, Stage] = {}
-"""Stages unpickled in this Python worker, by their pickle (a round's tasks share them)."""
-
-
-def _stage(data: bytes) -> Stage:
-    stage = _STAGES.get(data)
-    if stage is None:
-        _STAGES.clear()  # one round's stages at a time
-        stage = _STAGES[data] = pickle.loads(data)
-    return stage
 
 
 def _round_batch(records: list[tuple]) -> pa.RecordBatch:
@@ -163,27 +99,20 @@ def _round_batch(records: list[tuple]) -> pa.RecordBatch:
     )
 
 
-def _one_task(query_id: str, stage_args: tuple, t: int, attempt: int, batches, worker_args):
-    """Task ``t`` of the pickled stage on this process's Flight worker: its round record."""
-    stage_bytes, input_workers, threads, memory, table = stage_args
-    plan = TaskPlan.for_task(
-        query_id,
-        _stage(stage_bytes),
-        t,
-        input_workers,
-        threads,
-        keep_output=True,
-        memory_per_task_bytes=memory,
-    )
-    sid, task, url, metrics, report = flight_task(plan, attempt, table, batches, worker_args)
+def _one_task(
+    query_id: str, stage: StageRecord, t: int, attempt: int, batches: Iterator, worker_args
+):
+    """Task ``t`` of ``stage`` (its record) on this process's Flight worker: its round record."""
+    plan = task_plan(query_id, stage, t)
+    sid, task, url, metrics, report = flight_task(plan, attempt, stage[4], batches, worker_args)
     return (sid, task, url, None if metrics is None else json.dumps(metrics), report)
 
 
-def run_task(index, records, query_id, plain, stages, worker_args):
+def run_task(index, records, query_id, plain: list[TaskRecord], stages, worker_args):
     """Spark task ``index`` of a round: distfusion task ``plain[index]`` (executor side).
 
-    ``plain[index]`` is ``(stage, task, attempt)``; ``stages`` maps a stage to
-    ``(pickle, input workers, threads, memory, Spark table or None)``. A task
+    ``plain[index]`` is a task record ``(stage, task, attempt)``; ``stages``
+    maps a stage to its stage record (:mod:`~distfusion.worker.spark_codec`). A task
     of a stage reading a Spark table runs here only past the DataFrame's
     partitions: over an empty one. Returns one batch of :data:`ROUND_SCHEMA`.
     """
@@ -192,8 +121,8 @@ def run_task(index, records, query_id, plain, stages, worker_args):
     return [_round_batch([_one_task(query_id, stages[sid], t, attempt, iter(()), worker_args)])]
 
 
-def run_table_task(index, batches, query_id, sid, attempts, stage_args, worker_args):
-    """Spark task over partition ``index`` of a Spark table's DataFrame: task ``index`` of ``sid``.
+def run_table_task(index, batches, query_id, attempts, stage: StageRecord, worker_args):
+    """Spark task over partition ``index`` of a Spark table's DataFrame: that task of ``stage``.
 
     ``batches``: the partition's Arrow batches, offered to the task as the
     table's rows; what it left is drained. A partition whose task is not in
@@ -203,7 +132,7 @@ def run_table_task(index, batches, query_id, sid, attempts, stage_args, worker_a
         drain(batches)
         return []
     try:
-        record = _one_task(query_id, stage_args, index, attempts[index], batches, worker_args)
+        record = _one_task(query_id, stage, index, attempts[index], batches, worker_args)
     finally:
         drain(batches)
     return [_round_batch([record])]

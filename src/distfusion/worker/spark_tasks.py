@@ -1,17 +1,22 @@
 """What the Spark runtime runs on the executors, in their Python workers.
 
 Every job of :mod:`distfusion.runtime.spark` runs a closure made by
-:func:`task_function` (it ships the driver's object stores and reports an
-executor that cannot import distfusion), which calls one of this
-module's entries:
+:func:`~distfusion.worker.spark_entries.task_function` (it ships the driver's
+object stores and reports an executor that cannot import distfusion), which
+calls one of the registered entries (:data:`~distfusion.worker.spark_entries.ENTRIES`);
+this module's are:
 
-- :func:`_run_task`: a task of the shuffle data plane, its output as Spark
+- :func:`run_shuffle_task`: a task of the shuffle data plane, its output as Spark
   records (:mod:`distfusion.worker.spark_records`);
-- :func:`_run_flight_task`, :func:`_run_flight_spark_task`: a task of the
+- :func:`run_flight_task`, :func:`run_flight_table_task`: a task of the
   Flight data plane, run on this process's Flight worker
   (:func:`_executor_worker`), which keeps its output (:func:`flight_task`);
 - :func:`run_head_part`, :func:`frame_function`: head parts read over Flight
   (:func:`part_batches`; ``write_parquet``, ``to_spark``).
+
+Tasks are described by the one Spark task encoding
+(:mod:`distfusion.worker.spark_codec`): a stage record per stage, a task
+record ``(stage, task, attempt)`` per task, the plan built here.
 
 Nothing here imports the runtime (the driver side): an executor imports this
 module and the worker's. A failed task reports itself as one line,
@@ -24,12 +29,8 @@ that need it (each marked so).
 
 from __future__ import annotations
 
-import dataclasses
-import gc
-import importlib
 import json
 import os
-import pickle
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -49,12 +50,11 @@ from distfusion.protocol.errors import (
     is_task_failure,
     task_error,
 )
-from distfusion.protocol.task_plan import TaskPlan
-from distfusion.stages import Stage
 from distfusion.transport.tls import TlsMaterial
 from distfusion.worker.execute_task import run_task
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory
+from distfusion.worker.spark_codec import StageRecord, stage_of, task_plan
 from distfusion.worker.spark_partitions import offering
 from distfusion.worker.spark_records import (
     decode_records,
@@ -154,104 +154,20 @@ def drain(records) -> None:
 
 
 # ---------------------------------------------------------------------- executor side
-def task_function(tasks, entry, *args):
-    """The function Spark ships to the executors for one job.
-
-    Args:
-        tasks: ``(stage id, task index)`` of each RDD partition, by partition
-            index, for the report of a task that cannot import distfusion.
-        entry: the function of this module the task runs,
-            ``entry(partition index, records, *args)``, or ``"module:function"``
-            for one of another module of distfusion (imported on the executor).
-        *args: the rest of ``entry``'s arguments (pickled with the closure).
-
-    The driver's object stores (:mod:`distfusion.object_store`, explicit
-    credentials included: Spark's closure is the channel) travel with the
-    closure too, for the executor's own reads and writes through obstore.
-    A task's session gets its query's UDFs and stores from its stage or plan
-    (``Stage.session``, pickled with it: :mod:`distfusion.session`), never
-    from the process.
-
-    It is a closure, so cloudpickle ships it by value, and it refers to nothing
-    of distfusion until it runs: an executor that cannot import distfusion or
-    datafusion then fails with a message saying so, naming the stage and task,
-    instead of failing to unpickle the task. The report of that failure is
-    encoded here, on the driver (``report``, the error codec's dict), so the
-    executor needs only the standard library to fill in the task.
-    """
-    report = error_to_dict(TaskError(-1, -1, "", ""))
-    missing_section = EXECUTORS_SECTION
-    # The driver's object stores (credentials: Spark's channel), for the executor's own
-    # reads and writes through obstore; tasks register their query's (Stage.session).
-    stores = object_store.specs()
-
-    def run(index, records):
-        try:
-            # On purpose inside the task: see the docstring.
-            import distfusion.worker.spark_tasks as spark_tasks
-        except ImportError as exc:
-            import json as _json  # standard library only: distfusion is missing here
-            import os as _os
-            import socket as _socket
-
-            cause = (
-                f"ImportError: {exc} -- the Spark executors need distfusion and datafusion "
-                "in their Python environment (same venv via PYSPARK_PYTHON, "
-                "spark.archives with a packed venv, or --py-files; see docs/spark.md, "
-                f'section "{missing_section}")'
-            )
-            stage_id, task_index = tasks[index]
-            worker = f"spark-executor://{_socket.gethostname()}/pid{_os.getpid()}"
-            failed = {**report, "stage_id": stage_id, "task_index": task_index}
-            failed.update(worker=worker, cause=cause)
-            failed["message"] = f"stage {stage_id} task {task_index} failed: {cause}"
-            raise RuntimeError(ERROR_MARKER + _json.dumps(failed)) from None
-        if stores:
-            spark_tasks.object_store.install(stores)
-        module, _, name = entry.rpartition(":")
-        where = importlib.import_module(module) if module else spark_tasks
-        out = getattr(where, name)(index, records, *args)
-        spark_tasks.freeze_heap_once()
-        return out
-
-    return run
-
-
-_heap_frozen = False
-
-
-def freeze_heap_once() -> None:
-    """Hide what this Python worker imported from the cyclic GC, once, after its first task.
-
-    PySpark runs ``gc.collect()`` after every task of a reused Python worker. A
-    full collection walks every tracked object, and what distfusion, datafusion,
-    pyarrow and pyspark import is ~100,000 of them: a large share of a Python
-    worker's time (docs/benchmarks.md, "Spark stage outputs"). After one
-    collection, ``gc.freeze()`` moves them to the permanent generation; later
-    collections walk only what later tasks create.
-    """
-    global _heap_frozen
-    if not _heap_frozen:
-        gc.collect()
-        gc.freeze()
-        _heap_frozen = True
-
-
-def _run_task(
+def run_shuffle_task(
     task_index,
     records,
     query_id,
-    stage_bytes,
+    stage: StageRecord,
     shuffled,
     broadcast,
-    target_partitions,
     compression,
     stats=None,
     metrics=None,
     memory_per_task_bytes=None,
     spark=None,
 ):
-    """Run task ``task_index`` of the pickled stage inside a Spark task.
+    """Run task ``task_index`` of ``stage`` (its record) inside a Spark task (shuffle data plane).
 
     DataFusion runs within ``memory_per_task_bytes`` (None: unbounded),
     spilling to a temporary directory deleted when the task ends.
@@ -273,7 +189,7 @@ def _run_task(
         RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
             followed by a JSON report (stage, task, worker, cause, traceback).
     """
-    stage: Stage = pickle.loads(stage_bytes)
+    record, stage = stage, stage_of(stage)
     worker = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     table, batches = None, iter(())
     if spark is not None:
@@ -282,7 +198,7 @@ def _run_task(
         if not empty:
             batches = _spark_batches(records, read_schema)
     try:
-        plan = TaskPlan.for_task(query_id, stage, task_index, (), target_partitions)
+        plan = task_plan(query_id, record, task_index)
         _maybe_inject_failure(stage.stage_id, task_index)
         # Drain the input even when the stage reads none (a leaf reads its task
         # index): PySpark reuses a Python worker only after its task read the
@@ -356,63 +272,48 @@ def _executor_worker(
     return worker
 
 
-def _run_flight_task(
-    index, records, sessions, bind_host, advertise_host, access, memory_per_task_bytes, driver_url
-):
-    """Run the task plan of this Spark partition on this process's Flight worker.
+def run_flight_task(index, records, query_id, stages, *worker_args):
+    """Run the task of this Spark partition on this process's Flight worker (classic Flight plane).
 
-    ``sessions``: each stage's UDFs and object stores (``Stage.session``), by
-    stage id, pickled: the task plan's JSON carries none.
+    The partition's one record is a task record ``(stage id, task index,
+    attempt)``; ``stages`` maps a stage id to its stage record
+    (:mod:`~distfusion.worker.spark_codec`: the stage, its UDFs and object
+    stores with it, pickled once per job). A task of a stage reading a Spark
+    table runs here only past the DataFrame's partitions (Spark made fewer
+    partitions than the stage has tasks): it reads an empty one.
+    ``worker_args``: :meth:`SparkRuntime.executor_worker_args`.
 
-    The record is ``(attempt, task plan JSON)``, or ``(attempt, plan, table)``
-    for a task of a stage reading Spark table ``table`` that has no partition
-    of it (Spark made fewer partitions than the stage has tasks): the task
-    reads an empty one. Returns one record
-    ``(stage id, task index, worker URL, metrics, error)``: the output stays
-    on the worker; the task's metrics travel (``TaskMetrics.to_dict``: rows
-    and Arrow bytes per output partition among them), or, when the task
-    failed, ``error`` (the error codec's JSON, with ``"attempts"``) instead.
-    Never raises for a failed task: PySpark would end this process and every
-    output it holds.
+    Returns one record ``(stage id, task index, worker URL, metrics, error)``:
+    the output stays on the worker; the task's metrics travel
+    (``TaskMetrics.to_dict``: rows and Arrow bytes per output partition among
+    them), or, when the task failed, ``error`` (the error codec's JSON, with
+    ``"attempts"``) instead. Never raises for a failed task: PySpark would end
+    this process and every output it holds.
     """
-    record = list(records)[0]  # drained: PySpark reuses this process
-    attempt, payload = record[:2]
-    table = record[2] if len(record) > 2 else None
-    plan = _with_session(TaskPlan.from_json(payload), sessions)
-    result = flight_task(
-        plan,
-        attempt,
-        table,
-        iter(()),
-        (bind_host, advertise_host, access, memory_per_task_bytes, driver_url),
-    )
+    sid, t, attempt = list(records)[0]  # drained: PySpark reuses this process
+    stage = stages[sid]
+    result = flight_task(task_plan(query_id, stage, t), attempt, stage[4], iter(()), worker_args)
     return iter([result])
 
 
-def _with_session(plan: TaskPlan, sessions: bytes) -> TaskPlan:
-    """``plan`` with its stage's session (``sessions``: pickled, stage id -> ``Stage.session``)."""
-    return dataclasses.replace(plan, session=pickle.loads(sessions).get(plan.key.stage_id))
-
-
-def _run_flight_spark_task(index, records, plans, table, read_schema, sessions, *worker_args):
-    """Run the task of Spark table ``table``'s partition ``index`` on this process's Flight worker.
+def run_flight_table_task(index, records, query_id, attempts, stage, read_schema, *worker_args):
+    """Run the task of Spark table partition ``index`` on this process's Flight worker.
 
     ``records`` are the partition's Arrow messages
-    (:func:`~distfusion.runtime.spark.dataframes.spark_input`);
-    ``plans`` maps partition index to ``(attempt, task plan JSON)``. The
+    (:func:`~distfusion.runtime.spark.dataframes.spark_input`), read with
+    ``read_schema``; the task is ``index`` of ``stage`` (its stage record, whose
+    table this is); ``attempts`` maps the tasks to run to their attempt. The
     partition's batches are offered to the task, which reads them as it runs;
-    what it left is drained. Returns what :func:`_run_flight_task` does (no
-    record for a partition without a plan).
+    what it left is drained. Returns what :func:`run_flight_task` does (no
+    record for a partition whose task is not to run).
     """
-    if index not in plans:
+    if index not in attempts:
         drain(records)
         return iter(())
-    attempt, payload = plans[index]
-    plan = _with_session(TaskPlan.from_json(payload), sessions)
+    plan = task_plan(query_id, stage, index)
     try:
-        result = flight_task(
-            plan, attempt, table, _spark_batches(records, read_schema), worker_args
-        )
+        batches = _spark_batches(records, read_schema)
+        result = flight_task(plan, attempts[index], stage[4], batches, worker_args)
     finally:
         drain(records)
     return iter([result])
@@ -518,7 +419,7 @@ def run_head_part(index, records, access, budget, threads, fn):
 
     The record is ``(attempt, part)``. Returns one record ``(part index,
     fn's result, error)``: ``error`` is the error codec's JSON (with
-    ``"attempts"``) when it failed. Never raises (see :func:`_run_flight_task`).
+    ``"attempts"``) when it failed. Never raises (see :func:`run_flight_task`).
     """
     attempt, part = list(records)[0]
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
@@ -540,7 +441,8 @@ def frame_function(parts: list[HeadPart], access: tuple, budget: int | None, thr
 
     Its input is ``spark.range(n, numPartitions=n)``: Spark partition *i*
     holds the one id *i*, and yields head part *i*'s batches, with
-    ``schema``'s names and types. Like :func:`task_function`, it refers to
+    ``schema``'s names and types. Like
+    :func:`~distfusion.worker.spark_entries.task_function`, it refers to
     nothing of distfusion until it runs; the parts' plans carry the query's
     UDFs and stores (``TaskPlan.session``).
     """

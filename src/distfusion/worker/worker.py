@@ -564,7 +564,8 @@ class Worker:
 
         return TaskOutput(plan.output.num_partitions, spill_path, budget)
 
-    def _task_memory(self, plan: TaskPlan) -> TaskMemory:
+    def task_memory(self, plan: TaskPlan) -> TaskMemory:
+        """The memory pool of ``plan``'s task: its budget, spilling under its query's directory."""
         budget = plan.memory_per_task_bytes or self.memory_per_task_bytes
         return TaskMemory(budget, self.spill.query_dir(plan.key.query_id))
 
@@ -593,7 +594,7 @@ class Worker:
         try:
             if self.is_cancelled(qid):
                 raise QueryCancelledError(f"query {qid} was cancelled")
-            memory = self._task_memory(plan)
+            memory = self.task_memory(plan)
             meter = task_meter(plan, self.url)
             metrics = run_task_into(
                 output,

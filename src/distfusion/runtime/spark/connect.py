@@ -68,9 +68,7 @@ from distfusion.coordinator.checks import first_line
 from distfusion.coordinator.feeds import has_feeds
 from distfusion.coordinator.query_run import (
     QueryRun,
-    WorkerQueryRun,
     default_target_partitions,
-    task_threads,
 )
 from distfusion.errors import (
     DistfusionError,
@@ -85,6 +83,7 @@ from distfusion.runtime.spark.config import (
     is_connect_session,
 )
 from distfusion.runtime.spark.connect_frames import (
+    ProgressHandler,
     collect_arrow,
     explain_text,
     is_connect_dataframe,
@@ -96,12 +95,13 @@ from distfusion.runtime.spark.dataframes import (
     spark_scan,
 )
 from distfusion.runtime.spark.flight_plane import KEEP_WARM_S, SparkFlightQuery
-from distfusion.runtime.spark.jobs import by_value, spark_call
+from distfusion.runtime.spark.jobs import spark_call
 from distfusion.runtime.spark.runtime import SparkRuntime
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.transport.tls import TlsMaterial, self_signed_tls
 from distfusion.worker.head_parts import HeadPart, head_parts
 from distfusion.worker.memory import spark_memory_per_task_bytes
+from distfusion.worker.spark_codec import StageRecord, TaskRecord
 from distfusion.worker.spark_connect_tasks import (
     BATCHES,
     CLEANED,
@@ -114,10 +114,14 @@ from distfusion.worker.spark_connect_tasks import (
     ROUND_ARROW,
     ROUND_SCHEMA,
     SCHEMA,
-    entry,
-    mapper,
+    control,
     nothing,
+    run_head,
+    run_parts,
+    run_table_task,
+    run_task,
 )
+from distfusion.worker.spark_entries import mapper
 from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, DataPlaneAccess
 
 __all__ = ["SparkConnectRuntime", "connect_session"]
@@ -147,52 +151,6 @@ def executors_next_to_client(master: str | None, host: str) -> bool:
 def _tag(text: str) -> str:
     """``text`` as a Spark job tag: no commas (Spark's separator), no runs of blanks."""
     return _TAG_UNSAFE.sub(" ", text).strip()[:200]
-
-
-class _ProgressHandler:
-    """Registered on the session (``registerProgressHandler``): progress of this runtime's jobs.
-
-    The client calls it in the thread running a job; :meth:`running` says
-    which query that thread runs a job for.
-    """
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self.inflight: dict[str, int] = {}  # operation id -> tasks running now
-
-    @contextlib.contextmanager
-    def running(self, run: _ConnectFlightQuery):
-        previous = getattr(self._local, "run", None)
-        self._local.run = run
-        try:
-            yield
-        finally:
-            self._local.run = previous
-
-    def __call__(self, stages, inflight_tasks, operation_id, done) -> None:
-        run = getattr(self._local, "run", None)
-        if run is None or not operation_id:
-            return
-        stages = list(stages or ())
-        total = sum(s.num_tasks for s in stages)
-        completed = sum(s.num_completed_tasks for s in stages)
-        with self._lock:
-            run.operations[operation_id] = (completed, total)
-            if done:
-                self.inflight.pop(operation_id, None)
-            else:
-                self.inflight[operation_id] = inflight_tasks
-
-    def ended(self, run: _ConnectFlightQuery) -> None:
-        """``run``'s job returned, failed or was interrupted: none of its tasks runs now.
-
-        An interrupted job's last report may still count running tasks (no
-        report says it is done).
-        """
-        with self._lock:
-            for operation_id in run.operations:
-                self.inflight.pop(operation_id, None)
 
 
 class SparkConnectRuntime(SparkRuntime):
@@ -293,7 +251,7 @@ class SparkConnectRuntime(SparkRuntime):
         self.task_max_failures = int(self._conf["spark.task.maxFailures"] or task_max_failures)
         self._slots: tuple[int, float] = (0, 0.0)  # (slots, monotonic time asked)
         self._cleanups: list[threading.Thread] = []
-        self.progress_handler = _ProgressHandler()
+        self.progress_handler = ProgressHandler()
         with contextlib.suppress(Exception):  # a client without progress reports
             spark.registerProgressHandler(self.progress_handler)
         if head_on_client is None:
@@ -376,8 +334,7 @@ class SparkConnectRuntime(SparkRuntime):
 
     def start_query(self, query_id: str) -> QueryRun:
         """Start query ``query_id`` (a :class:`~distfusion.coordinator.query_run.QueryRun`)."""
-        query = _ConnectClientHeadQuery if self.head_on_client else _ConnectFlightQuery
-        return query(self, query_id)
+        return _ConnectFlightQuery(self, query_id)
 
     def executor_worker_args(self) -> tuple[str, str | None, tuple, int, None]:
         """``(bind host, advertised host, access, task memory, None)`` for executor workers.
@@ -428,7 +385,7 @@ class SparkConnectRuntime(SparkRuntime):
         """
         fn = mapper(
             [(-1, -1)],
-            entry("control"),
+            control,
             False,
             self.access.plain(),
             action,
@@ -580,6 +537,12 @@ class _ConnectFlightQuery(SparkFlightQuery):
     starts Spark work differently, and asks the executors' workers through
     jobs (:meth:`SparkConnectRuntime.control`) where the classic run calls
     them from the driver.
+
+    With ``head_on_client`` (:attr:`reaches_workers`), the head reads the
+    executors' outputs from this client, and the client asks and frees the
+    executors' workers directly, as on a classic session: no Spark job for
+    the head, for lost outputs or for the cleanup. Its rounds of tasks are
+    Connect jobs as for any Connect query.
     """
 
     runtime: SparkConnectRuntime
@@ -593,6 +556,8 @@ class _ConnectFlightQuery(SparkFlightQuery):
             int, tuple
         ] = {}  # stage id -> (DataFrame, read schema) of its Spark table
         self._beyond: dict[int, set[int]] = {}  # stage -> tasks past its DataFrame's partitions
+        self.reaches_workers = runtime.head_on_client
+        """Whether this client reaches the executors' workers (``head_on_client``)."""
         super().__init__(runtime, query_id)
 
     # ------------------------------------------------------------ hooks
@@ -604,8 +569,11 @@ class _ConnectFlightQuery(SparkFlightQuery):
         return sum(d for d, _ in ops), sum(t for _, t in ops)
 
     def _cancel_on_workers(self, urls: list[str]) -> None:
-        """Noted: one job tells them all when the run is forgotten (:meth:`_forget`)."""
-        self._to_cancel.update(urls)
+        """Told from here when it reaches them, else noted: one job tells them all (``_forget``)."""
+        if self.reaches_workers:
+            super()._cancel_on_workers(urls)
+        else:
+            self._to_cancel.update(urls)
 
     def _forget(self) -> None:
         super()._forget()
@@ -627,10 +595,20 @@ class _ConnectFlightQuery(SparkFlightQuery):
         return False
 
     def _before_head(self) -> None:
-        """Nothing asked: outputs lost since they ran are found when the head fails."""
+        """Lost outputs computed again when this client reaches the workers (classic).
+
+        Otherwise nothing is asked: outputs lost since they ran are found when the head fails.
+        """
+        if self.reaches_workers:
+            super()._before_head()
 
     def _lost_workers(self) -> set[str]:
-        """Workers holding outputs of this query that no longer answer (one Spark job)."""
+        """Workers holding outputs of this query that no longer answer.
+
+        Asked from here when this client reaches them (classic), else by one Spark job.
+        """
+        if self.reaches_workers:
+            return super()._lost_workers()
         urls = sorted(set(self.placement.values()))
         if not urls:
             return set()
@@ -645,6 +623,9 @@ class _ConnectFlightQuery(SparkFlightQuery):
     def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
         """Run the stages not run yet, then the head stage as a one-task Spark job.
 
+        When this client reaches the workers, the head runs here instead,
+        reading them (:meth:`WorkerQueryRun.stream_head`).
+
         The head task reads its inputs over Flight on an executor and its
         batches come back through the Connect client as they are sent; once
         the last one is out, it cancels the query on every worker. Before its
@@ -657,6 +638,14 @@ class _ConnectFlightQuery(SparkFlightQuery):
             TaskError: a task or the head failed.
             TransportError: Spark failed a job.
         """
+        if self.reaches_workers:
+            try:
+                self._refuse_feeds(graph)
+            except PlanningError:
+                self.close()
+                raise
+            yield from super().stream_head(graph)
+            return
         try:
             self._refuse_feeds(graph)
             plan = self._head_plan(graph)
@@ -767,17 +756,14 @@ class _ConnectFlightQuery(SparkFlightQuery):
         """
         slots = self.runtime.num_workers()
         worker_args = self.runtime.executor_worker_args()
-        stages: dict[int, tuple] = {}
-        plain: list[tuple[int, int, int]] = []  # (stage, task, attempt), by Spark partition
+        stages: dict[int, StageRecord] = {}
+        plain: list[TaskRecord] = []  # by Spark partition
         on_frames: dict[int, dict[int, int]] = {}  # Spark table stage -> {task: attempt}
         for sid, t in tasks:
             stage = self._stages[sid]
             scan = spark_scan(stage)
             if sid not in stages:
-                threads = task_threads(self.target_partitions, stage.num_tasks, slots)
-                table = scan.source.name if scan is not None else None
-                inputs = self._input_workers(stage)
-                stages[sid] = (by_value(stage), inputs, threads, self._memory, table)
+                stages[sid] = self.stage_record(stage, slots)
             if scan is not None and t not in self._beyond.get(sid, ()):
                 on_frames.setdefault(sid, {})[t] = attempts[(sid, t)]
             else:
@@ -786,7 +772,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
         if plain:
             fn = mapper(
                 [(sid, t) for sid, t, _ in plain],
-                entry("run_task"),
+                run_task,
                 False,
                 self.query_id,
                 plain,
@@ -800,10 +786,9 @@ class _ConnectFlightQuery(SparkFlightQuery):
             frame, read_schema = self._frame(self._stages[sid])
             fn = mapper(
                 [(sid, t) for t in range(self._stages[sid].num_tasks)],
-                entry("run_table_task"),
+                run_table_task,
                 True,
                 self.query_id,
-                sid,
                 wanted,
                 stages[sid],
                 worker_args,
@@ -850,7 +835,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
         records = [(attempt, part.to_json()) for attempt, part in pending]
         job = mapper(
             [(sid, p.index) for _, p in pending],
-            entry("run_parts"),
+            run_parts,
             False,
             records,
             access,
@@ -881,7 +866,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
             urls = sorted(set(self.placement.values()) | self._used | self._to_cancel)
             job = mapper(
                 [(sid, 0)],
-                entry("run_head"),
+                run_head,
                 False,
                 self.query_id,
                 attempt,
@@ -931,35 +916,6 @@ class _ConnectFlightQuery(SparkFlightQuery):
             self._recoveries += 1
             self._run_lost_again(lost)
             part = head_parts(self._head_plan(graph), graph.head, split=False)[0]
-
-
-class _ConnectClientHeadQuery(_ConnectFlightQuery):
-    """A Connect query whose head runs on this client (``head_on_client``).
-
-    Its rounds of tasks are Connect jobs as for any Connect query; the head
-    reads the executors' outputs from here, and the client asks and frees
-    the executors' workers directly, as on a classic session: no Spark job
-    for the head, for lost outputs or for the cleanup.
-    """
-
-    _before_head = SparkFlightQuery._before_head
-    _lost_workers = SparkFlightQuery._lost_workers
-    _cancel_on_workers = WorkerQueryRun._cancel_on_workers
-
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
-        """:meth:`WorkerQueryRun.stream_head` here; a graph reading a work unit feed is refused.
-
-        Raises:
-            PlanningError: the graph reads a work unit feed.
-            QueryCancelledError: the run was closed.
-            TaskError: a task or the head failed.
-        """
-        try:
-            self._refuse_feeds(graph)
-        except PlanningError:
-            self.close()
-            raise
-        yield from WorkerQueryRun.stream_head(self, graph)
 
 
 def _gave_up(err: TaskError, attempts: int) -> TaskError:

@@ -11,7 +11,9 @@ and :func:`stream_arrow`.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
@@ -20,6 +22,7 @@ import pyarrow as pa
 
 __all__ = [
     "FileScan",
+    "ProgressHandler",
     "collect_arrow",
     "explain_text",
     "file_scan",
@@ -43,7 +46,7 @@ def explain_text(df, mode: str = "extended") -> str:
     Raises:
         Exception: Spark cannot analyze ``df`` (its error).
     """
-    return df._explain_string(mode=mode)
+    return df._explain_string(mode=mode)  # noqa: SLF001 (the Connect client's explain(), as text)
 
 
 @dataclass(frozen=True)
@@ -179,14 +182,66 @@ def collect_arrow(df) -> pa.Table:
     The client's own call (no second round trip for the schema, which
     ``toArrow()`` makes first).
     """
-    client = df._session.client
-    table, _, _ = client.to_table(df._plan.to_proto(client), df._plan.observations)
+    # The Connect client's own calls: pyspark has no public one returning Arrow as sent.
+    client = df._session.client  # noqa: SLF001
+    plan = df._plan  # noqa: SLF001
+    table, _, _ = client.to_table(plan.to_proto(client), plan.observations)
     return table
 
 
 def stream_arrow(df) -> Iterator[pa.Table]:
     """Run Connect DataFrame ``df``; its rows as Arrow tables, as the server sends them."""
-    client = df._session.client
-    for item in client.to_table_as_iterator(df._plan.to_proto(client), df._plan.observations):
+    client = df._session.client  # noqa: SLF001 (see collect_arrow)
+    plan = df._plan  # noqa: SLF001
+    for item in client.to_table_as_iterator(plan.to_proto(client), plan.observations):
         if isinstance(item, pa.Table):
             yield item
+
+
+class ProgressHandler:
+    """Registered on a Connect session (``registerProgressHandler``): progress of a runtime's jobs.
+
+    The client calls it in the thread running a job; :meth:`running` says
+    which query run (its ``operations``: Connect operation -> ``(done, tasks)``)
+    that thread runs a job for.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.inflight: dict[str, int] = {}  # operation id -> tasks running now
+
+    @contextlib.contextmanager
+    def running(self, run):
+        """The calling thread runs a job of query run ``run`` inside the block."""
+        previous = getattr(self._local, "run", None)
+        self._local.run = run
+        try:
+            yield
+        finally:
+            self._local.run = previous
+
+    def __call__(self, stages, inflight_tasks, operation_id, done) -> None:
+        """A progress report of the client: the running query's operation counts its tasks."""
+        run = getattr(self._local, "run", None)
+        if run is None or not operation_id:
+            return
+        stages = list(stages or ())
+        total = sum(s.num_tasks for s in stages)
+        completed = sum(s.num_completed_tasks for s in stages)
+        with self._lock:
+            run.operations[operation_id] = (completed, total)
+            if done:
+                self.inflight.pop(operation_id, None)
+            else:
+                self.inflight[operation_id] = inflight_tasks
+
+    def ended(self, run) -> None:
+        """``run``'s job returned, failed or was interrupted: none of its tasks runs now.
+
+        An interrupted job's last report may still count running tasks (no
+        report says it is done).
+        """
+        with self._lock:
+            for operation_id in run.operations:
+                self.inflight.pop(operation_id, None)

@@ -103,7 +103,8 @@ def spark_input(sc, stage: Stage, scan: SourceScan):
     max_records = int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
     try:
         read_schema = spark_arrow_schema(df.schema, time_zone)
-        jrdd = df.coalesce(stage.num_tasks)._jdf.toArrowBatchRdd(
+        # The JVM Dataset's Arrow batches (what toArrow() collects): no public PySpark API.
+        jrdd = df.coalesce(stage.num_tasks)._jdf.toArrowBatchRdd(  # noqa: SLF001
             max_records, time_zone, False, False
         )
     except Exception as exc:

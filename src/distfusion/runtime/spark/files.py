@@ -79,7 +79,8 @@ def s3_store_from_hadoop(spark, bucket: str) -> object_store.AmazonS3:
                 return None
 
     else:
-        setting = spark.sparkContext._jsc.hadoopConfiguration().get
+        # pyspark exposes no Hadoop configuration: the JVM context's
+        setting = spark.sparkContext._jsc.hadoopConfiguration().get  # noqa: SLF001
 
     def get(key: str) -> str | None:
         value = setting(f"fs.s3a.bucket.{bucket}.{key}") or setting(f"fs.s3a.{key}")

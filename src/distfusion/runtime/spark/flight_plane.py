@@ -42,7 +42,14 @@ from distfusion.runtime.spark.jobs import (
 )
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.worker.head_parts import HeadPart
-from distfusion.worker.spark_tasks import EXECUTOR_QUERY_TTL_S, task_function
+from distfusion.worker.spark_codec import StageRecord, TaskRecord, stage_record
+from distfusion.worker.spark_entries import task_function
+from distfusion.worker.spark_tasks import (
+    EXECUTOR_QUERY_TTL_S,
+    run_flight_table_task,
+    run_flight_task,
+    run_head_part,
+)
 from distfusion.write import WriteSpec, write_part
 
 log = logging.getLogger(__name__)
@@ -90,7 +97,7 @@ class SparkFlightQuery(WorkerQueryRun):
         self.runtime = runtime
         self.sc = runtime.sc
         self.group = job_group(query_id)
-        runtime._live_runs[query_id] = self
+        runtime.track_run(self)
         # Executors cannot be pushed to: tasks pull their feed partitions from the
         # driver's endpoint; a retried attempt replays its partition.
         self.feeds = QueryFeeds(query_id, on_error=lambda err: self.close(), replayable=True)
@@ -148,10 +155,7 @@ class SparkFlightQuery(WorkerQueryRun):
 
     def _forget(self) -> None:
         self._keepalive.set()
-        self.runtime._live_runs.pop(self.query_id, None)
-        self.runtime.held_results.pop(self.query_id, None)
-        if self.runtime._feed_endpoint is not None:
-            self.runtime._feed_endpoint.forget(self.query_id)
+        self.runtime.forget_query(self.query_id)
         # failed attempts, cancelled jobs
         self._cancel_on_workers(sorted(self._used - set(self.placement.values())))
         self.transport.forget_query(self.query_id)
@@ -326,68 +330,61 @@ class SparkFlightQuery(WorkerQueryRun):
     ) -> list[tuple[tuple[int, int], TaskError]]:
         """One Spark job running ``tasks``; records where each ran; returns the failed ones.
 
-        Tasks of a stage reading a Spark table run over the DataFrame's
-        partitions (:func:`spark_input`), the others over their plans
+        Every task travels in the one Spark task encoding
+        (:mod:`~distfusion.worker.spark_codec`): its stage's record once in the
+        job's closure, the task as ``(stage, task, attempt)``. Tasks of a stage
+        reading a Spark table run over the DataFrame's partitions
+        (:func:`spark_input`), the others over their task records
         (``parallelize``); all in one job (a union), except a stage reading a
         Spark table with only some of its tasks to run (a retry), which runs
         those partitions only, in a job of its own (``SparkContext.runJob``).
         """
         self._check_open()
         slots = self.runtime.num_workers()
-        plain: list[tuple[int, int]] = []
-        plain_plans = []
-        spark_plans: dict[int, dict[int, tuple[int, str]]] = {}
+        plain: list[TaskRecord] = []  # by Spark partition
+        on_tables: dict[int, dict[int, int]] = {}  # Spark table stage -> {task: attempt}
+        stages: dict[int, StageRecord] = {}
         description = self.observer.description(list(dict.fromkeys(sid for sid, _ in tasks)))
         stage_ids = ", ".join(str(sid) for sid in dict.fromkeys(sid for sid, _ in tasks))
         with CallSite(self.sc, self.group, description):  # an adaptive DataFrame runs here
             for sid, t in tasks:
                 stage = self._stages[sid]
-                threads = task_threads(self.target_partitions, stage.num_tasks, slots)
-                plan = TaskPlan.for_task(
-                    self.query_id,
-                    stage,
-                    t,
-                    self._input_workers(stage),
-                    threads,
-                    keep_output=True,
-                    memory_per_task_bytes=self._memory,
-                )
-                record = (attempts[(sid, t)], plan.to_json())
+                if sid not in stages:
+                    stages[sid] = self.stage_record(stage, slots)
                 scan = spark_scan(stage)
                 if scan is not None and t < self._spark_input(stage, scan)[1]:
-                    spark_plans.setdefault(sid, {})[t] = record
-                    continue
-                plain.append((sid, t))
-                plain_plans.append(record if scan is None else (*record, scan.source.name))
+                    on_tables.setdefault(sid, {})[t] = attempts[(sid, t)]
+                else:
+                    plain.append((sid, t, attempts[(sid, t)]))
             whole, partial = [], []
-            # Each stage's UDFs and stores, with the closure (task plan JSON carries none);
-            # pickled here, loaded in the task: an executor without distfusion then fails
-            # in the task, which says so, not while Spark loads the closure.
-            sessions = by_value({sid: self._stages[sid].session for sid, _ in tasks})
+            worker_args = self.runtime.executor_worker_args()
             if plain:
                 fn = task_function(
-                    plain, "_run_flight_task", sessions, *self.runtime.executor_worker_args()
+                    [(sid, t) for sid, t, _ in plain],
+                    run_flight_task,
+                    self.query_id,
+                    {sid: stages[sid] for sid in dict.fromkeys(sid for sid, _, _ in plain)},
+                    *worker_args,
                 )
-                rdd = self.sc.parallelize(plain_plans, len(plain_plans)).mapPartitionsWithIndex(fn)
+                rdd = self.sc.parallelize(plain, len(plain)).mapPartitionsWithIndex(fn)
                 whole.append(rdd)
-            for sid, plans in spark_plans.items():
+            for sid, wanted in on_tables.items():
                 stage = self._stages[sid]
-                scan = spark_scan(stage)
-                arrow, parts, read_schema = self._spark_input(stage, scan)
+                arrow, parts, read_schema = self._spark_input(stage, spark_scan(stage))
                 fn = task_function(
                     [(sid, t) for t in range(parts)],
-                    "_run_flight_spark_task",
-                    plans,
-                    scan.source.name,
+                    run_flight_table_task,
+                    self.query_id,
+                    wanted,
+                    stages[sid],
                     read_schema,
-                    sessions,
-                    *self.runtime.executor_worker_args(),
+                    *worker_args,
                 )
                 rdd = arrow.mapPartitionsWithIndex(fn)
-                if len(plans) == parts:
+                if len(wanted) == parts:
                     whole.append(rdd)
                 else:
-                    partial.append((rdd, sorted(plans)))
+                    partial.append((rdd, sorted(wanted)))
             self._running = True
             self.runtime.used_workers()
             results = []
@@ -407,6 +404,23 @@ class SparkFlightQuery(WorkerQueryRun):
             finally:
                 self._running = False
         return self._task_results(results)
+
+    def stage_record(self, stage: Stage, slots: int) -> StageRecord:
+        """``stage``'s record for a Spark job (:func:`~distfusion.worker.spark_codec.stage_record`).
+
+        Pickled by value with its session (the query's UDFs and object
+        stores); its inputs where their tasks ran; ``slots``: the task slots
+        its tasks share.
+        """
+        scan = spark_scan(stage)
+        return stage_record(
+            by_value(stage),
+            self._input_workers(stage),
+            task_threads(self.target_partitions, stage.num_tasks, slots),
+            self._memory,
+            scan.source.name if scan is not None else None,
+            keep_output=True,
+        )
 
     def _task_results(self, results: list) -> list[tuple[tuple[int, int], TaskError]]:
         """Record where each task of a round ran and what it made; return the failed ones.
@@ -497,7 +511,7 @@ class SparkFlightQuery(WorkerQueryRun):
         sid = graph.head.stage_id
         access, budget, threads = self.part_args(graph, parts)
         job = task_function(
-            [(sid, p.index) for _, p in pending], "run_head_part", access, budget, threads, fn
+            [(sid, p.index) for _, p in pending], run_head_part, access, budget, threads, fn
         )
         rdd = self.sc.parallelize(pending, len(pending)).mapPartitionsWithIndex(job)
         rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")

@@ -73,17 +73,18 @@ class CallSite:
 
         self.sc.setJobGroup(self.group, self.description, True)
         self.sc.setLocalProperty("callSite.long", self.description)
-        if SCCallSiteSync._spark_stack_depth == 0:
-            self.sc._jsc.setCallSite(self.description)
-        SCCallSiteSync._spark_stack_depth += 1
+        # PySpark's own call-site depth and JVM context: no public API sets the call site.
+        if SCCallSiteSync._spark_stack_depth == 0:  # noqa: SLF001
+            self.sc._jsc.setCallSite(self.description)  # noqa: SLF001
+        SCCallSiteSync._spark_stack_depth += 1  # noqa: SLF001
         return self
 
     def __exit__(self, *exc) -> None:
         from pyspark.traceback_utils import SCCallSiteSync  # optional dependency
 
-        SCCallSiteSync._spark_stack_depth -= 1
-        if SCCallSiteSync._spark_stack_depth == 0:
-            self.sc._jsc.setCallSite(None)
+        SCCallSiteSync._spark_stack_depth -= 1  # noqa: SLF001
+        if SCCallSiteSync._spark_stack_depth == 0:  # noqa: SLF001
+            self.sc._jsc.setCallSite(None)  # noqa: SLF001
         self.sc.setLocalProperty("callSite.long", None)
 
 

@@ -291,7 +291,7 @@ class SparkRuntime:
         return (
             not is_connect_session(spark)
             and self.sc is spark.sparkContext
-            and self.sc._jsc is not None
+            and self.sc._jsc is not None  # noqa: SLF001 (pyspark: None once the context stopped)
         )
 
     flight_wave_bytes_per_task = 2 * 1024 * 1024 * 1024
@@ -527,6 +527,22 @@ class SparkRuntime:
         if self.sc.master.startswith("local"):
             return "127.0.0.1", None, self.access.plain(), self.memory_per_task_bytes, driver
         return "0.0.0.0", None, self.access.plain(), self.memory_per_task_bytes, driver
+
+    def track_run(self, run: SparkFlightQuery) -> None:
+        """``run`` runs until :meth:`forget_query`: started workers and panics reach it."""
+        self._live_runs[run.query_id] = run
+
+    def forget_query(self, query_id: str) -> None:
+        """Query ``query_id`` ended: forget its run, its held result, its feeds and bytes held."""
+        self._live_runs.pop(query_id, None)
+        self.held_results.pop(query_id, None)
+        self._held.pop(query_id, None)
+        if self._feed_endpoint is not None:
+            self._feed_endpoint.forget(query_id)
+
+    def hold_bytes(self, query_id: str, nbytes: int) -> None:
+        """Query ``query_id`` holds ``nbytes`` more of stage outputs on the driver (``stats``)."""
+        self._held[query_id] = self._held.get(query_id, 0) + nbytes
 
     def _executor_started(self, url: str, query_id: str) -> bool:
         """An executor's Flight worker at ``url`` started for a task of ``query_id``.

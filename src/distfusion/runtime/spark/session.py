@@ -126,7 +126,8 @@ def stop_session(spark, wait_s: float = 5.0) -> None:
     until another root is made in the same directory. Waits up to ``wait_s``
     seconds for the JVM's child processes to end first.
     """
-    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    gateway = spark.sparkContext._gateway  # noqa: SLF001 (the JVM's process: no public API)
+    proc = getattr(gateway, "proc", None)
     workers = _descendants(proc.pid) if proc is not None else set()
     spark.stop()
     deadline = time.monotonic() + wait_s

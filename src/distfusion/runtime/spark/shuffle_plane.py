@@ -27,7 +27,8 @@ the same partitioner (Spark's ``PartitionerAwareUnionRDD``), each record tagged
 with its input's index. Spark does the scheduling, the retries of
 failed task attempts and the shuffle storage; distfusion executes each task's
 fragment natively with DataFusion inside the Spark task
-(:func:`distfusion.worker.spark_tasks._run_task`).
+(:func:`distfusion.worker.spark_tasks.run_shuffle_task`), each task
+described by the one Spark task encoding (:mod:`distfusion.worker.spark_codec`).
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ from distfusion.runtime.spark.jobs import (
 from distfusion.stages import BROADCAST, Stage, StageGraph, StageInput
 from distfusion.worker.execute_task import run_task, stream_head_stage
 from distfusion.worker.memory import TaskMemory
+from distfusion.worker.spark_codec import stage_record
+from distfusion.worker.spark_entries import task_function
 from distfusion.worker.spark_records import decode_records, output_records, partition_stats
-from distfusion.worker.spark_tasks import task_function
+from distfusion.worker.spark_tasks import run_shuffle_task
 
 
 class SparkShuffleQuery:
@@ -124,7 +127,8 @@ class SparkShuffleQuery:
         shuffled = [s.stage_id for s in stages if s.output.kind != BROADCAST]
         with self._named(shuffled):
             dependencies = [self._shuffle_dependency(self._shuffled(sid)) for sid in shuffled]
-            futures = [self.sc._jsc.sc().submitMapStage(dep) for dep in dependencies]
+            # pyspark has no submitMapStage: the JVM SparkContext's
+            futures = [self.sc._jsc.sc().submitMapStage(d) for d in dependencies]  # noqa: SLF001
         for future in futures:
             self._spark_call(future.get)
         self.ran.update(stage_ids)
@@ -163,15 +167,13 @@ class SparkShuffleQuery:
         self.closed = True
         self.feeds.close()
         self._report_metrics()
-        if self.runtime._feed_endpoint is not None:
-            self.runtime._feed_endpoint.forget(self.query_id)
         if not self.finished:
             self.sc.cancelJobGroup(self.group)
         for b in self.broadcasts.values():
             b.destroy()
         for rdd in self.persisted:
             rdd.unpersist()
-        self.runtime._held.pop(self.query_id, None)
+        self.runtime.forget_query(self.query_id)
         self.sc.setLocalProperty("spark.jobGroup.id", None)
 
     # ------------------------------------------------------------------ driver
@@ -238,8 +240,7 @@ class SparkShuffleQuery:
 
     def _hold(self, nbytes: int) -> None:
         self._check_open()
-        held = self.runtime._held
-        held[self.query_id] = held.get(self.query_id, 0) + nbytes
+        self.runtime.hold_bytes(self.query_id, nbytes)
 
     def _check_open(self) -> None:
         """Raise when :meth:`close` ran (from another thread) while this run worked.
@@ -289,7 +290,8 @@ class SparkShuffleQuery:
         PySpark's ``partitionBy`` returns ``valueOfPair(ShuffledRDD)``: a
         one-to-one child of the ``ShuffledRDD``, whose one dependency is the shuffle.
         """
-        return shuffled._jrdd.rdd().dependencies().head().rdd().dependencies().head()
+        jrdd = shuffled._jrdd  # noqa: SLF001 (pyspark exposes no ShuffleDependency)
+        return jrdd.rdd().dependencies().head().rdd().dependencies().head()
 
     def _stage_rdd(self, stage_id: int):
         """The RDD of ``stage_id``'s output records, built once per graph (it has not run)."""
@@ -327,14 +329,17 @@ class SparkShuffleQuery:
             base = self.sc.parallelize(range(stage.num_tasks), stage.num_tasks)
         if has_feeds(stage):
             stage = self.feeds.serve(self.runtime.feed_endpoint(), stage)
+        threads = task_threads(
+            self.runtime.target_partitions, stage.num_tasks, self.runtime.target_partitions
+        )
+        table = scan.source.name if scan is not None else None
+        # The task's plan sets no memory pool (the task's own TaskMemory, below).
+        record = stage_record(by_value(stage), (), threads, None, table, keep_output=False)
         args = (
             self.query_id,
-            by_value(stage),
+            record,
             bool(read),
             broadcast,
-            task_threads(
-                self.runtime.target_partitions, stage.num_tasks, self.runtime.target_partitions
-            ),
             self.runtime.compression,
             self.acc,
             self.metrics_acc,
@@ -342,16 +347,16 @@ class SparkShuffleQuery:
         )
         tasks = [(stage_id, t) for t in range(stage.num_tasks)]
         if scan is None:
-            rdd = base.mapPartitionsWithIndex(task_function(tasks, "_run_task", *args))
+            rdd = base.mapPartitionsWithIndex(task_function(tasks, run_shuffle_task, *args))
         else:
             # Over the DataFrame's partitions; tasks past them read an empty one.
             arrow, parts, read_schema = spark_input(self.sc, stage, scan)
-            table = scan.source.name
             spark = (table, read_schema, 0, False)
-            rdd = arrow.mapPartitionsWithIndex(task_function(tasks, "_run_task", *args, spark))
+            rdd = arrow.mapPartitionsWithIndex(task_function(tasks, run_shuffle_task, *args, spark))
             if parts < stage.num_tasks:
                 rest = stage.num_tasks - parts
-                fn = task_function(tasks[parts:], "_run_task", *args, (table, None, parts, True))
+                empty = (table, None, parts, True)
+                fn = task_function(tasks[parts:], run_shuffle_task, *args, empty)
                 pad = self.sc.parallelize(range(rest), rest).mapPartitionsWithIndex(fn)
                 rdd = self.sc.union([rdd, pad])
         rdd.setName(f"distfusion {self.query_id[:8]} stage {stage_id}")
