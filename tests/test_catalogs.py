@@ -145,6 +145,16 @@ def test_iceberg_catalog_tables_read_and_insert_by_name(runtime_name, runtime_fo
     assert _sorted(again) == expected
 
 
+def test_table_takes_a_catalog_name(runtime_for, tmp_path):
+    catalog = _iceberg(tmp_path)
+    ctx = _context(runtime_for("local", 3), tmp_path)
+    ctx.register_catalog("lake", catalog)
+    got = ctx.table("lake.db.orders").filter("id < 10").to_arrow_table()
+    assert _sorted(got) == _sorted(_rows(10))
+    with pytest.raises(PlanningError, match=r"lake\.db\.nope does not exist"):
+        ctx.table("lake.db.nope")
+
+
 def test_each_statement_reads_the_current_snapshot(runtime_for, tmp_path):
     catalog = _iceberg(tmp_path)
     ctx = _context(runtime_for("local", 3), tmp_path)

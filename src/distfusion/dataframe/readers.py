@@ -63,7 +63,8 @@ class Readers:
     """The first DataFrames of a :class:`~distfusion.context.DistributedContext` (a mixin).
 
     The class using it has ``ctx`` (its DataFusion ``SessionContext``),
-    ``_marker`` (:func:`mark_session`'s name), the ``register_*`` methods, and
+    ``_marker`` (:func:`mark_session`'s name), the ``register_*`` methods,
+    ``_catalog_table`` (a mounted catalog's table by name), and
     ``_frame(df, label)`` (a distributed DataFrame of this context around
     DataFusion's ``df``). Readers register their input under a generated name
     (``lineitem_<hex>`` for ``read_parquet("data/lineitem/")``, ``arrow_<hex>``;
@@ -87,10 +88,15 @@ class Readers:
     def table(self, name: str) -> Any:
         """The registered table ``name`` as a DataFrame (as DataFusion's ``SessionContext.table``).
 
+        ``name`` may be ``catalog.namespace.table`` of a catalog mounted with
+        ``register_catalog`` (loaded now, at its current version).
+
         Raises:
-            PlanningError: no table ``name`` (DataFusion's message).
+            PlanningError: no table ``name`` (DataFusion's message, or the
+                catalog's: see :mod:`distfusion.table_write.catalogs`).
         """
         self._reread_memory_tables()
+        name = self._catalog_table(name)
         try:
             df = self.ctx.table(name)
         except Exception as exc:  # DataFusion's bare Exception

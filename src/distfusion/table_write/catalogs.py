@@ -174,6 +174,20 @@ class CatalogMounts:
             self._load_catalog_table(*n)
         return None, rewrite_names(sql, names)
 
+    def _catalog_table(self, name: str) -> str:
+        """``name`` as the context knows it: ``lake.db.t`` loaded, as ``"lake.db.t"``; else as is.
+
+        For :meth:`~distfusion.context.DistributedContext.table`.
+
+        Raises:
+            PlanningError: as for a statement naming the table.
+        """
+        names = find_names(name, self._mounted.catalogs)
+        if len(names) != 1 or names[0].start != 0 or names[0].end != len(name.rstrip()):
+            return name
+        self._load_catalog_table(*names[0].parts)
+        return sql_name(internal_name(*names[0].parts))
+
     # ------------------------------------------------------------- loading
     def _load_catalog_table(self, catalog: str, namespace: str, table: str) -> None:
         """Register ``catalog.namespace.table`` at its current version (when it changed)."""
