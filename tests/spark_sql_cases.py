@@ -85,6 +85,12 @@ CASES = [
         "ORDER BY ... LIMIT over a nullable key", "SELECT d FROM sem ORDER BY d LIMIT 2", "native"
     ),
     Case(
+        "ORDER BY ... NULLS LAST / DESC NULLS FIRST",
+        "SELECT i, s, sum(i) OVER (ORDER BY i NULLS LAST, s ROWS 1 PRECEDING) AS w "
+        "FROM sem ORDER BY s DESC NULLS FIRST, i NULLS LAST",
+        "native",
+    ),
+    Case(
         "`/` on integers", "SELECT i, i / 2 AS h, b / i FROM sem ORDER BY i", "native", "a double"
     ),
     Case(
@@ -131,6 +137,12 @@ CASES = [
         "native",
     ),
     Case("ROLLUP", "SELECT s, sum(i) FROM sem GROUP BY ROLLUP(s) ORDER BY s, 2", "native"),
+    Case(
+        "CUBE, GROUPING SETS, WITH ROLLUP, grouping()",
+        "SELECT s, i, sum(b), grouping(s) FROM sem GROUP BY s, i GROUPING SETS ((s), (s, i), ()) "
+        "UNION ALL SELECT s, i, sum(b), grouping(i) FROM sem GROUP BY s, i WITH ROLLUP",
+        "native",
+    ),
     Case(
         "round of a decimal",
         "SELECT round(d, 1), round(d) FROM sem ORDER BY d",
@@ -202,6 +214,12 @@ CASES = [
         "UNION ALL, INTERSECT, EXCEPT",
         "SELECT i FROM sem UNION ALL SELECT i FROM sem EXCEPT SELECT 7 ORDER BY i",
         "native",
+    ),
+    Case(
+        "INTERSECT ALL, EXCEPT ALL",
+        "SELECT i FROM sem UNION ALL SELECT i FROM sem EXCEPT ALL SELECT i FROM sem",
+        "spark",
+        "DataFusion answers them as a semi / anti join",
     ),
     Case(
         "LEFT SEMI / ANTI JOIN",
@@ -332,8 +350,14 @@ CASES = [
         "a subquery with explode in its select list",
     ),
     Case(
-        "LATERAL VIEW OUTER, posexplode",
+        "LATERAL VIEW OUTER explode over one table",
         "SELECT i, x FROM sem LATERAL VIEW OUTER explode(ai) v AS x",
+        "native",
+        "a NULL or empty array gives one row with a NULL",
+    ),
+    Case(
+        "posexplode",
+        "SELECT i, posexplode(ai) FROM sem",
         "spark",
     ),
     Case(

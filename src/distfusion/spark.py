@@ -94,6 +94,7 @@ from datafusion import AggregateUDF, WindowUDF, col
 
 from distfusion import delta, object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
+from distfusion.coordinator.checks import check_coordinator_reads
 from distfusion.coordinator.results import ResultStream, named
 from distfusion.errors import PlanningError, SparkSemanticsError
 from distfusion.runtime.spark import (
@@ -597,7 +598,17 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    return SparkDataFrame(ctx, df, spark, query, expected)
+    result = SparkDataFrame(ctx, df, spark, query, expected)
+    if expected is not None and any(s is not None and s.is_spark for s in ctx.sources.values()):
+        try:  # planned now: a query only the coordinator runs cannot read Spark's rows
+            alone = result.coordinator_only()
+            if alone is not None:
+                check_coordinator_reads(result.df, ctx.sources, alone)
+        except PlanningError as exc:
+            if fallback == "error":
+                raise SparkSemanticsError(str(exc)) from exc
+            return _SparkSqlResult(ctx, spark, query, str(exc))
+    return result
 
 
 def _as_spark_batches(batches, schema: pa.Schema):

@@ -15,7 +15,8 @@ Differences each rule covers (checked against Spark in tests/spark_sql_cases.py)
 - ``explode`` in a select list: a row per element, none for a NULL or empty
   array, as DataFusion's ``unnest``. ``LATERAL VIEW explode(...)`` over one
   table becomes such a select list in a subquery
-  (:func:`without_lateral_views`).
+  (:func:`without_lateral_views`); ``LATERAL VIEW OUTER`` unnests a one-NULL
+  array in place of a NULL or empty one (one row with a NULL, as Spark).
 """
 
 from __future__ import annotations
@@ -115,9 +116,19 @@ def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
     in_select = isinstance(parent, exp.Select) or (
         isinstance(parent, exp.Alias) and isinstance(parent.parent, exp.Select)
     )
-    if not in_select or node.expressions or not _is_array(t.type_of(node.this)):
+    array = t.type_of(node.this)
+    if not in_select or node.expressions or not _is_array(array):
         raise SparkSemanticsError("explode() other than of an array in a select list")
-    unnest = _fn("unnest", node.this)
+    arg = node.this
+    if node.meta.get("outer"):  # LATERAL VIEW OUTER: a NULL row for a NULL or empty array
+        element = array.expressions[0] if array.expressions else None
+        if element is None:
+            raise SparkSemanticsError("LATERAL VIEW OUTER of an array of unknown elements")
+        _arrow_name(element, "explode")
+        has_rows = exp.GT(this=_fn("cardinality", arg.copy()), expression=exp.Literal.number(0))
+        nulls = _fn("make_array", cast_to(exp.Null(), element))
+        arg = exp.Case(ifs=[exp.If(this=has_rows, true=arg)], default=nulls)
+    unnest = _fn("unnest", arg)
     return unnest if isinstance(parent, exp.Alias) else exp.Alias(this=unnest, alias="col")
 
 
@@ -138,7 +149,7 @@ def without_lateral_views(ast: exp.Expression) -> exp.Expression:
     (Spark's ``SELECT *`` lists the table's columns, then the generated ones).
 
     Raises:
-        SparkSemanticsError: a lateral view DataFusion cannot compute so: ``OUTER``,
+        SparkSemanticsError: a lateral view DataFusion cannot compute so:
             a generator other than ``explode`` of one argument, several
             output names, a ``FROM`` with joins, or a generated name that
             is also a column name written without its table.
@@ -159,17 +170,14 @@ def without_lateral_views(ast: exp.Expression) -> exp.Expression:
         for lateral in laterals:
             gen = lateral.this
             names = lateral.args["alias"].columns if lateral.args.get("alias") else []
-            if (
-                lateral.args.get("outer")
-                or type(gen) is not exp.Explode
-                or gen.expressions
-                or len(names) > 1
-            ):
+            if type(gen) is not exp.Explode or gen.expressions or len(names) > 1:
                 raise SparkSemanticsError(
                     f"LATERAL VIEW {lateral.sql('spark')[13:60]!r}: not translated"
                 )
             name = names[0].name if names else "col"
-            inner = exp.select(exp.Star(), exp.alias_(gen.copy(), name)).from_(table)
+            gen = gen.copy()
+            gen.meta["outer"] = bool(lateral.args.get("outer"))
+            inner = exp.select(exp.Star(), exp.alias_(gen, name)).from_(table)
             table = exp.alias_(exp.Subquery(this=inner), alias, table=True)
         select.set("laterals", None)
         select.set("from_" if "from_" in select.args else "from", exp.From(this=table))

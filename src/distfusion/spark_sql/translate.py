@@ -240,8 +240,6 @@ _PASS = {
     # structure
     exp.Select,
     exp.Union,
-    exp.Intersect,
-    exp.Except,
     exp.Subquery,
     exp.With,
     exp.CTE,
@@ -671,7 +669,13 @@ _DEVIATIONS = {
 """Spark's deviation aggregates -> DataFusion's function of the same meaning."""
 
 
+_RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Lag, exp.Lead)
+
+
 def _rule_window(t: _Translator, node: exp.Window) -> exp.Expression:
+    spec = node.args.get("spec")
+    if isinstance(node.this, _RANKINGS) and spec is not None and spec.args.get("kind"):
+        raise SparkSemanticsError("a ranking function with a window frame: Spark rejects most")
     spark_type = node.this.meta.get("spark_cast") if isinstance(node.this, exp.Expression) else None
     return cast_to(node, spark_type) if spark_type is not None else node
 
@@ -890,6 +894,18 @@ def _rule_group(t: _Translator, node: exp.Group) -> exp.Expression:
     return exp.Group(expressions=[new.copy()])
 
 
+def _rule_set_all(t: _Translator, node: exp.Expression) -> exp.Expression:
+    """``EXCEPT`` / ``INTERSECT``; their ``ALL`` forms are not translated.
+
+    DataFusion 55 plans ``EXCEPT ALL`` as an anti join (no row of a value
+    the right side holds, however often the left holds it) and ``INTERSECT
+    ALL`` as a semi join (every left copy): not Spark's multiset answers.
+    """
+    if node.args.get("distinct") is False:
+        raise SparkSemanticsError(f"{node.key.upper()} ALL: DataFusion's differs from Spark's")
+    return node
+
+
 def _rule_count(t: _Translator, node: exp.Count) -> exp.Expression:
     """``count``; ``count(DISTINCT a, b)`` (rows where neither is NULL) is not translated."""
     arg = node.this
@@ -927,6 +943,8 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.Grouping: _rule_grouping,
     exp.Group: _rule_group,
     exp.Count: _rule_count,
+    exp.Except: _rule_set_all,
+    exp.Intersect: _rule_set_all,
     **{c: _rule_compare for c in _COMPARISONS},
     exp.Between: _rule_between,
     exp.In: _rule_in,
