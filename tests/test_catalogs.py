@@ -275,3 +275,27 @@ def test_create_table_as_makes_a_delta_table_or_nothing(runtime_for, tmp_path):
     assert not os.path.exists(tmp_path / "delta" / "new" / "u")
     with pytest.raises(PlanningError, match=r"dl\.sales\.zz does not exist.*\(orders, t\)"):
         ctx.sql("SELECT * FROM dl.sales.zz")
+
+
+def test_create_table_using_delta_location_as(runtime_for, tmp_path):
+    ctx = _context(runtime_for("local", 3), tmp_path)  # no catalog mounted
+    path = str(tmp_path / "made")
+    ctx.sql(
+        f"CREATE TABLE made USING delta PARTITIONED BY (p) LOCATION '{path}' AS SELECT * FROM src"
+    )
+    dt = DeltaTable(path)
+    assert dt.version() == 0 and dt.metadata().partition_columns == ["p"]
+    assert _sorted(dt.to_pyarrow_table().select(["id", "p", "x"])) == _sorted(_rows(ROWS, 1000))
+    assert ctx.sql("SELECT count(*) AS n FROM made").to_pylist() == [{"n": ROWS}]
+    with pytest.raises(PlanningError, match="a Delta table is already at"):
+        ctx.sql(f"CREATE TABLE again USING delta LOCATION '{path}' AS SELECT 1 AS id")
+    ctx.sql(f"CREATE TABLE IF NOT EXISTS again USING delta LOCATION '{path}' AS SELECT 1 AS id")
+    assert DeltaTable(path).version() == 0
+    assert ctx.sql("SELECT count(*) AS n FROM again").to_pylist() == [{"n": ROWS}]
+    failed = str(tmp_path / "failed")
+    with pytest.raises(TaskError, match="boom in one task"):
+        ctx.sql(
+            f"CREATE TABLE f USING delta LOCATION '{failed}' "
+            "AS SELECT fail_at_last(id - 1000) AS id FROM src"
+        )
+    assert not os.path.exists(failed) and "f" not in ctx.table_names()

@@ -9,6 +9,7 @@ statement (``_catalog_statement``)::
     INSERT INTO lake.db.orders SELECT ...      # the same, then distfusion.table_write.sql
     CREATE TABLE lake.db.t [PARTITIONED BY (c, ...)] AS SELECT ...
     SHOW TABLES [FROM|IN lake[.db]]            # DataFusion's tables and the catalogs'
+    CREATE TABLE t USING delta [PARTITIONED BY (c)] LOCATION 'path' AS SELECT ...
 
 Registering a catalog reads nothing. A statement naming ``lake.ns.t`` loads
 that table from its catalog (pyiceberg's ``load_table``, or delta-rs for a
@@ -40,7 +41,7 @@ import pyarrow as pa
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from distfusion import object_store
+from distfusion import delta, object_store
 from distfusion.ddl import fold_identifier, sql_tokens
 from distfusion.errors import PlanningError
 from distfusion.sources import sql_name
@@ -151,6 +152,9 @@ class CatalogMounts:
                 cannot be loaded; a ``CREATE TABLE AS`` this cannot do; a
                 ``DROP`` of a catalog table (drop it through its catalog).
         """
+        at = _create_delta_at(sql)
+        if at is not None:
+            return self._create_delta_table_at(*at), sql
         mounts = self._mounted.catalogs
         if not mounts:
             return None, sql
@@ -277,6 +281,37 @@ class CatalogMounts:
                     for t in _tables(mounted, ns)
                 ]
         return self.ctx.from_arrow(pa.Table.from_pylist(rows, schema=SHOW_TABLES_SCHEMA))
+
+    # ------------------------------------------------------------- CREATE TABLE AS
+    def _create_delta_table_at(
+        self, name: str, if_not_exists: bool, partition_by: list[str], location: str, query: str
+    ) -> Any:
+        """``CREATE TABLE name USING delta LOCATION 'location' AS query``; an empty result.
+
+        The query runs distributed and its rows are version 0 of a new Delta
+        table at ``location`` (:func:`~distfusion.table_write.delta.write_delta`),
+        then registered as ``name`` (``register_delta``).
+
+        Raises:
+            PlanningError: a Delta table is already at ``location`` (without
+                ``IF NOT EXISTS``); a ``PARTITIONED BY`` column not in the query.
+        """
+        done = self.ctx.from_arrow(pa.table({}))
+        dl = delta.import_deltalake()
+        options = delta.storage_options_for(location) if object_store.is_url(location) else None
+        if object_store.is_url(location):
+            self._stores_for(location)
+        if dl.DeltaTable.is_deltatable(location, storage_options=options):
+            if if_not_exists:
+                self.register_delta(name, location)
+                return done
+            msg = f"CREATE TABLE {name}: a Delta table is already at {location}"
+            raise PlanningError(msg)
+        frame = self.sql(query)
+        _check_columns(frame.schema(), partition_by, name)
+        write_delta(frame, location, "append", partition_by or None)
+        self.register_delta(name, location)
+        return done
 
     # ------------------------------------------------------------- CREATE TABLE AS
     def _create_table_as_in_catalog(self, create: _CreateAs) -> Any:
@@ -408,6 +443,55 @@ def _create_as(sql: str, mounts: dict) -> _CreateAs | None:
         raise PlanningError(msg)
     query = sql[tokens[i].end + 1 :].strip()
     return _CreateAs(name, if_not_exists, partition_by, query)
+
+
+def _create_delta_at(sql: str) -> tuple[str, bool, list[str], str, str] | None:
+    """``CREATE TABLE [IF NOT EXISTS] t USING delta [PARTITIONED BY (c, ...)] LOCATION 'p' AS q``.
+
+    ``(t as written, if_not_exists, partition columns, location, query)``;
+    None for any other statement (``PARTITIONED BY`` and ``LOCATION`` in
+    either order, as Spark takes them).
+
+    Example:
+        >>> _create_delta_at("CREATE TABLE t USING DELTA LOCATION '/x' AS SELECT 1")
+        ('t', False, [], '/x', 'SELECT 1')
+    """
+    try:
+        tokens = sql_tokens(sql)
+    except TokenError:
+        return None
+    texts = [t.text.upper() for t in tokens]
+    if texts[:2] != ["CREATE", "TABLE"]:
+        return None
+    i = 2
+    if_not_exists = texts[i : i + 3] == ["IF", "NOT", "EXISTS"]
+    i += 3 if if_not_exists else 0
+    if i + 2 >= len(tokens) or texts[i + 1 : i + 3] != ["USING", "DELTA"]:
+        return None
+    name = sql[tokens[i].start : tokens[i].end + 1]
+    i += 3
+    partition_by: list[str] = []
+    location = None
+    while i < len(tokens) and tokens[i].token_type != TokenType.ALIAS:
+        if tokens[i].token_type == TokenType.PARTITION_BY and i + 1 < len(tokens):
+            close = next(
+                (k for k in range(i, len(tokens)) if tokens[k].token_type == TokenType.R_PAREN),
+                len(tokens) - 1,
+            )
+            partition_by += [
+                fold_identifier(t.text, t.token_type == TokenType.IDENTIFIER)
+                for t in tokens[i + 2 : close]
+                if t.token_type != TokenType.COMMA
+            ]
+            i = close + 1
+        elif texts[i] == "LOCATION" and i + 1 < len(tokens):
+            location = tokens[i + 1].text
+            i += 2
+        else:
+            return None  # another clause (OPTIONS, TBLPROPERTIES, ...): not handled here
+    if location is None or i >= len(tokens):
+        return None
+    return name, if_not_exists, partition_by, location, sql[tokens[i].end + 1 :].strip()
 
 
 def _check_columns(schema: pa.Schema, partition_by: list[str], table: str) -> None:
