@@ -299,3 +299,23 @@ def test_create_table_using_delta_location_as(runtime_for, tmp_path):
             "AS SELECT fail_at_last(id - 1000) AS id FROM src"
         )
     assert not os.path.exists(failed) and "f" not in ctx.table_names()
+
+
+def test_create_table_as_with_partition_transforms(runtime_for, tmp_path):
+    catalog = _iceberg(tmp_path)
+    ctx = _context(runtime_for("local", 3), tmp_path)
+    ctx.register_catalog("lake", catalog)
+    ctx.register_catalog("dl", _delta(tmp_path))
+    query = "SELECT id, p, CAST('2024-01-01' AS DATE) + CAST(id % 40 AS INT) AS d FROM src"
+    ctx.sql(f"CREATE TABLE lake.db.t PARTITIONED BY (days(d), truncate(2, p)) AS {query}")
+    table = catalog.load_table(("db", "t"))
+    fields = [(f.name, str(f.transform)) for f in table.spec().fields]
+    assert fields == [("d_day", "day"), ("p_trunc_2", "truncate[2]")]
+    expected = ctx.sql(query).to_arrow_table()
+    assert _sorted(table.scan().to_arrow()) == _sorted(expected)
+    assert len(table.snapshots()) == 1
+    with pytest.raises(PlanningError, match=r"bucket\(4, id\) is not supported"):
+        ctx.sql("CREATE TABLE lake.db.u PARTITIONED BY (bucket(4, id)) AS SELECT * FROM src")
+    with pytest.raises(PlanningError, match="partitions by columns only"):
+        ctx.sql(f"CREATE TABLE dl.sales.u PARTITIONED BY (days(d)) AS {query}")
+    assert not catalog.table_exists(("db", "u"))

@@ -84,10 +84,11 @@ LAZY_IMPORTS = {
     ("distfusion.table_write.sql", "deltalake"),
     ("distfusion.table_write.merge", "deltalake"),
     ("distfusion.table_write.sql", "pyiceberg.io.pyarrow"),
-    # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
     # Mounted catalogs: a pyiceberg catalog is told apart and its errors caught when used.
     ("distfusion.table_write.catalogs", "pyiceberg.catalog"),
     ("distfusion.table_write.catalogs", "pyiceberg.exceptions"),
+    ("distfusion.table_write.catalogs", "pyiceberg.transforms"),
+    # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
     ("distfusion.iceberg.filters", "pyiceberg"),
     ("distfusion.iceberg.plan_files", "pyiceberg.manifest"),
     ("distfusion.iceberg.plan_files", "pyiceberg.table"),

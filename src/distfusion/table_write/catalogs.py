@@ -80,7 +80,7 @@ class _Mounted:
 class _CreateAs:
     name: TableName
     if_not_exists: bool
-    partition_by: list[str]
+    partition_by: list[tuple[str, str, int | None]]  # (column, transform, its width)
     query: str
 
 
@@ -326,14 +326,11 @@ class CatalogMounts:
                 if create.if_not_exists:
                     return done
                 raise PlanningError(f"table {internal} already exists (a Delta table at {uri})")
+            columns = _identity_columns(create.partition_by, internal)
             frame = self.sql(create.query)
-            _check_columns(frame.schema(), create.partition_by, internal)
+            _check_columns(frame.schema(), columns, internal)
             write_delta(
-                frame,
-                uri,
-                "append",
-                create.partition_by or None,
-                storage_options=mounted.storage_options,
+                frame, uri, "append", columns or None, storage_options=mounted.storage_options
             )
             return done
         if mounted.table_exists((namespace, table)):
@@ -342,13 +339,13 @@ class CatalogMounts:
             raise PlanningError(f"table {internal} already exists in catalog {catalog!r}")
         frame = self.sql(create.query)
         schema = _iceberg_arrow_schema(frame.schema())
-        _check_columns(schema, create.partition_by, internal)
+        _check_columns(schema, [c for c, _, _ in create.partition_by], internal)
         try:
             transaction = mounted.create_table_transaction((namespace, table), schema=schema)
             if create.partition_by:
                 with transaction.update_spec() as spec:
-                    for column in create.partition_by:
-                        spec.add_identity(column)
+                    for column, transform, width in create.partition_by:
+                        spec.add_field(column, _iceberg_transform(transform, width))
             transaction.commit_transaction()
         except Exception as exc:
             msg = f"cannot create the Iceberg table {internal} in catalog {catalog!r}: {exc}"
@@ -423,17 +420,13 @@ def _create_as(sql: str, mounts: dict) -> _CreateAs | None:
         raise PlanningError(msg)
     while i < len(tokens) and tokens[i].start < name.end:
         i += 1
-    partition_by: list[str] = []
+    partition_by: list[tuple[str, str, int | None]] = []
     if i < len(tokens) and tokens[i].token_type == TokenType.PARTITION_BY:
-        close = next(
-            (k for k in range(i, len(tokens)) if tokens[k].token_type == TokenType.R_PAREN), None
-        )
-        if close is None or tokens[i + 1].token_type != TokenType.L_PAREN:
+        close = _closing(tokens, i + 1)
+        if close is None:
             return None
-        for tok in tokens[i + 2 : close]:
-            if tok.token_type == TokenType.COMMA:
-                continue
-            partition_by.append(fold_identifier(tok.text, tok.token_type == TokenType.IDENTIFIER))
+        inner = sql[tokens[i + 1].end + 1 : tokens[close].start]
+        partition_by = _partition_fields(inner, internal_name(*name.parts))
         i = close + 1
     if i >= len(tokens) or tokens[i].token_type != TokenType.ALIAS:
         msg = (
@@ -492,6 +485,133 @@ def _create_delta_at(sql: str) -> tuple[str, bool, list[str], str, str] | None:
     if location is None or i >= len(tokens):
         return None
     return name, if_not_exists, partition_by, location, sql[tokens[i].end + 1 :].strip()
+
+
+_TRANSFORMS = {
+    "identity": "identity",
+    "year": "year",
+    "years": "year",
+    "month": "month",
+    "months": "month",
+    "day": "day",
+    "days": "day",
+    "date": "day",
+    "hour": "hour",
+    "hours": "hour",
+    "truncate": "truncate",
+}
+"""``PARTITIONED BY`` functions (Spark's Iceberg DDL names and DataFusion's) -> transform.
+Not bucket: :func:`~distfusion.table_write.iceberg.write_iceberg` does not compute it yet."""
+
+
+def _closing(tokens: list, open_at: int) -> int | None:
+    """The index of the ``)`` closing the ``(`` at ``open_at``; None when there is none."""
+    if open_at >= len(tokens) or tokens[open_at].token_type != TokenType.L_PAREN:
+        return None
+    depth = 0
+    for k in range(open_at, len(tokens)):
+        if tokens[k].token_type == TokenType.L_PAREN:
+            depth += 1
+        elif tokens[k].token_type == TokenType.R_PAREN:
+            depth -= 1
+            if depth == 0:
+                return k
+    return None
+
+
+def _partition_fields(inner: str, table: str) -> list[tuple[str, str, int | None]]:
+    """``PARTITIONED BY (...)``'s fields: ``(column, transform, width)``.
+
+    A column is an identity partition; ``day(ts)``, ``days(ts)``, ``month``,
+    ``year``, ``hour`` and ``truncate(width, col)`` (or ``truncate(col,
+    width)``) are Iceberg's transforms.
+
+    Example:
+        >>> _partition_fields("p, days(ts), truncate(4, s)", "t")
+        [('p', 'identity', None), ('ts', 'day', None), ('s', 'truncate', 4)]
+
+    Raises:
+        PlanningError: a field that is none of these (named).
+    """
+    out = []
+    for item in _split_top(inner):
+        call = _CALL.fullmatch(item)
+        if call is None and _IDENT.fullmatch(item):
+            out.append((_folded(item), "identity", None))
+            continue
+        transform = _TRANSFORMS.get(call.group(1).lower()) if call else None
+        args = [a.strip() for a in call.group(2).split(",")] if call else []
+        columns = [a for a in args if _IDENT.fullmatch(a)]
+        widths = [int(a) for a in args if a.isdigit()]
+        if (
+            transform is None
+            or len(columns) != 1
+            or len(args) != 1 + (transform == "truncate")
+            or len(widths) != (transform == "truncate")
+        ):
+            msg = (
+                f"CREATE TABLE {table}: PARTITIONED BY {item} is not supported (a column, "
+                "year/month/day/hour(column), truncate(width, column))"
+            )
+            raise PlanningError(msg)
+        out.append((_folded(columns[0]), transform, widths[0] if widths else None))
+    return out
+
+
+_IDENT = re.compile(r'"(?:[^"]|"")+"|[A-Za-z_][\w$]*')
+_CALL = re.compile(r"([A-Za-z_]\w*)\s*\(\s*(.*?)\s*\)", re.DOTALL)
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` cut at its commas outside parentheses, each part stripped."""
+    parts, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:k].strip())
+            start = k + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def _folded(name: str) -> str:
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        return name[1:-1].replace('""', '"')
+    return fold_identifier(name, quoted=False)
+
+
+def _identity_columns(fields: list[tuple[str, str, int | None]], table: str) -> list[str]:
+    """The columns of identity partitions; Delta has no other (PlanningError naming it)."""
+    other = [f"{t}({c})" for c, t, _ in fields if t != "identity"]
+    if other:
+        msg = f"CREATE TABLE {table}: a Delta table partitions by columns only, not {other}"
+        raise PlanningError(msg)
+    return [c for c, _, _ in fields]
+
+
+def _iceberg_transform(transform: str, width: int | None) -> Any:
+    from pyiceberg.transforms import (
+        DayTransform,
+        HourTransform,
+        IdentityTransform,
+        MonthTransform,
+        TruncateTransform,
+        YearTransform,
+    )
+
+    if transform == "truncate":
+        return TruncateTransform(width)
+    kinds = {
+        "identity": IdentityTransform,
+        "year": YearTransform,
+        "month": MonthTransform,
+        "day": DayTransform,
+        "hour": HourTransform,
+    }
+    return kinds[transform]()
 
 
 def _check_columns(schema: pa.Schema, partition_by: list[str], table: str) -> None:
