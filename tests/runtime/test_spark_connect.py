@@ -13,8 +13,10 @@ import threading
 import time
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+import distfusion
 from distfusion import (
     DistributedConfig,
     DistributedContext,
@@ -267,4 +269,32 @@ def test_write_parquet_runs_the_head_parts_on_the_executors(ctx, runtime, tmp_pa
 
     got = pq.read_table(tmp_path / "out")
     assert_same_result(got, oracle_result(oracle, sql), ordered=False, check_types=False)
+    _nothing_held(runtime)
+
+
+def _plus_one(x: pa.Array) -> pa.Array:
+    return pc.add(x, 1)
+
+
+def test_a_udf_of_the_head_runs_in_the_head_task_and_its_parts(runtime, tmp_path):
+    """The head's plan ships with its UDFs: the head task (``run_head``) and its parts.
+
+    A head part travels pickled with its session, as a stage does
+    (:mod:`distfusion.worker.spark_codec`): its JSON carries no UDF.
+    """
+    ctx = DistributedContext(
+        runtime=runtime, config=DistributedConfig(tasks_per_stage=2, in_place_bytes=0)
+    )
+    rows = list(range(1, 9))
+    ctx.register_record_batches(
+        "t", [[pa.record_batch({"x": rows[:4]})], [pa.record_batch({"x": rows[4:]})]]
+    )
+    ctx.register_udf(distfusion.udf(_plus_one, [pa.int64()], pa.int64(), "immutable", name="f"))
+    # f in the head stage (a Spark job here: head_on_client=False), over the partial sums.
+    assert ctx.sql("SELECT f(sum(x)) AS y FROM t").to_pylist() == [{"y": sum(rows) + 1}]
+    files = ctx.sql("SELECT f(sum(x)) AS y FROM t").write_parquet(tmp_path / "out")
+    assert files
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "out").to_pylist() == [{"y": sum(rows) + 1}]
     _nothing_held(runtime)

@@ -6,7 +6,9 @@ stage a job runs once, as a *stage record* (:func:`stage_record`, plain types
 in the job's closure), and each task as a *task record* ``(stage id, task
 index, attempt)``; the executor builds the task's
 :class:`~distfusion.protocol.task_plan.TaskPlan` where it runs
-(:func:`task_plan`)::
+(:func:`task_plan`). A head part (``to_spark``, ``write_parquet``, the head on
+an executor) travels the same way: pickled by value, its plan's session with
+it (:func:`head_part`)::
 
     driver                                        executor (Python worker)
     stage_record(by_value(stage), input workers,  task_plan(query id, stages[sid], t)
@@ -26,8 +28,9 @@ import pickle
 
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.stages import Stage
+from distfusion.worker.head_parts import HeadPart
 
-__all__ = ["StageRecord", "TaskRecord", "stage_of", "stage_record", "task_plan"]
+__all__ = ["StageRecord", "TaskRecord", "head_part", "stage_of", "stage_record", "task_plan"]
 
 StageRecord = tuple[bytes, tuple[tuple[str, ...], ...], int, "int | None", "str | None", bool]
 """``(pickled stage, input worker URLs, DataFusion threads, memory bytes or None,
@@ -90,3 +93,12 @@ def task_plan(query_id: str, record: StageRecord, task_index: int) -> TaskPlan:
         keep_output=keep_output,
         memory_per_task_bytes=memory,
     )
+
+
+def head_part(data: bytes) -> HeadPart:
+    """A head part shipped pickled by value (``by_value(part)``), with its session (executor side).
+
+    Its plan's UDFs and object stores (``TaskPlan.session``) come with it, which
+    the part's JSON (:meth:`HeadPart.to_json`) does not carry.
+    """
+    return pickle.loads(data)

@@ -28,8 +28,7 @@ import pyarrow as pa
 from distfusion.errors import TaskError, TransportError, WorkerUnavailableError
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import error_to_dict, is_task_failure, task_error
-from distfusion.worker.head_parts import HeadPart
-from distfusion.worker.spark_codec import StageRecord, TaskRecord, task_plan
+from distfusion.worker.spark_codec import StageRecord, TaskRecord, head_part, task_plan
 from distfusion.worker.spark_records import CHUNK_BYTES, ipc_stream, record_chunks
 from distfusion.worker.spark_tasks import (
     drain,
@@ -138,7 +137,7 @@ def run_table_task(index, batches, query_id, attempts, stage: StageRecord, worke
     return [_round_batch([record])]
 
 
-def run_head(index, records, query_id, attempt, part_json, access, budget, threads, urls):
+def run_head(index, records, query_id, attempt, part_bytes, access, budget, threads, urls):
     """The head task: run the whole head here, yield its batches as rows of :data:`HEAD_SCHEMA`.
 
     The result's schema goes first (the client casts the plain strings the
@@ -151,7 +150,7 @@ def run_head(index, records, query_id, attempt, part_json, access, budget, threa
     PySpark would end this process and the outputs it holds.
     """
     drain(records)
-    part = HeadPart.from_json(part_json)
+    part = head_part(part_bytes)
     measured: list[TaskMetrics] = []
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     schema = None
@@ -186,17 +185,13 @@ def _head_row(kind: int, data: bytes) -> pa.RecordBatch:
 def run_parts(index, records, parts, access, budget, threads, fn_bytes):
     """Spark task ``index`` of a head-parts job: ``fn`` over part ``parts[index]`` (executor side).
 
-    ``parts[index]`` is ``(attempt, part JSON)``; the part runs as the classic
+    ``parts[index]`` is ``(attempt, part pickled by value)``; the part runs as the classic
     plane's (:func:`~distfusion.worker.spark_tasks.run_head_part`); ``fn``'s result
     travels pickled. Returns one batch of :data:`PARTS_SCHEMA`.
     """
     drain(records)
-    attempt, part_json = parts[index]
     fn = pickle.loads(fn_bytes)
-    part = HeadPart.from_json(part_json)
-    ((i, value, report),) = run_head_part(
-        index, iter([(attempt, part)]), access, budget, threads, fn
-    )
+    ((i, value, report),) = run_head_part(index, iter([parts[index]]), access, budget, threads, fn)
     value = None if report is not None else pickle.dumps(value)
     return [
         pa.RecordBatch.from_arrays(

@@ -54,7 +54,7 @@ from distfusion.transport.tls import TlsMaterial
 from distfusion.worker.execute_task import run_task
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.memory import TaskMemory
-from distfusion.worker.spark_codec import StageRecord, stage_of, task_plan
+from distfusion.worker.spark_codec import StageRecord, head_part, stage_of, task_plan
 from distfusion.worker.spark_partitions import offering
 from distfusion.worker.spark_records import (
     decode_records,
@@ -417,11 +417,13 @@ def part_batches(
 def run_head_part(index, records, access, budget, threads, fn):
     """A Spark task of ``SparkFlightQuery.map_head_parts``: ``fn`` over one head part.
 
-    The record is ``(attempt, part)``. Returns one record ``(part index,
+    The record is ``(attempt, part pickled by value)``
+    (:func:`~distfusion.worker.spark_codec.head_part`). Returns one record ``(part index,
     fn's result, error)``: ``error`` is the error codec's JSON (with
     ``"attempts"``) when it failed. Never raises (see :func:`run_flight_task`).
     """
-    attempt, part = list(records)[0]
+    attempt, data = list(records)[0]
+    part = head_part(data)
     url = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     try:
         value = fn(part.index, attempt, part_batches(part, access, budget, threads, attempt))

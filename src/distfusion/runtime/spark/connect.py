@@ -95,7 +95,7 @@ from distfusion.runtime.spark.dataframes import (
     spark_scan,
 )
 from distfusion.runtime.spark.flight_plane import KEEP_WARM_S, SparkFlightQuery
-from distfusion.runtime.spark.jobs import spark_call
+from distfusion.runtime.spark.jobs import by_value, spark_call
 from distfusion.runtime.spark.runtime import SparkRuntime
 from distfusion.stages import SourceScan, Stage, StageGraph
 from distfusion.transport.tls import TlsMaterial, self_signed_tls
@@ -832,7 +832,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
         """One Spark job running ``fn`` over the ``pending`` parts (see the classic run's)."""
         sid = graph.head.stage_id
         access, budget, threads = self.part_args(graph, parts)
-        records = [(attempt, part.to_json()) for attempt, part in pending]
+        records = [(attempt, by_value(part)) for attempt, part in pending]
         job = mapper(
             [(sid, p.index) for _, p in pending],
             run_parts,
@@ -870,7 +870,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
                 False,
                 self.query_id,
                 attempt,
-                part.to_json(),
+                by_value(part),
                 access,
                 budget,
                 threads,

@@ -513,7 +513,8 @@ class SparkFlightQuery(WorkerQueryRun):
         job = task_function(
             [(sid, p.index) for _, p in pending], run_head_part, access, budget, threads, fn
         )
-        rdd = self.sc.parallelize(pending, len(pending)).mapPartitionsWithIndex(job)
+        records = [(attempt, by_value(part)) for attempt, part in pending]  # as on Connect
+        rdd = self.sc.parallelize(records, len(records)).mapPartitionsWithIndex(job)
         rdd.setName(f"distfusion {self.query_id[:8]} head stage {sid} parts")
         self._running = True
         self.runtime.used_workers()
