@@ -598,6 +598,12 @@ def sql(
         if fallback == "error" or own_tables:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
+    if expected is None and not own_tables:  # DataFusion answers what Spark rejects
+        reason = "Spark's analysis rejects the query"
+        rejected = _SparkSqlResult(ctx, spark, query, reason)  # Spark's own error here
+        if fallback == "error":
+            raise SparkSemanticsError(reason)
+        return rejected
     result = SparkDataFrame(ctx, df, spark, query, expected)
     if expected is not None and any(s is not None and s.is_spark for s in ctx.sources.values()):
         try:  # planned now: a query only the coordinator runs cannot read Spark's rows
