@@ -372,7 +372,8 @@ class Stores:
 
     def overlaid(self, top: Stores) -> Stores:
         """A copy of these stores with ``top``'s in place of any of the same key."""
-        made, own = self.copy(), top.copy()
+        made: Stores = self.copy()
+        own: Stores = top.copy()
         made._stores.update(own._stores)
         made._specs.update(own._specs)
         return made
@@ -446,7 +447,7 @@ class Stores:
             with self._lock:
                 if self._specs.get(key) == spec:
                     continue
-            built = Stores.from_specs(((key, spec),))
+            built: Stores = Stores.from_specs(((key, spec),))
             with self._lock:
                 self._stores[key] = built._stores[key]
                 self._specs[key] = spec
