@@ -13,7 +13,9 @@ own DataFusion session, however the task is run:
   DataFusion UDF objects in their session.
 - **spark**: a UDF made with :func:`udf`, :func:`udaf` or :func:`udwf` (the
   arguments of DataFusion's functions of the same names) remembers its Python
-  function (or accumulator / evaluator factory) and types; they travel with
+  function (or accumulator / evaluator factory) and types (its
+  ``distfusion_spec`` attribute: a :class:`UdfSpec`, :class:`UdafSpec` or
+  :class:`UdwfSpec`); they travel with
   the stage or task plan in each Spark job, pickled by cloudpickle as
   PySpark's own UDFs are, and the executor builds the UDF again. A function
   in a module the executors cannot import must be shipped as PySpark's are
@@ -120,7 +122,7 @@ class UdfSpec:
         made = datafusion_udf(
             self.func, list(self.input_types), self.return_type, self.volatility, self.name
         )
-        made._distfusion_spec = self
+        made.distfusion_spec = self
         return made
 
 
@@ -157,7 +159,7 @@ class UdafSpec:
     def build(self) -> AggregateUDF:
         """The DataFusion UDAF."""
         made = self._make(self.name, self.accumulator, self.input_types, self.return_type)
-        made._distfusion_spec = self
+        made.distfusion_spec = self
         return made
 
     def companions(self) -> tuple[AggregateUDF, AggregateUDF]:
@@ -212,7 +214,7 @@ class UdwfSpec:
         made = WindowUDF(
             self.name, self.evaluator, list(self.input_types), self.return_type, self.volatility
         )
-        made._distfusion_spec = self
+        made.distfusion_spec = self
         return made
 
 
@@ -427,7 +429,7 @@ class Functions:
         """
         kind = _kind(u)
         key = (kind, u.name)
-        spec = getattr(u, "_distfusion_spec", None)
+        spec = getattr(u, "distfusion_spec", None)
         udfs, specs, merges = dict(self._udfs), dict(self._specs), dict(self._merges)
         udfs[key] = u
         if kind == "aggregate":
