@@ -111,6 +111,10 @@ class FeedContext:
         """
         return self._cancelled.wait(seconds)
 
+    def cancel(self) -> None:
+        """Mark the query ended or cancelled (:meth:`FeedSession.close` calls it)."""
+        self._cancelled.set()
+
 
 class WorkUnitFeedProvider:
     """Discovers the work units of a feed-backed table while the query runs.
@@ -283,7 +287,7 @@ class _PartitionStream:
             with self.cond:
                 self.error = err
                 self.cond.notify_all()
-            session._failed(err)
+            session.fail(err)
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -404,7 +408,7 @@ class FeedSession:
 
     def close(self) -> None:
         """Cancel the providers: each generator is closed at its next ``yield``. Idempotent."""
-        self.ctx._cancelled.set()
+        self.ctx.cancel()
         for s in self._streams:
             with s.cond:
                 s.cond.notify_all()
@@ -416,7 +420,8 @@ class FeedSession:
             t.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
-    def _failed(self, err: FeedError) -> None:
+    def fail(self, err: FeedError) -> None:
+        """Record a provider failure: the first becomes :attr:`error` and goes to ``on_error``."""
         with self._lock:
             first = self.error is None
             if first:
