@@ -88,6 +88,12 @@ class ScanReport:
     finished: bool = False
     _deletes: set = field(default_factory=set, repr=False)
 
+    def count_delete_file(self, path: str) -> None:
+        """Count the delete file at ``path`` in :attr:`delete_files`, once however often seen."""
+        if path not in self._deletes:
+            self._deletes.add(path)
+            self.delete_files += 1
+
     def describe(self) -> str:
         """One line for ``explain()``: "planned N of M data files ..."."""
         total = "?" if self.data_files_total is None else str(self.data_files_total)
@@ -210,10 +216,17 @@ def plan_units(
         FileFormat,
         ManifestContent,
     )
+
+    # pyiceberg (0.12) has no public API for one manifest's pruning and reading (no
+    # public min_sequence_number, open_manifest, or ManifestGroupPlanner evaluators
+    # and sequence-number check): its public plan_manifest_entries filters and reads
+    # every manifest at once on its own executor, which would not stream units, stop
+    # when the query is cancelled or name a manifest that cannot be read. Its private
+    # steps are used one by one (the noqa comments below).
     from pyiceberg.table import (  # optional dependency
         ManifestGroupPlanner,
-        _min_sequence_number,
-        _open_manifest,
+        _min_sequence_number,  # noqa: PLC2701 - no public min_sequence_number
+        _open_manifest,  # noqa: PLC2701 - no public open_manifest
     )
     from pyiceberg.table.delete_file_index import DeleteFileIndex  # optional dependency
     from pyiceberg.typedef import KeyDefaultDict  # optional dependency
@@ -229,7 +242,8 @@ def plan_units(
         raise OSError(msg) from exc
     report.manifests_total = len(manifests)
     manifest_evaluators = KeyDefaultDict(
-        lambda spec_id: _built(planner._build_manifest_evaluator, spec_id)
+        # No public ManifestGroupPlanner.build_manifest_evaluator (above).
+        lambda spec_id: _built(planner._build_manifest_evaluator, spec_id)  # noqa: SLF001
     )
     kept = [m for m in manifests if manifest_evaluators[m.partition_spec_id](m)]
     min_sequence_number = _min_sequence_number(kept)
@@ -237,13 +251,16 @@ def plan_units(
         m
         for m in kept
         if m.content == ManifestContent.DELETES
-        and planner._check_sequence_number(min_sequence_number, m)
+        # No public ManifestGroupPlanner.check_sequence_number (above).
+        and planner._check_sequence_number(min_sequence_number, m)  # noqa: SLF001
     ]
     data = [m for m in kept if m.content == ManifestContent.DATA]
     partition_evaluators = KeyDefaultDict(
-        lambda spec_id: _built(planner._build_partition_evaluator, spec_id)
+        # No public ManifestGroupPlanner.build_partition_evaluator (above).
+        lambda spec_id: _built(planner._build_partition_evaluator, spec_id)  # noqa: SLF001
     )
-    metrics_evaluator = _built(planner._build_metrics_evaluator)
+    # No public ManifestGroupPlanner.build_metrics_evaluator (above).
+    metrics_evaluator = _built(planner._build_metrics_evaluator)  # noqa: SLF001
     specs = metadata.specs()
     checked = _Checked(table)
 
@@ -351,9 +368,7 @@ def _unit(f, deletes, specs, report: ScanReport) -> WorkUnit:
     report.rows += f.record_count
     report.bytes += f.file_size_in_bytes
     for d in deletes:
-        if d.file_path not in report._deletes:
-            report._deletes.add(d.file_path)
-            report.delete_files += 1
+        report.count_delete_file(d.file_path)
     return WorkUnit(
         path=local_path(f.file_path),
         size_bytes=f.file_size_in_bytes,
