@@ -103,7 +103,8 @@ from distfusion.runtime.spark import (
     import_pyspark,
     spark_arrow_schema,
 )
-from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe, statistics
+from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe
+from distfusion.runtime.spark.dataframes import spark_statistics
 from distfusion.runtime.spark.files import native_path
 from distfusion.sources import spark_source
 from distfusion.spark_sql import SparkSettings, table_names
@@ -126,6 +127,7 @@ _LITERAL = re.compile(r"'(?:[^']|'')*'")
 _FORMATS = {"parquet": "parquet", "csv": "csv"}
 _log = logging.getLogger("distfusion.spark")
 _logged_fallbacks: set[str] = set()
+_OVERFLOW = re.compile(r"Arithmetic overflow|Overflow happened", re.IGNORECASE)
 FALLBACKS = ("spark", "error")
 """What :func:`sql`'s ``fallback`` takes."""
 _runtimes: dict[int, SparkRuntime] = {}
@@ -196,6 +198,28 @@ class SparkDataFrame(DistributedDataFrame):
             return stream
         return ResultStream(_as_spark_batches(stream.batches, self._spark_schema), stream.close)
 
+    def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
+        """As :meth:`DistributedDataFrame.collect`; Spark SQL's answer where DataFusion overflows.
+
+        Spark rounds a decimal product or quotient past 38 digits (or, in
+        ANSI mode, raises its own error) where DataFusion's arithmetic
+        overflows: a query of :func:`sql` whose tasks fail so runs again as
+        ``spark.sql(query)`` (here and in :meth:`to_spark`), and
+        :attr:`fallback` says why.
+        """
+        try:
+            return super().collect(progress=progress)
+        except Exception as exc:  # a TaskError, or DataFusion's own on the coordinator
+            self._rerun_on_spark(exc)
+            return self.spark.sql(self.query).toArrow().to_batches()
+
+    def _rerun_on_spark(self, exc: Exception) -> None:
+        """Re-raise ``exc`` unless it is an overflow Spark may answer; then say so in fallback."""
+        if self.query is None or self._spark_struct is None or not _OVERFLOW.search(str(exc)):
+            raise exc
+        self.fallback = f"DataFusion's arithmetic overflowed where Spark's may not: {exc}"
+        _log.warning("distfusion.spark.sql runs a query on Spark SQL: %s", self.fallback)
+
     def to_pandas(self):
         """The result as pandas, as ``toPandas()`` gives it: times local to the session's zone.
 
@@ -222,6 +246,21 @@ class SparkDataFrame(DistributedDataFrame):
         return SparkDataFrame(self.context, DistributedDataFrame._derive(self, df), self.spark)
 
     def to_spark(self):
+        """The result as a Spark DataFrame on the same SparkSession, computed on the executors.
+
+        As :meth:`_to_spark`; ``spark.sql(query)`` itself where DataFusion's
+        arithmetic overflows before the DataFrame is returned (see :meth:`collect`).
+
+        Raises:
+            TaskError: a task failed (see :meth:`execute_stream`).
+        """
+        try:
+            return self._to_spark()
+        except Exception as exc:
+            self._rerun_on_spark(exc)
+            return self.spark.sql(self.query)
+
+    def _to_spark(self):
         """The result as a Spark DataFrame on the same SparkSession, computed on the executors.
 
         Its columns have Spark SQL's names for the query
@@ -561,11 +600,13 @@ def sql(
             ctx.register_iceberg(name.lower(), df)
         elif not _is_spark_dataframe(df) or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
-    own_tables = bool(_referenced_names(query) & {n.lower() for n in tables or ()})
+    # tables= and udfs= are the caller's: Spark's catalog lacks them, Spark cannot analyze them
+    own_names = {n.lower() for n in tables or ()} | {f.name.lower() for f in udfs or ()}
+    own_tables = bool(_referenced_names(query) & own_names)
     try:  # no table is registered, and Spark analyzes nothing, for what cannot be translated
         parsed = parse_spark_sql(query)
     except SparkSemanticsError as exc:
-        if fallback == "error" or own_tables:  # own tables: Spark's catalog lacks them
+        if fallback == "error" or own_tables:
             raise
         return _SparkSqlResult(ctx, spark, query, str(exc))
     unreadable: dict[str, str] = {}
@@ -825,43 +866,9 @@ def register_spark_dataframe(ctx: DistributedContext, name: str, df) -> None:
     schema = pa.schema(
         [f.with_name(n).with_nullable(True) for f, n in zip(schema, lowered, strict=True)]
     )
-    partitions, size_bytes, rows = _spark_statistics(df)
+    partitions, size_bytes, rows = spark_statistics(df)
     source = spark_source(name, schema, hold_dataframe(df), partitions, size_bytes, rows)
     ctx._register_streamed(source, df)
-
-
-def _spark_statistics(df) -> tuple[int | None, int | None, int | None]:
-    """``(partitions, sizeInBytes, rowCount)`` Spark knows of ``df`` without running it.
-
-    Partitions: of the physical plan's RDD; for an adaptive plan (its
-    partitions are known once its shuffles ran) the partitioning it plans
-    before running, an upper bound (Spark may coalesce them). Sizes: the
-    optimized plan's statistics; Spark's default for unknown
-    (``Long.MaxValue``) is None. A Spark Connect DataFrame: its explanation's
-    (:func:`~distfusion.runtime.spark.connect_frames.statistics`).
-    """
-    if is_connect_dataframe(df):
-        return statistics(df)
-    qe = df._jdf.queryExecution()
-    partitions = size = rows = None
-    try:
-        plan = qe.executedPlan()
-        if plan.getClass().getSimpleName() != "AdaptiveSparkPlanExec":
-            partitions = int(plan.execute().getNumPartitions())
-        else:
-            partitions = int(plan.inputPlan().outputPartitioning().numPartitions()) or None
-    except Exception:  # Spark's: the runtime finds out when it runs
-        partitions = None
-    try:
-        stats = qe.optimizedPlan().stats()
-        size = int(str(stats.sizeInBytes()))  # a BigInt, or an int from py4j
-        if size >= 2**62:
-            size = None
-        if stats.rowCount().isDefined():
-            rows = int(str(stats.rowCount().get()))
-    except Exception:  # Spark's: no estimate
-        pass
-    return partitions, size, rows
 
 
 def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bool:

@@ -186,3 +186,14 @@ def test_session_python_udf_runs_on_spark_and_a_given_one_natively(sem):
     ours = distfusion.spark.sql(sem, sql, udfs=[native])  # the same, as a DataFusion UDF
     assert ours.fallback is None
     assert ours.to_arrow_table().equals(sem.sql(sql).toArrow())
+
+
+def test_a_decimal_product_past_38_digits_answers_as_spark(sem):
+    # Spark rounds the exact product to decimal(38, 6); DataFusion's decimal128
+    # product of the unscaled values overflows, so the query runs on Spark SQL.
+    sql = (
+        "SELECT i, CAST(i AS DECIMAL(38,18)) * CAST(123456789.123456789012345678 AS "
+        "DECIMAL(38,18)) AS p FROM sem ORDER BY i"
+    )
+    df = _same_as_spark(sem, sql)
+    assert df.fallback and "overflow" in df.fallback

@@ -28,6 +28,7 @@ from distfusion.coordinator.checks import first_line
 from distfusion.errors import (
     PlanningError,
 )
+from distfusion.runtime.spark.connect_frames import is_connect_dataframe, statistics
 from distfusion.stages import SourceScan, Stage
 
 _DATAFRAMES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -127,3 +128,37 @@ def spark_arrow_schema(struct, time_zone: str) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
 
     return to_arrow_schema(struct, timezone=time_zone, prefers_large_types=False)
+
+
+def spark_statistics(df) -> tuple[int | None, int | None, int | None]:
+    """``(partitions, sizeInBytes, rowCount)`` Spark knows of ``df`` without running it.
+
+    Partitions: of the physical plan's RDD; for an adaptive plan (its
+    partitions are known once its shuffles ran) the partitioning it plans
+    before running, an upper bound (Spark may coalesce them). Sizes: the
+    optimized plan's statistics; Spark's default for unknown
+    (``Long.MaxValue``) is None. A Spark Connect DataFrame: its explanation's
+    (:func:`~distfusion.runtime.spark.connect_frames.statistics`).
+    """
+    if is_connect_dataframe(df):
+        return statistics(df)
+    qe = df._jdf.queryExecution()  # noqa: SLF001 - PySpark has no public query execution
+    partitions = size = rows = None
+    try:
+        plan = qe.executedPlan()
+        if plan.getClass().getSimpleName() != "AdaptiveSparkPlanExec":
+            partitions = int(plan.execute().getNumPartitions())
+        else:
+            partitions = int(plan.inputPlan().outputPartitioning().numPartitions()) or None
+    except Exception:  # Spark's: the runtime finds out when it runs
+        partitions = None
+    try:
+        stats = qe.optimizedPlan().stats()
+        size = int(str(stats.sizeInBytes()))  # a BigInt, or an int from py4j
+        if size >= 2**62:
+            size = None
+        if stats.rowCount().isDefined():
+            rows = int(str(stats.rowCount().get()))
+    except Exception:  # Spark's: no estimate
+        pass
+    return partitions, size, rows
