@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 SF1 := data/tpch-sf1
 PYTEST_ARGS ?=
 
-.PHONY: run lint test test-fast fuzz bench clean
+.PHONY: run lint test test-slow test-all fuzz bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,17 @@ run: $(VENV)/.installed-run $(SF1)/.complete
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests
 
+# The default run skips the suites marked slow (the 97 other TPC-DS queries in Spark's
+# dialect, Spark's SQL test inputs, the fuzzer's long profile, a standalone cluster, ...);
+# `make test-slow` runs those, `make test-all` both; CI (.ci/run) runs test and test-slow.
 test: lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
-
-test-fast: lint
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The randomized differential fuzzer: 2,000 queries on the local runtime and a
 # sample on Flight and Spark (tests/fuzz_sql.py; DISTFUSION_FUZZ_QUERIES=N and

@@ -127,6 +127,7 @@ sys.exit(1 if failed else 0)
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter():
     done = subprocess.run(
         [sys.executable, "-c", _IMPORT_EACH, *_modules()], env=ENV, capture_output=True, text=True

@@ -312,6 +312,7 @@ def test_a_killed_workers_spill_root_is_deleted_by_the_next_worker_and_a_live_on
         dead.wait()
 
 
+@pytest.mark.slow
 def test_the_runtimes_bound_is_a_greedy_pool_and_a_budget_a_fair_one(tmp_path):
     # 8 files of distinct keys: each of two leaf tasks reads 4 as partitions of
     # their own, with a partial aggregate each, and merges them. Past DataFusion's

@@ -330,6 +330,7 @@ runtime.close()
 """
 
 
+@pytest.mark.slow
 def test_executor_without_the_packages_fails_clearly(tmp_path, tpch_dir):
     """Executors without distfusion: one short error before any task, else a clear TaskError.
 

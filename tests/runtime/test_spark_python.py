@@ -45,6 +45,7 @@ def bare_python(tmp_path_factory) -> str:
     return str(python)
 
 
+@pytest.mark.slow
 def test_classic_session_runs_tasks_with_the_drivers_python(bare_python, tpch_dir):
     """A filtered temp view (read through Spark) works when ``python3`` on the PATH lacks distfusion.
 

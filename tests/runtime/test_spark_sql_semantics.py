@@ -59,6 +59,7 @@ def test_construct_answers_as_spark(sem, case):
         assert df.explain().startswith(f"runs on Spark SQL: {df.fallback}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q", [q for q in range(1, 23) if q != 15])
 def test_tpch_in_spark_dialect_runs_natively_as_spark(any_spark, q):
     df = _same_as_spark(any_spark, tpch.query(q))

@@ -34,7 +34,14 @@ def tpcds_spark(spark_session, tmp_path_factory):
         spark_session.catalog.dropTempView(table)
 
 
-@pytest.mark.parametrize("name", tpcds.QUERIES)
+QUICK = {"q3", "q7", "q19", "q42", "q52", "q78"}
+"""The queries of the default test run; the rest are marked ``slow`` (``make test-slow``)."""
+
+
+@pytest.mark.parametrize(
+    "name",
+    [q if q in QUICK else pytest.param(q, marks=pytest.mark.slow) for q in tpcds.QUERIES],
+)
 def test_tpcds_in_spark_dialect_answers_as_spark(tpcds_spark, name):
     sql = tpcds.query(name)
     try:

@@ -108,6 +108,7 @@ SPILLING = (
 )
 
 
+@pytest.mark.slow
 def test_closing_an_embedded_session_leaves_no_spill_directory(tmp_path, tpch_dir):
     # Spark ends its Python workers without their finalizers: their spill roots
     # stayed in the temp directory after the session stopped (issue #25, item 8).
