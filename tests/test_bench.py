@@ -149,12 +149,17 @@ def test_adaptive_decisions_from_the_frame_or_the_explain_difference():
 
 
 def test_peak_memory_sees_what_a_block_allocates():
-    with bench.PeakMemory(interval_s=0.05) as peak:
-        block = bytearray(400 * 1024 * 1024)  # touched: zero-filled pages count
-        block[::4096] = b"x" * len(block[::4096])
-    del block
     assert bench.used_memory_bytes() is not None
-    assert peak.extra_bytes > 200 * 1024 * 1024  # wide: other processes move too
+    seen = []
+    for _ in range(3):  # the machine's memory: other processes free theirs meanwhile too
+        with bench.PeakMemory(interval_s=0.05) as peak:
+            block = bytearray(400 * 1024 * 1024)  # touched: zero-filled pages count
+            block[::4096] = b"x" * len(block[::4096])
+        del block
+        seen.append(peak.extra_bytes)
+        if peak.extra_bytes > 200 * 1024 * 1024:  # wide: other processes move too
+            return
+    pytest.fail(f"a 400 MiB block was seen as {seen} extra bytes")
 
 
 def test_memory_per_task_reaches_the_settings(tpch_dir, tmp_path):

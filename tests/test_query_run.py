@@ -263,6 +263,15 @@ def test_execute_runs_the_graph_at_once_and_leaves_workers_idle(cluster, oracle)
     _wait_idle(runtime)
 
 
+def test_a_write_whose_head_alone_runs_on_a_worker_leaves_it_idle(cluster, tmp_path):
+    # No stage task runs before the head: the worker writing it was cancelled by nobody.
+    runtime, _ = cluster
+    ctx = _context(runtime)
+    files = ctx.sql("SELECT 1 AS id, 'k' AS p").write_parquet(tmp_path / "out")
+    assert sum(f.rows for f in files) == 1
+    _wait_idle(runtime, timeout_s=5.0)
+
+
 def test_flight_run_survives_losing_a_worker_between_calls(oracle):
     workers = start_workers(2)
     runtime = FlightRuntime([w.url for w in workers], max_retries=1)

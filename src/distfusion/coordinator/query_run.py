@@ -372,6 +372,7 @@ class WorkerQueryRun:
         self.head_memory_bytes = head_memory_bytes
         self.remote_workers = remote_workers
         self._head_spill_dir: str | None = None
+        self._head_writers: set[str] = set()  # workers that wrote head parts (cancelled too)
         self._closed = False
         self._lock = threading.Lock()
         self._failure: TaskError | None = None  # the task error that failed the query (fail)
@@ -589,7 +590,10 @@ class WorkerQueryRun:
             what = f"writing part {part.index} of stage {part.plan.key.stage_id}"
             session = part.plan.session
             stores = session.store_specs() if session is not None else ()
-            files = remote(where(part), body, what, part.plan.key.query_id, stores)
+            url = where(part)
+            with self._lock:  # a worker no stage task ran on holds the query too
+                self._head_writers.add(url)
+            files = remote(url, body, what, part.plan.key.query_id, stores)
             return [WrittenFile.from_json(f) for f in files]
 
         return _run_each(one, parts, len(parts))
@@ -655,7 +659,7 @@ class WorkerQueryRun:
                 reason = self._failure or QueryCancelledError(f"query {self.query_id} was closed")
                 abort(self.query_id, reason)
             self._collect_metrics()
-            self._cancel_on_workers(sorted(set(self.placement.values())))
+            self._cancel_on_workers(sorted(set(self.placement.values()) | self._head_writers))
         finally:
             if self._head_spill_dir is not None:
                 shutil.rmtree(self._head_spill_dir, ignore_errors=True)
