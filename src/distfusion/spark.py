@@ -601,12 +601,12 @@ def sql(
         elif not _is_spark_dataframe(df) or not _register_native(ctx, df, name, name.lower()):
             register_spark_dataframe(ctx, name.lower(), df)
     # tables= and udfs= are the caller's: Spark's catalog lacks them, Spark cannot analyze them
-    own_names = {n.lower() for n in tables or ()} | {f.name.lower() for f in udfs or ()}
-    own_tables = bool(_referenced_names(query) & own_names)
+    own = {n.lower() for n in tables or ()} | {f.name.lower() for f in udfs or ()}
+    uses_own = bool(_referenced_names(query) & own)
     try:  # no table is registered, and Spark analyzes nothing, for what cannot be translated
         parsed = parse_spark_sql(query)
     except SparkSemanticsError as exc:
-        if fallback == "error" or own_tables:
+        if fallback == "error" or uses_own:
             raise
         return _SparkSqlResult(ctx, spark, query, str(exc))
     unreadable: dict[str, str] = {}
@@ -615,7 +615,7 @@ def sql(
             register_spark_table(ctx, spark, name)
         except PlanningError as exc:
             unreadable[name] = str(exc)
-    expected = None if own_tables else spark_schema(spark, query)
+    expected = None if uses_own else spark_schema(spark, query)
     try:
         df = ctx.sql(query)
         if expected is not None:
@@ -636,10 +636,10 @@ def sql(
                 raise
             raise PlanningError(why) from exc
         reason = why or (str(exc) if semantic else f"DataFusion cannot plan the translation: {exc}")
-        if fallback == "error" or own_tables:
+        if fallback == "error" or uses_own:
             raise SparkSemanticsError(reason) from exc
         return _SparkSqlResult(ctx, spark, query, reason)
-    if expected is None and not own_tables:  # DataFusion answers what Spark rejects
+    if expected is None and not uses_own:  # DataFusion answers what Spark rejects
         reason = "Spark's analysis rejects the query"
         rejected = _SparkSqlResult(ctx, spark, query, reason)  # Spark's own error here
         if fallback == "error":
