@@ -433,8 +433,15 @@ def test_the_executors_python_workers_keep_freed_memory(runtime):
     # the runtime puts it in the workers' environment (distfusion.allocator).
     import os
 
-    from distfusion.allocator import PURGE_DELAY_MS, PURGE_DELAY_VAR
+    from distfusion.allocator import (
+        ARENA_PURGE_MULT,
+        ARENA_PURGE_MULT_VAR,
+        PURGE_DELAY_MS,
+        PURGE_DELAY_VAR,
+    )
 
     n = runtime.num_workers()
-    seen = runtime.sc.parallelize(range(n), n).map(lambda _: os.environ.get(PURGE_DELAY_VAR))
-    assert set(seen.collect()) == {str(PURGE_DELAY_MS)}
+    seen = runtime.sc.parallelize(range(n), n).map(
+        lambda _: (os.environ.get(PURGE_DELAY_VAR), os.environ.get(ARENA_PURGE_MULT_VAR))
+    )
+    assert set(seen.collect()) == {(str(PURGE_DELAY_MS), str(ARENA_PURGE_MULT))}
