@@ -24,7 +24,9 @@ table's FileIO) and the snapshot producers of a transaction
 with field ids, and their footers are already read; so the producers take
 ``DataFile`` entries: ``fast_append`` for ``mode="append"`` (one ``append``
 snapshot), ``overwrite`` (delete every current data file, add the new ones:
-one ``overwrite`` snapshot) for a full overwrite. With ``overwrite_filter``
+one ``overwrite`` snapshot) for a full overwrite, and for a MERGE
+(``replacing``: the data files it read) an ``overwrite`` deleting only those
+(:mod:`distfusion.table_write.iceberg_merge`). With ``overwrite_filter``
 the transaction first runs pyiceberg's own ``delete(overwrite_filter)`` (it
 drops the files the filter covers and rewrites, copy-on-write, those it
 covers in part), then fast-appends the new files: pyiceberg's own
@@ -71,11 +73,21 @@ HIDDEN = "__distfusion_partition_"
 
 
 def write_iceberg(
-    frame: Any, table: Any, mode: str = "append", overwrite_filter: Any = None
+    frame: Any,
+    table: Any,
+    mode: str = "append",
+    overwrite_filter: Any = None,
+    *,
+    replacing: list | None = None,
 ) -> TableCommit:
     """Run ``frame``'s query and commit its rows into the pyiceberg ``table``.
 
     See :meth:`distfusion.context.DistributedDataFrame.write_iceberg`.
+    ``replacing`` (with ``mode="overwrite"``, no ``overwrite_filter``): the
+    ``DataFile`` entries of ``table``'s current snapshot the new files
+    replace; only they are deleted, in one ``overwrite`` snapshot whose
+    parent is that snapshot (a MERGE's copy-on-write,
+    :mod:`distfusion.table_write.iceberg_merge`).
     """
     try:
         from pyiceberg.table import Table
@@ -87,6 +99,9 @@ def write_iceberg(
         raise ValueError(msg)
     if overwrite_filter is not None and mode != "overwrite":
         msg = "overwrite_filter needs mode='overwrite'"
+        raise ValueError(msg)
+    if replacing is not None and (mode != "overwrite" or overwrite_filter is not None):
+        msg = "replacing needs mode='overwrite' and no overwrite_filter"
         raise ValueError(msg)
     if not isinstance(table, Table):
         msg = f"table must be a pyiceberg Table (from any catalog), got {type(table).__name__}"
@@ -106,7 +121,7 @@ def write_iceberg(
     read_snapshot = table.metadata.current_snapshot_id
     try:
         data_files = [_data_file(table, data_root, p, hidden, records) for p in placed]
-        removed = _commit(table, name, data_files, mode, overwrite_filter, read_snapshot)
+        removed = _commit(table, name, data_files, mode, overwrite_filter, read_snapshot, replacing)
     except BaseException:
         discard(spec, placed)
         raise
@@ -349,9 +364,17 @@ def _data_file(
 
 
 def _commit(
-    table: Any, name: str, data_files: list, mode: str, overwrite_filter: Any, read: int | None
+    table: Any,
+    name: str,
+    data_files: list,
+    mode: str,
+    overwrite_filter: Any,
+    read: int | None,
+    replacing: list | None = None,
 ) -> list[str]:
     """Commit ``data_files`` in one transaction; the data files it removed.
+
+    ``replacing``: the data files an overwrite deletes (default: every current one).
 
     Raises:
         TableWriteError: the catalog refused the commit (a concurrent commit
@@ -369,11 +392,12 @@ def _commit(
                         for f in data_files:
                             fa.append_data_file(f)
                 elif overwrite_filter is None:
-                    current = (
-                        [t.file for t in table.scan().plan_files()]
-                        if table.current_snapshot()
-                        else []
-                    )
+                    if replacing is not None:
+                        current = replacing
+                    elif table.current_snapshot():
+                        current = [t.file for t in table.scan().plan_files()]
+                    else:
+                        current = []
                     with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
                         for f in current:
                             ow.delete_data_file(f)

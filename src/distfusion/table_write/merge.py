@@ -1,4 +1,4 @@
-"""``MERGE INTO`` a registered Delta table, copy-on-write: one query, one commit.
+"""``MERGE INTO`` a registered Delta or Iceberg table, copy-on-write: one query, one commit.
 
 :meth:`~distfusion.context.DistributedContext.sql` asks :class:`TableMerges`
 (``_merge_into_table``) first for each statement. A statement (parsed with
@@ -8,7 +8,8 @@ sqlglot)::
       WHEN MATCHED [AND c] THEN UPDATE SET col = expr, ... | UPDATE SET * | DELETE
       WHEN NOT MATCHED [AND c] THEN INSERT (cols) VALUES (exprs) | INSERT *
 
-whose ``t`` is a table registered with ``register_delta`` runs at once,
+whose ``t`` is a table registered with ``register_delta`` or
+``register_iceberg`` (or a mounted catalog's ``lake.db.t``) runs at once,
 distributed, with Spark's and delta-rs's semantics: the first ``WHEN``
 clause whose condition holds applies to a row; a matched target row no
 clause applies to stays as it is; a source row no ``NOT MATCHED`` clause
@@ -23,13 +24,18 @@ distributed query computes the table's new rows::
 and :func:`~distfusion.table_write.delta.write_delta` commits them as an
 overwrite of the version the merge read: one new version (add actions of the
 new files, remove actions of every old one), with delta-rs's conflict check
-against any commit in between.
+against any commit in between. An Iceberg table's rows are committed by
+:func:`~distfusion.table_write.iceberg.write_iceberg` as one ``overwrite``
+snapshot on the snapshot the merge read, deleting the data files read
+(:mod:`distfusion.table_write.iceberg_merge`).
 
 Copy-on-write of the files that can match: when ON holds equalities
 ``tgt.c = <source expression>``, the source's range of each (min and max, one
 more query over the source) selects the target files whose partition values
 or min/max (integer and date columns) overlap it
-(:func:`~distfusion.table_write.delta.merge_candidates`); only they are read,
+(:func:`~distfusion.table_write.delta.merge_candidates`; for Iceberg,
+pyiceberg's pruning by partition values and column bounds:
+:func:`~distfusion.table_write.iceberg_merge.merge_files`); only they are read,
 joined and rewritten, and the commit removes only them. Without such keys,
 every file is rewritten. ``WHEN NOT MATCHED BY SOURCE`` is refused (it would
 need every file). The statement's result is one row, column ``count``: the
@@ -46,12 +52,19 @@ from typing import Any
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
 
 from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
+from distfusion.ddl import sql_tokens
 from distfusion.errors import PlanningError
+from distfusion.iceberg import IcebergTable
+from distfusion.iceberg.table import arrow_schema
 from distfusion.sources import sql_name
 from distfusion.table_write.delta import merge_candidates, write_delta
+from distfusion.table_write.iceberg import write_iceberg
+from distfusion.table_write.iceberg_merge import MergeTargetFiles, merge_files
 
 __all__ = ["MergeClause", "TableMerges", "parse_merge"]
 
@@ -95,7 +108,7 @@ def parse_merge(sql: str) -> MergeStatement | None:
     if not _MERGE.match(sql):
         return None
     try:
-        tree = sqlglot.parse_one(sql, read="spark")
+        tree = sqlglot.parse_one(_backquoted(sql), read="spark")
     except sqlglot.errors.ParseError as exc:
         msg = f"cannot parse the MERGE statement: {exc}"
         raise PlanningError(msg) from None
@@ -147,6 +160,28 @@ def parse_merge(sql: str) -> MergeStatement | None:
         render(tree.args["on"]),
         clauses,
     )
+
+
+def _backquoted(sql: str) -> str:
+    r"""``sql`` with its double-quoted identifiers in backquotes, as Spark's parser takes them.
+
+    DataFusion's SQL quotes identifiers with ``"`` (a catalog table's rewritten
+    name too: ``"lake.db.t"``, ``"t".id``); Spark's dialect reads ``"t"`` as a string.
+
+    Example:
+        >>> print(_backquoted("MERGE INTO \"T\" USING s ON \"T\".id = s.id AND s.c = '\"x\"'"))
+        MERGE INTO `T` USING s ON `T`.id = s.id AND s.c = '"x"'
+    """
+    try:
+        tokens = sql_tokens(sql)
+    except TokenError:
+        return sql
+    out, at = [], 0
+    for t in tokens:
+        if t.token_type == TokenType.IDENTIFIER:
+            out += [sql[at : t.start], "`" + t.text.replace("`", "``") + "`"]
+            at = t.end + 1
+    return "".join([*out, sql[at:]])
 
 
 def _ident(name: str) -> str:
@@ -212,19 +247,24 @@ def duplicate_match_sql(m: MergeStatement) -> str:
 
 
 class TableMerges:
-    """MERGE INTO the Delta tables of a DistributedContext (a mixin).
+    """MERGE INTO the Delta and Iceberg tables of a DistributedContext (a mixin).
 
-    Uses the context's ``sources``, ``sql``, ``ctx`` and ``register_delta``.
+    Uses the context's ``sources``, ``_feed_sources``, ``sql``, ``ctx``,
+    ``register_delta``, ``register_iceberg``, ``register_feed_table`` and
+    ``_mounted`` (:class:`~distfusion.table_write.catalogs.CatalogMounts`'
+    loaded catalog tables).
     """
 
     def _merge_into_table(self, sql: str) -> Any:
-        """Run ``sql`` when it is a MERGE INTO a registered Delta table; its result, else None.
+        """Run ``sql`` when it is a MERGE INTO a Delta or Iceberg table; its result, else None.
 
         Raises:
             PlanningError: see :func:`parse_merge`; the target is registered
-                but not a Delta table; a source row matches two target rows
-                (a target row is matched twice), raised before any write.
-            ValueError, TableWriteError, TaskError: as ``write_delta``.
+                but neither a Delta nor an Iceberg table; a source row matches
+                two target rows (a target row is matched twice), raised
+                before any write.
+            ValueError, TableWriteError, TaskError: as ``write_delta`` /
+                ``write_iceberg``.
         """
         m = parse_merge(sql)
         if m is None:
@@ -233,10 +273,23 @@ class TableMerges:
         source = self.sources.get(name)
         if source is None:
             return None
-        uri = source.options.get("delta_table")
-        if not uri:
-            msg = f"MERGE INTO {name}: only Delta tables (register_delta) take MERGE here"
+        if m.target_alias == name and "." in name and name in self._mounted.loaded:
+            m.target_alias = name.rsplit(".", 1)[1]  # lake.db.t.c was rewritten as "t".c
+        feed = self._feed_sources.get(name)
+        if isinstance(feed, IcebergTable):
+            rows = self._merge_into_iceberg(m, name, feed.table)
+        elif source.options.get("delta_table"):
+            rows = self._merge_into_delta(m, name, source.options["delta_table"])
+        else:
+            msg = (
+                f"MERGE INTO {name}: only Delta and Iceberg tables (register_delta, "
+                "register_iceberg, a mounted catalog's) take MERGE here"
+            )
             raise PlanningError(msg)
+        return self.ctx.from_arrow(pa.table({"count": pa.array([rows], pa.uint64())}))
+
+    def _merge_into_delta(self, m: MergeStatement, name: str, uri: str) -> int:
+        """MERGE into the Delta table at ``uri``; the rows of its new version."""
         from deltalake import DeltaTable
 
         options = delta.storage_options_for(uri) if object_store.is_url(uri) else None
@@ -245,50 +298,93 @@ class TableMerges:
         target = pa.schema(dt.schema().to_arrow())
         replacing, untouched_rows = self._merge_pruned(m, name, uri, dt, target)
         try:
-            source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
-            source_names = source_columns.schema().names
-            if any(c.matched for c in m.clauses) and self.sql(duplicate_match_sql(m)).to_pylist():
-                msg = (
-                    f"MERGE INTO {name}: a target row is matched by more than one source row "
-                    "(Spark's and delta-rs's error); make the source unique on the ON keys"
-                )
-                raise PlanningError(msg)
-            frame = self.sql(merge_sql(m, target.names, source_names))
-            have = frame.schema()
-            casts = {f.name: f.type for f in target if have.field(f.name).type != f.type}
-            if casts:
-                frame = frame.cast(casts)
+            frame = self._merged_rows(m, name, target)
             commit = write_delta(frame, dt, "overwrite", replacing=replacing)
         except BaseException:
             if replacing is not None:  # the whole table again, not only the files read
                 self.register_delta(sql_name(name), dt)
             raise
         self.register_delta(sql_name(name), uri)
-        rows = commit.rows + untouched_rows
-        return self.ctx.from_arrow(pa.table({"count": pa.array([rows], pa.uint64())}))
+        return commit.rows + untouched_rows
+
+    def _merge_into_iceberg(self, m: MergeStatement, name: str, table: Any) -> int:
+        """MERGE into the pyiceberg ``table``; the rows of its new snapshot.
+
+        See :mod:`distfusion.table_write.iceberg_merge`.
+
+        Raises:
+            PlanningError: the table cannot be refreshed (a ``StaticTable``).
+        """
+        try:
+            table.refresh()  # the snapshot the merge reads and commits over
+        except Exception as exc:
+            msg = f"MERGE INTO {name}: cannot refresh the Iceberg table ({exc}); is it writable?"
+            raise PlanningError(object_store.redact(msg)) from exc
+        target = arrow_schema(name, table.schema())  # as the target is read
+        files = merge_files(table, self._merge_key_ranges(m, target.names))
+        self.register_feed_table(sql_name(name), MergeTargetFiles(table, files, name=name))
+        try:
+            frame = self._merged_rows(m, name, target)
+            commit = write_iceberg(frame, table, "overwrite", replacing=files.replaced)
+        finally:  # the whole table again (at its new snapshot when committed)
+            self.register_iceberg(sql_name(name), table)
+        return commit.rows + files.untouched_rows
+
+    def _merged_rows(self, m: MergeStatement, name: str, target: pa.Schema) -> Any:
+        """The frame of the target's rows after ``m``, with ``target``'s columns and types.
+
+        Raises:
+            PlanningError: a target row is matched by two source rows (checked
+                by a query, before anything is written).
+        """
+        source_columns = self.sql(f"SELECT * FROM {m.source} AS {_ident(m.source_alias)}")
+        source_names = source_columns.schema().names
+        if any(c.matched for c in m.clauses) and self.sql(duplicate_match_sql(m)).to_pylist():
+            msg = (
+                f"MERGE INTO {name}: a target row is matched by more than one source row "
+                "(Spark's and delta-rs's error); make the source unique on the ON keys"
+            )
+            raise PlanningError(msg)
+        frame = self.sql(merge_sql(m, target.names, source_names))
+        have = frame.schema()
+        casts = {f.name: f.type for f in target if have.field(f.name).type != f.type}
+        return frame.cast(casts) if casts else frame
+
+    def _merge_key_ranges(
+        self, m: MergeStatement, columns: list[str]
+    ) -> list[tuple[str, Any, Any]] | None:
+        """``(target column, min, max)`` over the source of each ON key (:func:`merge_keys`).
+
+        One query over the source. ``min`` and ``max`` are None when no
+        source row has the key (no target row can match). None when ON has no key.
+        """
+        keys = merge_keys(m, columns)
+        if not keys:
+            return None
+        sa = _ident(m.source_alias)
+        exprs = [f"min({e}) AS lo{i}, max({e}) AS hi{i}" for i, (_, e) in enumerate(keys)]
+        bounds = self.sql(f"SELECT {', '.join(exprs)} FROM {m.source} AS {sa}").to_pylist()[0]
+        return [(c, bounds[f"lo{i}"], bounds[f"hi{i}"]) for i, (c, _) in enumerate(keys)]
 
     def _merge_pruned(
         self, m: MergeStatement, name: str, uri: str, dt: Any, target: pa.Schema
     ) -> tuple[list[dict] | None, int]:
-        """Register only the target files the source's ON keys can match; ``(those, rows kept)``.
+        """Register only the Delta files the source's ON keys can match; ``(those, rows kept)``.
 
         ``(None, 0)`` (every file rewritten) when the ON condition has no
         equality of a target column with the source's, the keys' range
         (min/max over the source, a query) prunes no file, or a key's type
         has no usable bounds.
         """
-        keys = merge_keys(m, target.names)
-        if not keys:
+        ranges = self._merge_key_ranges(m, target.names)
+        if not ranges:
             return None, 0
-        sa = _ident(m.source_alias)
-        exprs = [f"min({e}) AS lo{i}, max({e}) AS hi{i}" for i, (_, e) in enumerate(keys)]
-        bounds = self.sql(f"SELECT {', '.join(exprs)} FROM {m.source} AS {sa}").to_pylist()[0]
         conditions = []
-        for i, (column, _) in enumerate(keys):
-            lo, hi = _literal(bounds[f"lo{i}"]), _literal(bounds[f"hi{i}"])
-            if bounds[f"lo{i}"] is None:  # no source row has a key: none matches
+        for column, lo_value, hi_value in ranges:
+            if lo_value is None:  # no source row has a key: none matches
                 conditions = ["FALSE"]
                 break
+            lo, hi = _literal(lo_value), _literal(hi_value)
             if lo is not None and hi is not None:
                 conditions.append(f"{_ident(column)} BETWEEN {lo} AND {hi}")
         if not conditions:
