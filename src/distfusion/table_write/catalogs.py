@@ -105,7 +105,7 @@ class CatalogMounts:
         statement names it (each statement reads its current snapshot or
         version), and registered under the bare name ``"name.namespace.table"``
         (:meth:`table_names` lists it then). ``SELECT``, ``INSERT INTO`` /
-        ``INSERT OVERWRITE``, ``MERGE INTO`` (Delta), ``CREATE TABLE
+        ``INSERT OVERWRITE``, ``MERGE INTO``, ``CREATE TABLE
         name.ns.t [PARTITIONED BY (c, ...)] AS query`` and ``SHOW TABLES``
         take such names (:mod:`distfusion.table_write.catalogs`). Mounting
         another catalog under the same name replaces it.
