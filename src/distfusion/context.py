@@ -485,7 +485,7 @@ class DistributedContext(
         - ``INSERT INTO``/``INSERT OVERWRITE`` a table registered with
           :meth:`register_delta` or :meth:`register_iceberg` runs at once,
           distributed, as one commit (:mod:`distfusion.table_write.sql`); so
-          does ``MERGE INTO`` a Delta table (:mod:`distfusion.table_write.merge`).
+          does ``MERGE INTO`` such a table (:mod:`distfusion.table_write.merge`).
         - ``lake.ns.t`` names a table of a catalog mounted by ``register_catalog`` (also in
           ``CREATE TABLE ... AS``, ``SHOW TABLES``; :mod:`distfusion.table_write.catalogs`).
 
