@@ -72,6 +72,7 @@ from distfusion.sources import (
 from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.stages import StageGraph
+from distfusion.substrait_plan import functions as substrait_functions
 from distfusion.table_write import CatalogMounts, TableInserts, TableMerges, TableWrites
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
@@ -542,8 +543,8 @@ class DistributedContext(
         def schema_of(name: str) -> pa.Schema | None:
             return self.ctx.table(name).schema() if self.ctx.table_exist(name) else None
 
-        functions = self.functions.names()
-        return translate_spark_sql(query, schema_of, self.config.spark, functions)
+        substrait_functions.add_to(self.ctx)  # what the translation calls by name
+        return translate_spark_sql(query, schema_of, self.config.spark, self.functions.names())
 
     def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:
         """A distributed DataFrame of this context around DataFusion's ``df``."""

@@ -2,20 +2,22 @@
 
 Spark's ``TIMESTAMP`` is an instant shown in the session time zone
 (``spark.sql.session.timeZone``); ``TIMESTAMP_NTZ`` a wall-clock time. The
-plan carries instants as UTC (Substrait keeps no other zone), so what
-depends on the local time of an instant (``hour``, ``to_date``,
-``date_trunc``, ``date_format``, ``from_unixtime``) is translated when the
-session's zone is UTC, and runs on Spark SQL otherwise. A string literal
-compared with or cast to a timestamp is read as Spark reads it (its wall
-time in the session's zone, the gap and overlap of a DST change resolved
-as ``java.time`` resolves them) and written as the instant, in every zone.
+plan carries instants as UTC; what depends on the local time of an instant
+(``hour``, ``to_date``, ``date_trunc``, ``date_format``, ``from_unixtime``)
+reads it with datafusion-spark's native ``from_utc_timestamp`` and the zone
+as a literal, the one form of a zone that survives Substrait, in any tz
+database zone or fixed offset (:mod:`distfusion.spark_sql.zones`, which
+also gives ``java.time``'s answers past 2099 and across a gap or overlap).
+A string literal compared with or cast to a timestamp is read as Spark
+reads it (its wall time in the session's zone, the gap and overlap of a
+DST change resolved as ``java.time`` resolves them) and written as the
+instant, in every zone.
 """
 
 from __future__ import annotations
 
 import datetime
 import re
-import zoneinfo
 from collections.abc import Callable
 
 from sqlglot import exp
@@ -26,6 +28,14 @@ from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.datetime import to_chrono
 from distfusion.spark_sql.nodes import T, Translation, cast_to, is_iso_date, unsupported
+from distfusion.spark_sql.zones import (
+    UTC_ZONES,
+    instant_of,
+    local_time,
+    python_zone,
+    session_zone,
+    truncated_instant,
+)
 
 __all__ = [
     "TIME_RULES",
@@ -36,28 +46,6 @@ __all__ = [
     "rule_cast",
     "shifted_date",
 ]
-
-UTC_ZONES = frozenset(
-    {
-        "UTC",
-        "Etc/UTC",
-        "GMT",
-        "Etc/GMT",
-        "Z",
-        "+00:00",
-        "UCT",
-        "Etc/UCT",
-        "Universal",
-        "Etc/Universal",
-        "Zulu",
-        "Etc/Zulu",
-        "GMT0",
-        "Etc/GMT0",
-        "Greenwich",
-        "Etc/Greenwich",
-    }
-)
-"""Session time zones whose local time is UTC's."""
 
 _INSTANTS = (T.TIMESTAMP, T.TIMESTAMPTZ, T.TIMESTAMPLTZ)
 _TIMESTAMP_TEXT = re.compile(
@@ -98,8 +86,8 @@ def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expressio
         return None
     if instant:
         try:
-            tz = datetime.UTC if zone in UTC_ZONES else zoneinfo.ZoneInfo(zone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):  # an offset such as +02:00
+            tz = python_zone(session_zone(zone))
+        except SparkSemanticsError:  # a zone without a translation (session_zone says why)
             return None
         # fold=0: the earlier offset of an overlap, a gap's time shifted forward (java.time's)
         wall = wall.replace(tzinfo=tz).astimezone(datetime.UTC).replace(tzinfo=None)
@@ -123,23 +111,36 @@ def compared(t: Translation, node: exp.Expression, other: exp.DataType) -> exp.E
     return None
 
 
-def _local(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
-    """``node``, a timestamp whose local time DataFusion computes as Spark does, or raise.
+def _zone(t: Translation, what: str) -> str | None:
+    """The session's zone for :func:`~distfusion.spark_sql.zones.local_time`; None for UTC.
 
-    A timestamp when the session's zone is UTC (Spark reads a ``TIMESTAMP_NTZ``
-    as a ``TIMESTAMP`` in the session's zone for most functions).
+    Raises:
+        SparkSemanticsError: a zone without a translation (the reason names it).
+    """
+    try:
+        return session_zone(t.settings.time_zone)
+    except SparkSemanticsError as exc:
+        raise SparkSemanticsError(f"{what}() of a timestamp: {exc}") from exc
+
+
+def _local(t: Translation, node: exp.Expression, what: str, ntz: bool = True) -> exp.Expression:
+    """``node``, a timestamp, as one whose UTC fields are its local time in Spark, or raise.
+
+    A ``TIMESTAMP``'s wall time in the session's zone; a ``TIMESTAMP_NTZ``
+    as it is where Spark reads its fields without a zone (``ntz``), else the
+    wall time of the ``TIMESTAMP`` Spark casts it to first (a time in a
+    DST gap moves forward).
     """
     at = t.type_of(node)
-    if _is_time(at):
-        if t.settings.time_zone in UTC_ZONES:
-            return node
-        msg = (
-            f"{what}() of a timestamp in session time zone {t.settings.time_zone!r}: "
-            "only UTC's local times are translated"
-        )
-        raise SparkSemanticsError(msg)
-    shown = at.sql("spark") if at is not None else "an unknown type"
-    raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
+    if not _is_time(at):
+        shown = at.sql("spark") if at is not None else "an unknown type"
+        raise SparkSemanticsError(f"{what}() of {shown} has no Spark-equal translation here")
+    zone = _zone(t, what)
+    if zone is None or (ntz and at.this == T.TIMESTAMPNTZ):
+        return node
+    if at.this == T.TIMESTAMPNTZ:
+        return local_time(instant_of(node, zone), zone)
+    return local_time(node, zone)
 
 
 def rule_cast(t: Translation, node: exp.Cast) -> exp.Expression | None:
@@ -274,7 +275,7 @@ def _rule_date_format(t: Translation, node: exp.TimeToStr) -> exp.Expression:
     java = _java_pattern(node.args.get("format"), "date_format")
     if _is_time(t.type_of(arg)):
         chrono = to_chrono(java, times=True)
-        arg = _local(t, arg, "date_format")
+        arg = _local(t, arg, "date_format", ntz=False)
     else:
         chrono = to_chrono(java)
         arg = _date_arg(t, arg, "date_format")
@@ -332,8 +333,10 @@ def _rule_timestamp_trunc(t: Translation, node: exp.TimestampTrunc) -> exp.Expre
         raise SparkSemanticsError(f"date_trunc() to {node.unit.sql('spark')}: not translated")
     if not is_instant(t.type_of(node.this)):  # Spark makes a TIMESTAMP_NTZ a TIMESTAMP first
         raise SparkSemanticsError("date_trunc() of anything but a TIMESTAMP: not translated")
-    arg = _local(t, node.this, "date_trunc")
-    return exp.Anonymous(this="date_trunc", expressions=[exp.Literal.string(unit), arg])
+    zone = _zone(t, "date_trunc")
+    if zone is not None:
+        return truncated_instant(unit, node.this, zone)
+    return exp.Anonymous(this="date_trunc", expressions=[exp.Literal.string(unit), node.this])
 
 
 def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expression:
@@ -348,16 +351,16 @@ def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expression:
 
 
 def _rule_from_unixtime(t: Translation, node: exp.UnixToStr) -> exp.Expression:
-    """``from_unixtime(seconds[, pattern])``: the local time as text (UTC sessions)."""
-    if t.settings.time_zone not in UTC_ZONES:
-        msg = f"from_unixtime() in session time zone {t.settings.time_zone!r}: not translated"
-        raise SparkSemanticsError(msg)
+    """``from_unixtime(seconds[, pattern])``: the local time as text."""
+    zone = _zone(t, "from_unixtime")
     at = t.need(node.this, "from_unixtime")
     if not st.is_integral(at):
         raise SparkSemanticsError(f"from_unixtime() of a {at.sql('spark')}: not translated")
     fmt = node.args.get("format")
     java = _java_pattern(fmt, "from_unixtime") if fmt is not None else "yyyy-MM-dd HH:mm:ss"
     seconds = exp.Anonymous(this="to_timestamp_seconds", expressions=[cast_to(node.this, "BIGINT")])
+    if zone is not None:
+        seconds = local_time(seconds, zone)
     chrono = exp.Literal.string(to_chrono(java, times=True))
     return exp.Anonymous(this="to_char", expressions=[seconds, chrono])
 

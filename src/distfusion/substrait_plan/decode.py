@@ -15,6 +15,7 @@ from datafusion.substrait import Consumer, Serde
 from substrait.proto import Expression, Plan, Rel
 
 from distfusion.substrait_plan.build import named_struct, stage_read
+from distfusion.substrait_plan.functions import add_used
 from distfusion.substrait_plan.walk import child_fields, rel_kind
 
 __all__ = ["PIECE_DEPTH", "consume_plan", "fits_decoder", "parse_plan"]
@@ -81,6 +82,7 @@ def consume_plan(ctx: SessionContext, data: bytes):
     Raises:
         Exception: DataFusion's error when it rejects the plan or a piece of it.
     """
+    add_used(ctx, data)  # datafusion-spark's functions it names (substrait_plan.functions)
     try:
         return Consumer.from_substrait_plan(ctx, Serde.deserialize_bytes(data))
     except Exception as exc:  # DataFusion raises bare Exception
