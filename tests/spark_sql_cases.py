@@ -1,9 +1,10 @@
 """Spark SQL constructs, each run by ``distfusion.spark.sql`` and by Spark on one session.
 
 Every case names a construct, its query over the table ``sem`` (:data:`SEM_ROWS`,
-NULLs in every column) and how distfusion runs it: ``native`` (translated
-with Spark's semantics, no fallback) or ``spark`` (handed to Spark SQL, with
-the reason). tests/runtime/test_spark_sql_semantics.py checks both the
+NULLs in every column) or ``dst`` (:data:`DST_ROWS`, times around DST changes),
+the session time zone it runs in if not the session's own, and how distfusion
+runs it: ``native`` (translated with Spark's semantics, no fallback) or
+``spark`` (handed to Spark SQL, with the reason). tests/runtime/test_spark_sql_semantics.py checks both the
 answer (names, types and values equal Spark's) and the mode, and the
 compatibility table of docs/spark.md is rendered from this list
 (:func:`compatibility_table`), so it cannot drift.
@@ -68,14 +69,78 @@ SEM_ROWS = pa.table(
 )
 
 
+# UTC instants of DST changes of 2024: Los Angeles (02:00 PST -> 03:00 PDT, 02:00 PDT
+# -> 01:00 PST), Berlin (02:00 CET -> 03:00 CEST, 03:00 CEST -> 02:00 CET), Sydney
+# (03:00 AEDT -> 02:00 AEST, 02:00 AEST -> 03:00 AEDT)
+DST_CHANGES = [
+    datetime.datetime(2024, 3, 10, 10),
+    datetime.datetime(2024, 11, 3, 9),
+    datetime.datetime(2024, 3, 31, 1),
+    datetime.datetime(2024, 10, 27, 1),
+    datetime.datetime(2024, 4, 6, 16),
+    datetime.datetime(2024, 10, 5, 16),
+]
+# wall times in those zones' gaps and overlaps, and next to them
+DST_WALLS = [
+    datetime.datetime(2024, 3, 10, 2, 30),
+    datetime.datetime(2024, 11, 3, 1, 30),
+    datetime.datetime(2024, 3, 31, 2, 30),
+    datetime.datetime(2024, 10, 27, 2, 30),
+    datetime.datetime(2024, 10, 6, 2, 30),
+    datetime.datetime(2024, 4, 7, 2, 30),
+]
+_AROUND = [-90, -61, -30, -1, 0, 1, 30, 59, 61, 90]  # minutes
+# past 2099 (java.time goes on with a zone's last rule), and a zone's first changes
+_FAR = [
+    datetime.datetime(2099, 12, 31, 23, 30),
+    datetime.datetime(2100, 1, 1, 0, 30),
+    datetime.datetime(2150, 1, 15, 12),
+    datetime.datetime(2150, 7, 4, 12),
+    datetime.datetime(2200, 6, 1, 0, 15),
+    datetime.datetime(2261, 8, 1, 12),
+    datetime.datetime(1883, 11, 18, 20, 30),
+    datetime.datetime(1893, 4, 1, 0, 30),
+    datetime.datetime(1700, 1, 1, 0, 0, 1),
+]
+_DST_TIMES = [
+    change + datetime.timedelta(minutes=m, seconds=(7 * n) % 60, microseconds=250000 * (n % 3))
+    for change in DST_CHANGES
+    for n, m in enumerate(_AROUND)
+] + _FAR
+DST_ROWS = pa.table(
+    {
+        "k": pa.array(range(len(_DST_TIMES) + 1), pa.int32()),
+        "ts": pa.array([*_DST_TIMES, None], pa.timestamp("us", tz="UTC")),
+        "tn": pa.array(
+            [w + datetime.timedelta(minutes=m) for w in DST_WALLS for m in _AROUND]
+            + [t + datetime.timedelta(minutes=30) for t in _FAR]
+            + [None],
+            pa.timestamp("us"),
+        ),
+        "b": pa.array(
+            [
+                int(t.replace(tzinfo=datetime.UTC).timestamp()) - 3600 * (n % 2)
+                for n, t in enumerate(_DST_TIMES)
+            ]
+            + [None],
+            pa.int64(),
+        ),
+    }
+)
+"""Instants around the DST changes of 2024 in three zones and from 1700 to 2261 (``ts``),
+wall times in and next to their gaps and overlaps (``tn``), seconds since the epoch
+near them (``b``)."""
+
+
 @dataclass(frozen=True)
 class Case:
-    """One construct: its name, a query showing it, and ``native`` or ``spark``."""
+    """One construct: its name, a query showing it, ``native`` or ``spark``, the session zone."""
 
     construct: str
     sql: str
     mode: str
     note: str = ""
+    zone: str = ""
 
 
 CASES = [
@@ -268,28 +333,129 @@ CASES = [
         "SELECT hour(ts), minute(ts), second(ts), to_date(ts), CAST(ts AS DATE), year(ts), "
         "hour(tn), CAST(tn AS DATE) FROM sem ORDER BY ts",
         "native",
-        "a TIMESTAMP's local time in a UTC session; other zones on Spark SQL",
+        "a TIMESTAMP's local time in the session time zone, a TIMESTAMP_NTZ's own",
+    ),
+    Case(
+        "hour, minute, second, to_date, CAST AS DATE across DST changes, in Los Angeles",
+        "SELECT k, hour(ts), minute(ts), second(ts), to_date(ts), CAST(ts AS DATE), "
+        "hour(tn), minute(tn), CAST(tn AS DATE) FROM dst ORDER BY k",
+        "native",
+        "any tz database zone or fixed offset (java.time's rules past 2099 too)",
+        "America/Los_Angeles",
+    ),
+    Case(
+        "local times across DST changes, in Berlin",
+        "SELECT k, hour(ts), minute(ts), second(ts), to_date(ts), CAST(ts AS DATE) "
+        "FROM dst ORDER BY k",
+        "native",
+        "",
+        "Europe/Berlin",
+    ),
+    Case(
+        "local times across DST changes, in Sydney",
+        "SELECT k, hour(ts), to_date(ts), CAST(tn AS DATE) FROM dst ORDER BY k",
+        "native",
+        "",
+        "Australia/Sydney",
+    ),
+    Case(
+        "local times in Kolkata (a half-hour offset)",
+        "SELECT k, hour(ts), minute(ts), to_date(ts) FROM dst ORDER BY k",
+        "native",
+        "",
+        "Asia/Kolkata",
+    ),
+    Case(
+        "local times at a fixed offset (-03:30)",
+        "SELECT k, hour(ts), minute(ts), to_date(ts) FROM dst ORDER BY k",
+        "native",
+        "`+05:30`, `-08:00`, `GMT+5` as java.time reads them",
+        "-03:30",
+    ),
+    Case(
+        "local times in a short zone ID (PST)",
+        "SELECT k, hour(ts) FROM dst ORDER BY k",
+        "spark",
+        "java.time's `SHORT_IDS` (`PST`, `EST`)",
+        "PST",
     ),
     Case(
         "date_trunc",
         "SELECT date_trunc('DAY', ts), date_trunc('hour', ts), date_trunc('week', ts), "
         "date_trunc('MM', ts) FROM sem ORDER BY ts",
         "native",
-        "as above",
+        "in the session time zone",
+    ),
+    Case(
+        "date_trunc across DST changes, in Los Angeles",
+        "SELECT k, date_trunc('SECOND', ts), date_trunc('MINUTE', ts), date_trunc('HOUR', ts), "
+        "date_trunc('DAY', ts), date_trunc('WEEK', ts), date_trunc('MONTH', ts), "
+        "date_trunc('QUARTER', ts), date_trunc('YEAR', ts) FROM dst ORDER BY k",
+        "native",
+        "a gap or overlap resolved as `java.time` resolves it",
+        "America/Los_Angeles",
+    ),
+    Case(
+        "date_trunc across DST changes, in Berlin",
+        "SELECT k, date_trunc('MINUTE', ts), date_trunc('HOUR', ts), date_trunc('DAY', ts), "
+        "date_trunc('WEEK', ts), date_trunc('MONTH', ts) FROM dst ORDER BY k",
+        "native",
+        "",
+        "Europe/Berlin",
+    ),
+    Case(
+        "date_trunc across DST changes, in Sydney",
+        "SELECT k, date_trunc('HOUR', ts), date_trunc('DAY', ts), date_trunc('YEAR', ts) "
+        "FROM dst ORDER BY k",
+        "native",
+        "",
+        "Australia/Sydney",
+    ),
+    Case(
+        "date_trunc in Kolkata",
+        "SELECT k, date_trunc('HOUR', ts), date_trunc('DAY', ts), date_trunc('QUARTER', ts) "
+        "FROM dst ORDER BY k",
+        "native",
+        "",
+        "Asia/Kolkata",
     ),
     Case(
         "date_format of a timestamp",
         "SELECT date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS'), date_format(tn, 'h:mm a') "
         "FROM sem ORDER BY ts",
         "native",
-        "letters y M L d D E H h m s S a; as above",
+        "letters y M L d D E H h m s S a; in the session time zone",
+    ),
+    Case(
+        "date_format, from_unixtime across DST changes, in Los Angeles",
+        "SELECT k, date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS'), date_format(tn, 'yyyy-MM-dd HH:mm'), "
+        "from_unixtime(b), from_unixtime(b, 'yyyy/MM/dd h:mm a') FROM dst ORDER BY k",
+        "native",
+        "a TIMESTAMP_NTZ formatted as the TIMESTAMP Spark casts it to (a gap's time moves on)",
+        "America/Los_Angeles",
+    ),
+    Case(
+        "date_format, from_unixtime across DST changes, in Berlin",
+        "SELECT k, date_format(ts, 'yyyy-MM-dd HH:mm:ss'), date_format(tn, 'HH:mm'), "
+        "from_unixtime(b) FROM dst ORDER BY k",
+        "native",
+        "",
+        "Europe/Berlin",
+    ),
+    Case(
+        "date_format, from_unixtime across DST changes, in Sydney",
+        "SELECT k, date_format(ts, 'yyyy-MM-dd HH:mm'), date_format(tn, 'yyyy-MM-dd HH:mm'), "
+        "from_unixtime(b, 'yyyy-MM-dd HH') FROM dst ORDER BY k",
+        "native",
+        "",
+        "Australia/Sydney",
     ),
     Case(
         "unix_timestamp, from_unixtime",
         "SELECT unix_timestamp(ts), from_unixtime(b), from_unixtime(i, 'yyyy/MM/dd HH') "
         "FROM sem ORDER BY ts",
         "native",
-        "as above",
+        "in the session time zone",
     ),
     Case(
         "to_timestamp of a string",

@@ -8,6 +8,7 @@ without fallback, one marked ``spark`` must run on Spark SQL with a reason.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from pathlib import Path
@@ -19,19 +20,35 @@ import distfusion.spark
 from distfusion import tpch
 from distfusion.errors import SparkSemanticsError
 from tests.compare import assert_same_result, is_ordered
-from tests.spark_sql_cases import CASES, SEM_ROWS, compatibility_table
+from tests.spark_sql_cases import CASES, DST_ROWS, SEM_ROWS, compatibility_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def sem(any_spark, tmp_path_factory):
-    """``any_spark`` with the view ``sem`` over a Parquet file of :data:`SEM_ROWS` (read natively)."""
-    path = tmp_path_factory.mktemp("sem") / "sem.parquet"
-    pq.write_table(SEM_ROWS, path)
-    any_spark.read.parquet(str(path)).createOrReplaceTempView("sem")
+    """``any_spark`` with views ``sem`` and ``dst`` over Parquet files of its rows (native)."""
+    folder = tmp_path_factory.mktemp("sem")
+    for name, rows in (("sem", SEM_ROWS), ("dst", DST_ROWS)):
+        pq.write_table(rows, folder / f"{name}.parquet")
+        any_spark.read.parquet(str(folder / f"{name}.parquet")).createOrReplaceTempView(name)
     yield any_spark
     any_spark.catalog.dropTempView("sem")
+    any_spark.catalog.dropTempView("dst")
+
+
+@contextlib.contextmanager
+def _session_zone(spark, zone: str):
+    """``spark.sql.session.timeZone`` set to ``zone`` (unchanged if empty) while it runs."""
+    if not zone:
+        yield
+        return
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
 
 
 def _same_as_spark(spark, sql: str, **kwargs) -> distfusion.spark.SparkDataFrame:
@@ -51,7 +68,8 @@ def _same_as_spark(spark, sql: str, **kwargs) -> distfusion.spark.SparkDataFrame
 
 @pytest.mark.parametrize("case", CASES, ids=[c.construct for c in CASES])
 def test_construct_answers_as_spark(sem, case):
-    df = _same_as_spark(sem, case.sql)
+    with _session_zone(sem, case.zone):
+        df = _same_as_spark(sem, case.sql)
     if case.mode == "native":
         assert df.fallback is None
     else:
@@ -139,33 +157,48 @@ def test_sum_of_floats_is_close(sem):
     assert math.isclose(got, sem.sql("SELECT sum(f) AS s FROM sem").collect()[0]["s"])
 
 
-# (query, whether it reads the local time of a TIMESTAMP: native in a UTC session only)
 ZONED = [
-    ("SELECT i FROM sem WHERE ts >= '2024-03-10 02:30' ORDER BY i", False),  # in NY's gap
-    ("SELECT i FROM sem WHERE ts < '2024-11-03 01:30:00' ORDER BY i", False),  # NY's overlap
-    ("SELECT i FROM sem WHERE ts = TIMESTAMP '2024-03-10 03:30:00' ORDER BY i", False),
-    ("SELECT hour(ts), to_date(ts), date_trunc('day', ts) FROM sem ORDER BY ts", True),
-    ("SELECT hour(tn), date_format(tn, 'HH:mm') FROM sem ORDER BY tn", True),
-    ("SELECT date_format(ts, 'yyyy-MM-dd HH:mm'), from_unixtime(i) FROM sem ORDER BY ts", True),
+    "SELECT i FROM sem WHERE ts >= '2024-03-10 02:30' ORDER BY i",  # in NY's gap
+    "SELECT i FROM sem WHERE ts < '2024-11-03 01:30:00' ORDER BY i",  # NY's overlap
+    "SELECT i FROM sem WHERE ts = TIMESTAMP '2024-03-10 03:30:00' ORDER BY i",
+    "SELECT hour(ts), to_date(ts), date_trunc('day', ts) FROM sem ORDER BY ts",
+    "SELECT hour(tn), date_format(tn, 'HH:mm') FROM sem ORDER BY tn",
+    "SELECT date_format(ts, 'yyyy-MM-dd HH:mm'), from_unixtime(i) FROM sem ORDER BY ts",
 ]
 
 
 @pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
 def test_timestamps_across_dst_changes_in_two_session_zones(sem, zone):
-    previous = sem.conf.get("spark.sql.session.timeZone")
-    sem.conf.set("spark.sql.session.timeZone", zone)
-    try:
-        for sql, local in ZONED:
+    with _session_zone(sem, zone):
+        for sql in ZONED:
             df = _same_as_spark(sem, sql)
-            native = zone == "UTC" or not local
-            assert (df.fallback is None) == native, (sql, df.fallback)
-            if not native:
-                assert "session time zone 'America/New_York'" in df.fallback
+            assert df.fallback is None, (sql, df.fallback)
         sql = "SELECT ts, tn FROM sem ORDER BY i"
         got = distfusion.spark.sql(sem, sql).to_pandas()  # naive times in the session's zone
         assert got.equals(sem.sql(sql).toPandas()), (got, sem.sql(sql).toPandas())
-    finally:
-        sem.conf.set("spark.sql.session.timeZone", previous)
+
+
+# Local times of instants around DST changes (DST_ROWS): every function at once
+DST_QUERIES = [
+    "SELECT k, hour(ts) AS h, minute(ts) AS m, second(ts) AS s, to_date(ts) AS d, "
+    "CAST(ts AS DATE) AS c, date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS EEE') AS f, "
+    "from_unixtime(b) AS u, from_unixtime(b, 'h:mm a') AS v, hour(tn) AS nh, "
+    "date_format(tn, 'yyyy-MM-dd HH:mm') AS nf FROM dst ORDER BY k",
+    "SELECT k, date_trunc('MINUTE', ts) AS mi, date_trunc('HOUR', ts) AS h, "
+    "date_trunc('DAY', ts) AS d, date_trunc('WEEK', ts) AS w, date_trunc('MONTH', ts) AS mo, "
+    "date_trunc('QUARTER', ts) AS q, date_trunc('YEAR', ts) AS y FROM dst ORDER BY k",
+    "SELECT hour(ts) AS h, count(*) AS n FROM dst GROUP BY hour(ts) ORDER BY h",
+]
+
+
+@pytest.mark.parametrize(
+    "zone", ["America/Los_Angeles", "Europe/Berlin", "Australia/Sydney", "Asia/Kolkata", "+05:30"]
+)
+def test_local_times_across_dst_changes_run_natively_in_any_zone(sem, zone):
+    with _session_zone(sem, zone):
+        for sql in DST_QUERIES:
+            df = _same_as_spark(sem, sql)
+            assert df.fallback is None, (sql, df.fallback)
 
 
 def test_session_python_udf_runs_on_spark_and_a_given_one_natively(sem):
