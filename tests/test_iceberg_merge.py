@@ -14,6 +14,7 @@ commit) leaves the table at its snapshot and no new file behind.
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 
@@ -24,9 +25,9 @@ import pytest
 from datafusion import SessionContext
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import IdentityTransform, TruncateTransform
+from pyiceberg.transforms import DayTransform, IdentityTransform, TruncateTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import DoubleType, LongType, NestedField, StringType
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 import distfusion
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime, TaskError
@@ -369,3 +370,39 @@ def test_merge_into_a_table_with_a_required_key_equals_upsert(ctx, catalog):
         WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
     ).collect()
     assert _read(ours) == _read(theirs)
+
+
+def test_timestamp_keys_prune_a_day_partitioned_table(ctx, catalog):
+    schema = Schema(
+        NestedField(1, "ts", TimestamptzType(), required=False),
+        NestedField(2, "x", DoubleType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(1, 1000, DayTransform(), "ts_day"))
+    t = catalog.create_table("db.days", schema=schema, partition_spec=spec)
+    start = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    arrow = pa.schema([("ts", pa.timestamp("us", "UTC")), ("x", pa.float64())])
+    for k in range(4):  # a day per append (pyiceberg's day transform needs pyiceberg-core)
+        hours = [start + datetime.timedelta(days=k, hours=h) for h in range(3)]
+        ctx.register_table(
+            f"day{k}", pa.table({"ts": hours, "x": [k * 10.0 + h for h in range(3)]}, arrow)
+        )
+        ctx.sql(f"SELECT * FROM day{k}").write_iceberg(t)
+    at = [start + datetime.timedelta(days=2, hours=h) for h in (1, 5)]
+    source = pa.table({"ts": at, "x": [-1.0, -2.0]}, arrow)
+    c = SessionContext()
+    c.from_arrow(t.scan().to_arrow().cast(arrow), "t")
+    c.from_arrow(source, "s")
+    expected = c.sql(
+        "SELECT * FROM s UNION ALL SELECT t.* FROM t LEFT ANTI JOIN s ON t.ts = s.ts ORDER BY ts"
+    ).to_pylist()
+    before = _data_files(t)
+    ctx.register_table("at", source)
+    ctx.register_iceberg("t", t)
+    got = ctx.sql(
+        """MERGE INTO t USING at AS s ON t.ts = s.ts
+        WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
+    ).to_pylist()
+    assert got == [{"count": 13}]
+    t.refresh()
+    assert t.scan().to_arrow().cast(arrow).sort_by("ts").to_pylist() == expected
+    assert len(before - _data_files(t)) == 1  # the third day's file only
