@@ -406,3 +406,16 @@ def test_timestamp_keys_prune_a_day_partitioned_table(ctx, catalog):
     t.refresh()
     assert t.scan().to_arrow().cast(arrow).sort_by("ts").to_pylist() == expected
     assert len(before - _data_files(t)) == 1  # the third day's file only
+
+
+def test_a_source_that_reads_the_target_reads_all_of_it(ctx, catalog):
+    # the keys 100..104 match no file; the source's rows come from the files of ids 0..4
+    t = _table(catalog, "t")
+    before = _read(t)
+    ctx.register_iceberg("t", t)
+    got = ctx.sql(
+        """MERGE INTO t USING (SELECT id + 100 AS id, p, x FROM t WHERE id < 5) AS s
+        ON t.id = s.id WHEN NOT MATCHED THEN INSERT *"""
+    ).to_pylist()
+    copies = [{**r, "id": r["id"] + 100} for r in before if r["id"] < 5]
+    assert _read(t) == before + copies and got == [{"count": len(before) + 5}]

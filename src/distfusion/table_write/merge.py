@@ -57,7 +57,7 @@ from sqlglot.tokens import TokenType
 
 from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
-from distfusion.ddl import sql_tokens
+from distfusion.ddl import fold_identifier, sql_tokens
 from distfusion.errors import PlanningError
 from distfusion.iceberg import IcebergTable
 from distfusion.iceberg.table import arrow_schema
@@ -182,6 +182,24 @@ def _backquoted(sql: str) -> str:
             out += [sql[at : t.start], "`" + t.text.replace("`", "``") + "`"]
             at = t.end + 1
     return "".join([*out, sql[at:]])
+
+
+def _names(sql: str, table: str) -> bool:
+    """Whether ``sql`` holds the identifier ``table`` (folded as DataFusion does), or cannot be cut.
+
+    Example:
+        >>> _names('(SELECT id + 1 AS id FROM "lake.db.t" AS t)', "lake.db.t")
+        True
+    """
+    try:
+        tokens = sql_tokens(sql)
+    except TokenError:
+        return True
+    return any(
+        fold_identifier(t.text, t.token_type == TokenType.IDENTIFIER) == table
+        for t in tokens
+        if t.token_type in (TokenType.VAR, TokenType.IDENTIFIER)
+    )
 
 
 def _ident(name: str) -> str:
@@ -356,10 +374,12 @@ class TableMerges:
         """``(target column, min, max)`` over the source of each ON key (:func:`merge_keys`).
 
         One query over the source. ``min`` and ``max`` are None when no
-        source row has the key (no target row can match). None when ON has no key.
+        source row has the key (no target row can match). None when ON has no
+        key, or the source names the target table (it must read all of it,
+        while the merge registers the target as the files it rewrites).
         """
         keys = merge_keys(m, columns)
-        if not keys:
+        if not keys or _names(m.source, table_name(m.target)):
             return None
         sa = _ident(m.source_alias)
         exprs = [f"min({e}) AS lo{i}, max({e}) AS hi{i}" for i, (_, e) in enumerate(keys)]
