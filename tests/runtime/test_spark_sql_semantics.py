@@ -231,3 +231,20 @@ def test_a_decimal_product_past_38_digits_answers_as_spark(sem):
     )
     df = _same_as_spark(sem, sql)
     assert df.fallback and "overflow" in df.fallback
+
+
+def test_local_times_of_a_view_spark_computes_in_a_dst_zone(sem):
+    # Not a plain file scan: Spark computes the view and hands its rows over
+    # (their TIMESTAMP labeled with the session's zone); the local times are the same.
+    sem.sql("CREATE OR REPLACE TEMP VIEW dst_kept AS SELECT k, ts FROM dst WHERE k % 2 = 0")
+    try:
+        with _session_zone(sem, "America/Los_Angeles"):
+            sql = (
+                "SELECT k, hour(ts) AS h, date_trunc('DAY', ts) AS d, "
+                "date_format(ts, 'yyyy-MM-dd HH:mm') AS f FROM dst_kept ORDER BY k"
+            )
+            df = _same_as_spark(sem, sql)
+            assert df.fallback is None, df.fallback
+            assert "spark scan dst_kept" in df.explain()
+    finally:
+        sem.catalog.dropTempView("dst_kept")
