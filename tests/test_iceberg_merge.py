@@ -343,11 +343,6 @@ def test_a_commit_landing_during_the_merge_makes_it_fail(ctx, catalog):
     assert on_disk == {p.removeprefix("file://") for p in _data_files(t)}
 
 
-@pytest.mark.xfail(
-    raises=distfusion.PlanningError,
-    reason="write_iceberg refuses a nullable result column for a required table column "
-    "(the merge's columns come from a full outer join: all nullable); not yet checked per row",
-)
 def test_merge_into_a_table_with_a_required_key_equals_upsert(ctx, catalog):
     schema = Schema(
         NestedField(1, "id", LongType(), required=True),

@@ -48,7 +48,9 @@ from distfusion.table_write.delta_predicate import (
 from distfusion.table_write.files import (
     PlacedFile,
     TableWriteError,
+    check_not_null_partitions,
     discard,
+    not_null_columns,
     partition_texts,
     place_files,
     run_job,
@@ -140,10 +142,13 @@ def write_delta(
             schema = file_schema(frame.schema())
     elif dt is not None and mode == "overwrite" and partition_overwrite_mode == "static":
         removed = _file_table(dt, ()).to_pylist()  # delta-rs removes them (mode "overwrite")
+    # NOT NULL columns: checked on the values (files.run_job), not on the result's types
+    not_null = set() if dt is None or schema_mode == "overwrite" else _not_null(dt)
+    schema = not_null_columns(schema, not_null)
     spec = WriteSpec(uri.rstrip("/"), str(uuid.uuid4()), "parquet", schema, parts)
     created = _make_root(uri)
     try:
-        placed = place_files(spec, run_job(frame, spec))
+        placed = place_files(spec, run_job(frame, spec, object_store.redact(uri)))
     except BaseException:
         _remove_root(created)
         raise
@@ -151,6 +156,7 @@ def write_delta(
         if cleanup is not None:
             cleanup()
     try:
+        check_not_null_partitions(placed, parts, not_null, object_store.redact(uri))
         if predicate is not None and dt is not None and mode == "overwrite" and cleanup is None:
             _check_written(uri, placed, parts, schema, predicate)
         adds = [_add_action(dl, p, parts, schema) for p in placed]
@@ -304,6 +310,11 @@ def _partition_columns(uri: str, dt: Any, partition_by, schema: pa.Schema) -> tu
         msg = f"{uri}: every column is a partition column; no column is left for the files"
         raise ValueError(msg)
     return tuple(parts)
+
+
+def _not_null(dt: Any) -> set[str]:
+    """The table's NOT NULL columns (top-level fields whose ``nullable`` is false)."""
+    return {f.name for f in dt.schema().fields if not f.nullable}
 
 
 def _delta_types(schema: Any) -> dict[str, str]:

@@ -23,11 +23,13 @@ Placed files are invisible to the table's readers until the commit names them
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from distfusion import object_store
@@ -40,6 +42,8 @@ __all__ = [
     "PlacedFile",
     "TableWriteError",
     "discard",
+    "check_not_null_partitions",
+    "not_null_columns",
     "partition_texts",
     "place_files",
     "run_job",
@@ -47,6 +51,9 @@ __all__ = [
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 """The directory name pyarrow's Hive partitioning gives a NULL partition value."""
+
+_NOT_NULL = re.compile(r"Column '([^']*)' is declared non-nullable but contains nulls")
+"""pyarrow's writers' error for a NULL in a non-nullable field of the batch they write."""
 
 
 class TableWriteError(DistfusionError):
@@ -73,12 +80,22 @@ class PlacedFile:
     metadata: Any
 
 
-def run_job(frame: Any, spec: WriteSpec) -> list[list[WrittenFile]]:
+def run_job(frame: Any, spec: WriteSpec, table: str = "") -> list[list[WrittenFile]]:
     """Run ``frame``'s query as the tasks of ``spec``'s job; each task's committed files.
+
+    **NOT NULL columns.** A column of ``spec.schema`` that is not nullable (a
+    table's required / NOT NULL column, :func:`not_null_columns`) is checked
+    on the data, as Spark's ANSI store assignment and Delta's NOT NULL
+    constraint do: the query's column may be typed nullable, but a task whose
+    batch holds a NULL there fails (pyarrow's Parquet writer verifies each
+    batch against the schema's nullability) and the job writes nothing.
+    Partition columns are not in the files: :func:`check_not_null_partitions`
+    checks them on the placed files.
 
     Args:
         frame: a :class:`~distfusion.context.DistributedDataFrame`.
         spec: the job; ``spec.path`` is where the table's data files go.
+        table: the table's name for the error messages.
 
     Returns:
         By task, the files it committed below ``path/_temporary/<query>/``.
@@ -87,6 +104,8 @@ def run_job(frame: Any, spec: WriteSpec) -> list[list[WrittenFile]]:
         ContextClosedError: the frame's context is closed.
         PlanningError: the statement returns no columns; a coordinator-only
             query reads a table only tasks can read.
+        TableWriteError: a NULL reached a NOT NULL column (names the
+            table and the column); no file of the job remains.
         TaskError, TransportError: a task failed or a worker was lost (also
             KeyboardInterrupt): the job is aborted first, so no file of it
             remains.
@@ -105,9 +124,47 @@ def run_job(frame: Any, spec: WriteSpec) -> list[list[WrittenFile]]:
         os.makedirs(spec.job_dir, exist_ok=True)
     try:
         return frame._write_tasks(spec, reason)
-    except BaseException:
+    except BaseException as exc:
         committer.abort_job()
-        raise
+        bad = _NOT_NULL.search(str(exc)) if isinstance(exc, Exception) else None
+        if bad is None:
+            raise
+        msg = _not_null_message(table, bad.group(1))
+        raise TableWriteError(msg) from exc
+
+
+def not_null_columns(schema: pa.Schema, columns: set[str]) -> pa.Schema:
+    """``schema`` (Arrow) with the fields named in ``columns`` not nullable.
+
+    The write schema of a table with NOT NULL (required) columns: the query's
+    columns are typed nullable (an outer join's, a literal's), the table's
+    are not; the tasks check the values (:func:`run_job`).
+    """
+    return pa.schema([f.with_nullable(False) if f.name in columns else f for f in schema])
+
+
+def check_not_null_partitions(
+    placed: list[PlacedFile], parts: tuple[str, ...], columns: set[str], table: str
+) -> None:
+    """A placed file below a NULL partition directory of a NOT NULL column fails the write.
+
+    Raises:
+        TableWriteError: names the table and the column (the caller discards the files).
+    """
+    checked = [c for c in parts if c in columns]
+    if not checked:
+        return
+    for p in placed:
+        for c, text in partition_texts(p.relpath, tuple(checked)).items():
+            if text is None:
+                raise TableWriteError(_not_null_message(table, c))
+
+
+def _not_null_message(table: str, column: str) -> str:
+    return (
+        f"a NULL value reached the NOT NULL column {column!r} of the table {table}; "
+        "nothing was written"
+    )
 
 
 def place_files(

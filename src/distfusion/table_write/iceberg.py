@@ -117,7 +117,7 @@ def write_iceberg(
     spec = WriteSpec(root_path, str(uuid.uuid4()), "parquet", write_schema, tuple(hidden))
     records: dict = {}
     rename = _renamer(table, hidden, records)
-    placed = place_files(spec, run_job(frame_out, spec), rename)
+    placed = place_files(spec, run_job(frame_out, spec, name), rename)
     read_snapshot = table.metadata.current_snapshot_id
     try:
         data_files = [_data_file(table, data_root, p, hidden, records) for p in placed]
@@ -170,7 +170,14 @@ def _checked(frame: Any, table: Any, name: str) -> tuple[pa.Schema, list[str], l
             f"required column(s) {required} of the Iceberg table {name} are missing from the result"
         )
         raise ValueError(msg)
-    present = pa.schema([result.field(n) for n in names if n in result.names])
+    # a required column takes a nullable one: the tasks check its values (files.run_job)
+    present = pa.schema(
+        [
+            result.field(n).with_nullable(not schema.find_field(n).required)
+            for n in names
+            if n in result.names
+        ]
+    )
     try:
         _check_pyarrow_schema_compatible(
             schema.select(*present.names), present, True, table.metadata.format_version
