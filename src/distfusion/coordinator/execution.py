@@ -39,7 +39,7 @@ from distfusion.coordinator.in_place import (
     run_in_place,
     runs_in_place,
 )
-from distfusion.coordinator.query_run import QueryRun
+from distfusion.coordinator.query_run import QueryRun, WritesHeadParts
 from distfusion.coordinator.results import map_head_parts, named, write_head_part
 from distfusion.coordinator.statements import writes
 from distfusion.display import with_progress
@@ -357,9 +357,8 @@ class QueryExecution:
         run = self.context.runtime.start_query(spec.query_id)
         try:
             graph = self._prepare(run, spec.query_id)
-            writer = getattr(run, "write_head_parts", None)
-            if writer is not None:
-                return writer(graph, spec)
+            if isinstance(run, WritesHeadParts):
+                return run.write_head_parts(graph, spec)
             # a run that cannot cut its head: the head whole, here
             return map_head_parts(run, graph, functools.partial(write_head_part, spec))
         finally:

@@ -46,7 +46,13 @@ from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.planner.config import RuntimeProfile
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
 from distfusion.stages import Stage, StageGraph
-from distfusion.transport.base import WorkerTransport
+from distfusion.transport.base import (
+    AbortsReads,
+    ReportsFailedTasks,
+    ReportsQueryMetrics,
+    WorkerTransport,
+    WritesParts,
+)
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.head_parts import HeadPart, head_parts, run_part
 from distfusion.worker.memory import TaskMemory, machine_memory_bytes
@@ -57,6 +63,8 @@ __all__ = [
     "Runtime",
     "RuntimeProfile",
     "QueryRun",
+    "MapsHeadParts",
+    "WritesHeadParts",
     "StageStats",
     "Routing",
     "round_robin",
@@ -116,14 +124,9 @@ class QueryRun(Protocol):
     differently than first planned (a shuffle output read as a broadcast, its
     partitions coalesced into fewer tasks, see :attr:`StageInput.groups`).
 
-    Optional methods, for results that stay distributed (``to_spark``,
-    ``write_*``), used when a run has them (as :class:`WorkerQueryRun` does):
-    ``map_head_parts(graph, fn, split)`` runs ``fn(part, attempt, batches)``
-    over the parts of the head stage where its inputs are
-    (:func:`~distfusion.coordinator.results.map_head_parts`; without it the
-    head runs whole on the coordinator, as part 0), and
-    ``write_head_parts(graph, spec)`` writes each part as a task of a write
-    job (without it: ``map_head_parts`` with the writer).
+    Optional abilities, for results that stay distributed (``to_spark``,
+    ``write_*``), used when a run declares them (as :class:`WorkerQueryRun`
+    does): :class:`MapsHeadParts` and :class:`WritesHeadParts`.
     """
 
     def run_stages(self, graph: StageGraph, stage_ids: list[int]) -> dict[int, StageStats]:
@@ -150,6 +153,32 @@ class QueryRun(Protocol):
 
     def close(self) -> None:
         """Cancel whatever still runs and free every output of the query. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class MapsHeadParts(Protocol):
+    """A :class:`QueryRun` that runs a function over the head stage's parts where they are."""
+
+    def map_head_parts(self, graph: StageGraph, fn, split: bool = True) -> list:
+        """``fn(part, attempt, batches)`` over every part of ``graph``'s head, its results.
+
+        Without this ability the head runs whole on the coordinator, as part
+        0 (:func:`~distfusion.coordinator.results.map_head_parts`).
+        """
+        ...
+
+
+@runtime_checkable
+class WritesHeadParts(Protocol):
+    """A :class:`QueryRun` that writes each part of the head stage as a task of a write job."""
+
+    def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list[list[WrittenFile]]:
+        """Write every part of ``graph``'s head as ``spec`` says; each part's committed files.
+
+        Without this ability: :class:`MapsHeadParts` with the writer, or the
+        head whole on the coordinator.
+        """
         ...
 
 
@@ -572,8 +601,8 @@ class WorkerQueryRun:
             As :meth:`map_head_parts`; TaskError naming the head stage and the
             part when a worker failed to write it.
         """
-        remote = getattr(self.transport, "write_part", None)
-        if remote is None:
+        transport = self.transport
+        if not isinstance(transport, WritesParts):
             return self.map_head_parts(graph, functools.partial(write_part, spec))
         parts = self.head_parts(graph)
         if has_feeds(graph.head):  # its feed streams from here: the head runs here, whole
@@ -593,7 +622,7 @@ class WorkerQueryRun:
             url = where(part)
             with self._lock:  # a worker no stage task ran on holds the query too
                 self._head_writers.add(url)
-            files = remote(url, body, what, part.plan.key.query_id, stores)
+            files = transport.write_part(url, body, what, part.plan.key.query_id, stores)
             return [WrittenFile.from_json(f) for f in files]
 
         return _run_each(one, parts, len(parts))
@@ -626,8 +655,8 @@ class WorkerQueryRun:
 
     def _watch_failures(self) -> None:
         """Start polling the workers of the query for failed tasks (once; see :meth:`fail`)."""
-        failed_tasks = getattr(self.transport, "failed_tasks", None)
-        if failed_tasks is None or self._watching.is_set():
+        transport = self.transport
+        if not isinstance(transport, ReportsFailedTasks) or self._watching.is_set():
             return
         self._watching.set()
 
@@ -635,7 +664,7 @@ class WorkerQueryRun:
             while not self._closing.wait(FAILURE_POLL_S):
                 for url in sorted(set(self.placement.copy().values())):
                     try:
-                        errors = failed_tasks(url, self.query_id)
+                        errors = transport.failed_tasks(url, self.query_id)
                     except Exception:  # lost or closed meanwhile: other paths report it
                         continue
                     if errors:
@@ -654,10 +683,9 @@ class WorkerQueryRun:
         self._closing.set()
         try:
             self.feeds.close()
-            abort = getattr(self.transport, "abort_query", None)
-            if abort is not None:  # reads of this process blocked on a stream end now
+            if isinstance(self.transport, AbortsReads):  # blocked reads of this process end now
                 reason = self._failure or QueryCancelledError(f"query {self.query_id} was closed")
-                abort(self.query_id, reason)
+                self.transport.abort_query(self.query_id, reason)
             self._collect_metrics()
             self._cancel_on_workers(sorted(set(self.placement.values()) | self._head_writers))
         finally:
@@ -687,12 +715,12 @@ class WorkerQueryRun:
 
     def _poll_metrics(self) -> tuple[int, int] | None:
         """Metrics of the tasks finished so far on every worker used, to the observer."""
-        ask = getattr(self.transport, "query_metrics", None)
-        if ask is None:
+        transport = self.transport
+        if not isinstance(transport, ReportsQueryMetrics):
             return None
         for url in sorted(set(self.placement.copy().values())):
             try:
-                self.observer.tasks_finished(ask(url, self.query_id))
+                self.observer.tasks_finished(transport.query_metrics(url, self.query_id))
             except Exception:  # lost worker, or closed meanwhile: best effort
                 continue
         return None

@@ -23,7 +23,7 @@ from typing import Any
 import datafusion
 import pyarrow as pa
 
-from distfusion.coordinator.query_run import QueryRun
+from distfusion.coordinator.query_run import MapsHeadParts, QueryRun
 from distfusion.errors import QueryCancelledError
 from distfusion.stages import StageGraph
 from distfusion.worker.interrupt import Interruptible
@@ -92,9 +92,8 @@ def map_head_parts(run: QueryRun, graph: StageGraph, fn, split: bool = True) -> 
     A run that cannot cut its head (Spark's shuffle data plane, whose head
     inputs come to the driver) runs the head whole here as part 0.
     """
-    mapper = getattr(run, "map_head_parts", None)
-    if mapper is not None:
-        return mapper(graph, fn, split)
+    if isinstance(run, MapsHeadParts):
+        return run.map_head_parts(graph, fn, split)
     return [fn(0, 0, run.stream_head(graph))]
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from distfusion.planner.estimate import REDUCTION_SIDE_FACTOR, DefaultTaskEstimator, TaskEstimator
 from distfusion.protocol.environment import environment_switches
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_BROADCAST_BYTES",
     "DistributedConfig",
     "PlannerConfig",
+    "ProfiledRuntime",
     "RuntimeProfile",
     "SQL_DIALECTS",
 ]
@@ -162,8 +164,16 @@ class RuntimeProfile:
         only the :class:`~distfusion.coordinator.query_run.Runtime` methods,
         plans with the defaults.
         """
-        profile = getattr(runtime, "profile", None)
-        return profile() if callable(profile) else cls()
+        return runtime.profile() if isinstance(runtime, ProfiledRuntime) else cls()
+
+
+@runtime_checkable
+class ProfiledRuntime(Protocol):
+    """A runtime that declares its :class:`RuntimeProfile` (every built-in one does)."""
+
+    def profile(self) -> RuntimeProfile:
+        """What the planner needs to know of this runtime."""
+        ...
 
 
 @dataclass(frozen=True)

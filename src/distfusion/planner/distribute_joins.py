@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from substrait.proto import Expression, JoinRel, Rel
 
-from distfusion.planner.estimate import Estimate
+from distfusion.planner.estimate import Estimate, SizesTasksByBytes
 from distfusion.planner.fragment import Fragment, KeySource, through_emit
 from distfusion.planner.inject_runtime_filters import REDUCE_LEFT, REDUCE_RIGHT, RuntimeFilters
 from distfusion.planner.storage_partitioned_joins import StoragePartitionedJoins
@@ -128,13 +128,14 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
         ran, or ``tasks_per_stage``.
         """
         estimator = self.config.estimator
-        wave = getattr(estimator, "wave_bytes_per_task", None)
+        sized = isinstance(estimator, SizesTasksByBytes)
+        wave = estimator.wave_bytes_per_task if sized else None
         if (
             probe.tasks <= self.config.workers
             or wave is None
             or any(n in self.aligned_units for n in source_tables(probe.rel, self.sources))
             or broadcast_bytes * 16 < wave
-            or getattr(estimator, "tasks_per_stage", None)
+            or (sized and estimator.tasks_per_stage)
             or probe.partitioning is not None
             or probe.passthrough is not None
             or probe.chunkable

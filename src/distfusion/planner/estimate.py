@@ -21,6 +21,8 @@ from distfusion.substrait_plan.build import filtered_read
 __all__ = [
     "Estimate",
     "TaskEstimator",
+    "EstimatesFeedTasks",
+    "SizesTasksByBytes",
     "DefaultTaskEstimator",
     "FILTER_SELECTIVITY",
     "filter_selectivity",
@@ -201,10 +203,35 @@ class TaskEstimator(Protocol):
         """Tasks for a stage fed by a shuffle of about ``input_bytes``."""
         ...
 
-    # Optional: ``feed_tasks(desired_tasks: int | None, workers: int) -> int``,
-    # tasks for a leaf stage reading a work unit feed whose table source asks
-    # for ``desired_tasks`` (None: no wish). Without it the planner uses the
-    # desired count, or one task per worker.
+    # Optional abilities: EstimatesFeedTasks, SizesTasksByBytes (below).
+
+
+@runtime_checkable
+class EstimatesFeedTasks(Protocol):
+    """A :class:`TaskEstimator` that sizes leaf stages reading a work unit feed (optional).
+
+    Without it the planner uses the count the feed's table source asks for,
+    or one task per worker.
+    """
+
+    def feed_tasks(self, desired_tasks: int | None, workers: int) -> int:
+        """Tasks for a leaf stage reading a feed whose source asks for ``desired_tasks``.
+
+        ``desired_tasks`` None: no wish. The planner caps the result by the workers.
+        """
+        ...
+
+
+@runtime_checkable
+class SizesTasksByBytes(Protocol):
+    """A :class:`TaskEstimator` with :class:`DefaultTaskEstimator`'s sizing fields (optional).
+
+    The planner reads them to decide whether a join's probe side keeps its
+    tasks (``planner/distribute_joins.py``); without them it does.
+    """
+
+    tasks_per_stage: int | None
+    wave_bytes_per_task: int | None
 
 
 @dataclass(frozen=True)

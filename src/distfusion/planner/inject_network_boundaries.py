@@ -52,7 +52,7 @@ from distfusion.errors import NotDistributableError, PlanningError
 from distfusion.planner import decompose_aggregate as dagg
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.distribute_joins import JoinDistribution
-from distfusion.planner.estimate import Estimate, filter_selectivity
+from distfusion.planner.estimate import Estimate, EstimatesFeedTasks, filter_selectivity
 from distfusion.planner.fragment import Fragment, MaterializedStage, canonical_reads, through_emit
 from distfusion.planner.plan_subqueries import (
     SubqueryPlanning,
@@ -630,8 +630,11 @@ def _spark_tasks(config: PlannerConfig, scan_bytes: int, partitions: int | None)
 
 def _feed_tasks(config: PlannerConfig, desired: int | None) -> int:
     """Tasks of a leaf stage reading a feed: the estimator's ``feed_tasks``, workers the cap."""
-    ask = getattr(config.estimator, "feed_tasks", None)
-    wanted = ask(desired, config.workers) if ask is not None else (desired or config.workers)
+    estimator = config.estimator
+    if isinstance(estimator, EstimatesFeedTasks):
+        wanted = estimator.feed_tasks(desired, config.workers)
+    else:
+        wanted = desired or config.workers
     return max(1, min(int(wanted), config.task_cap))
 
 
