@@ -6,14 +6,17 @@ sqlglot)::
 
     MERGE INTO t [AS a] USING s [AS b] ON cond
       WHEN MATCHED [AND c] THEN UPDATE SET col = expr, ... | UPDATE SET * | DELETE
-      WHEN NOT MATCHED [AND c] THEN INSERT (cols) VALUES (exprs) | INSERT *
+      WHEN NOT MATCHED [BY TARGET] [AND c] THEN INSERT (cols) VALUES (exprs) | INSERT *
+      WHEN NOT MATCHED BY SOURCE [AND c] THEN UPDATE SET col = expr, ... | DELETE
 
 whose ``t`` is a table registered with ``register_delta`` or
 ``register_iceberg`` (or a mounted catalog's ``lake.db.t``) runs at once,
 distributed, with Spark's and delta-rs's semantics: the first ``WHEN``
 clause whose condition holds applies to a row; a matched target row no
 clause applies to stays as it is; a source row no ``NOT MATCHED`` clause
-applies to is dropped; a target row matched by two source rows (with a
+applies to is dropped; a target row no source row matches takes the first
+``NOT MATCHED BY SOURCE`` clause that holds (Spark 3.4's and Delta's), else
+stays as it is; a target row matched by two source rows (with a
 ``WHEN MATCHED`` clause) is an error, before anything is written. One
 distributed query computes the table's new rows::
 
@@ -37,8 +40,9 @@ or min/max (integer and date columns) overlap it
 pyiceberg's pruning by partition values and column bounds:
 :func:`~distfusion.table_write.iceberg_merge.merge_files`); only they are read,
 joined and rewritten, and the commit removes only them. Without such keys,
-every file is rewritten. ``WHEN NOT MATCHED BY SOURCE`` is refused (it would
-need every file). The statement's result is one row, column ``count``: the
+every file is rewritten, and so it is with a ``WHEN NOT MATCHED BY SOURCE``
+clause (it applies to target rows of any file). The statement's result is one
+row, column ``count``: the
 rows of the new version (the untouched files' counted from the log).
 """
 
@@ -78,12 +82,15 @@ class MergeClause:
 
     ``action``: ``"update"``, ``"delete"`` or ``"insert"``; ``values``: target
     column -> SQL expression (``None``: ``SET *`` / ``INSERT *``, by name).
+    ``by_source``: a ``WHEN NOT MATCHED BY SOURCE`` clause (``matched`` is
+    False; it applies to target rows no source row matches).
     """
 
     matched: bool
     condition: str | None
     action: str
     values: dict[str, str] | None = field(default=None)
+    by_source: bool = False
 
 
 @dataclass
@@ -102,8 +109,9 @@ def parse_merge(sql: str) -> MergeStatement | None:
     """The parts of a ``MERGE INTO`` statement; None for any other statement.
 
     Raises:
-        PlanningError: a MERGE sqlglot cannot parse, ``WHEN NOT MATCHED BY
-            SOURCE``, or a clause not listed in the module docstring.
+        PlanningError: a MERGE sqlglot cannot parse, or a clause not listed
+            in the module docstring (``UPDATE SET *`` of ``NOT MATCHED BY
+            SOURCE``: there is no source row).
     """
     if not _MERGE.match(sql):
         return None
@@ -128,20 +136,23 @@ def parse_merge(sql: str) -> MergeStatement | None:
     clauses = []
     whens = tree.args.get("whens")
     for when in whens.expressions if whens is not None else []:
-        if when.args.get("source"):
-            msg = "MERGE: WHEN NOT MATCHED BY SOURCE is not supported yet"
-            raise PlanningError(msg)
+        by_source = bool(when.args.get("source"))
         cond = when.args.get("condition")
         then = when.args["then"]
         matched = bool(when.args.get("matched"))
         condition = render(cond) if cond is not None else None
-        if isinstance(then, exp.Var) and then.name.upper() == "DELETE" and matched:
-            clauses.append(MergeClause(True, condition, "delete"))
-        elif isinstance(then, exp.Update) and matched:
+        # a target row's clauses: WHEN MATCHED, or WHEN NOT MATCHED BY SOURCE
+        of_target = matched or by_source
+        if isinstance(then, exp.Var) and then.name.upper() == "DELETE" and of_target:
+            clauses.append(MergeClause(matched, condition, "delete", by_source=by_source))
+        elif isinstance(then, exp.Update) and of_target:
             values = None
             if not (len(then.expressions) == 1 and isinstance(then.expressions[0], exp.Star)):
                 values = {e.this.name: render(e.expression) for e in then.expressions}
-            clauses.append(MergeClause(True, condition, "update", values))
+            elif by_source:
+                msg = "MERGE: WHEN NOT MATCHED BY SOURCE cannot UPDATE SET * (no source row)"
+                raise PlanningError(msg)
+            clauses.append(MergeClause(matched, condition, "update", values, by_source))
         elif isinstance(then, exp.Insert) and not matched:
             values = None
             if not isinstance(then.this, exp.Star):
@@ -212,17 +223,25 @@ def merge_sql(m: MergeStatement, columns: list[str], source_columns: list[str]) 
     matched = f"({ta}.{T} IS NOT NULL AND {sa}.{S} IS NOT NULL)"
     target_only = f"({sa}.{S} IS NULL)"
     source_only = f"({ta}.{T} IS NULL)"
-    matched_cases, source_cases = [], []
+    matched_cases, target_cases, source_cases = [], [], []
     for i, c in enumerate(m.clauses, 1):
         cond = f" AND ({c.condition}) IS TRUE" if c.condition else ""
         if c.matched:
             matched_cases.append(f"WHEN {matched}{cond} THEN {i}")
+        elif c.by_source:
+            target_cases.append(f"WHEN {target_only}{cond} THEN {i}")
         else:
             source_cases.append(f"WHEN {source_only}{cond} THEN {i}")
     # the first clause that holds applies (Spark's order); a matched row none applies to,
-    # and a target row no source row matches, stay as they are (0)
+    # and a target row no source row matches none applies to, stay as they are (0)
     which = " ".join(
-        ["CASE", *matched_cases, f"WHEN {matched} OR {target_only} THEN 0", *source_cases]
+        [
+            "CASE",
+            *matched_cases,
+            *target_cases,
+            f"WHEN {matched} OR {target_only} THEN 0",
+            *source_cases,
+        ]
     )
     which += " ELSE -1 END"
     outs = []
@@ -376,9 +395,12 @@ class TableMerges:
         One query over the source. ``min`` and ``max`` are None when no
         source row has the key (no target row can match). None when ON has no
         key, or the source names the target table (it must read all of it,
-        while the merge registers the target as the files it rewrites).
+        while the merge registers the target as the files it rewrites), or a
+        ``WHEN NOT MATCHED BY SOURCE`` clause applies to the rows of every file.
         """
         keys = merge_keys(m, columns)
+        if any(c.by_source for c in m.clauses):  # its clauses apply to rows of every file
+            return None
         if not keys or _names(m.source, table_name(m.target)):
             return None
         sa = _ident(m.source_alias)
