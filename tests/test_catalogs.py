@@ -319,3 +319,66 @@ def test_create_table_as_with_partition_transforms(runtime_for, tmp_path):
     with pytest.raises(PlanningError, match="partitions by columns only"):
         ctx.sql(f"CREATE TABLE dl.sales.u PARTITIONED BY (days(d)) AS {query}")
     assert not catalog.table_exists(("db", "u"))
+
+
+# ------------------------------------------------------------------ CREATE OR REPLACE
+def test_create_or_replace_a_delta_table_is_one_overwrite_commit(runtime_for, tmp_path):
+    catalog = _delta(tmp_path)
+    ctx = _context(runtime_for("local", 3), tmp_path)
+    ctx.register_catalog("dl", catalog)
+    uri = str(tmp_path / "delta" / "sales" / "orders")
+    old = _sorted(DeltaTable(uri).to_pyarrow_table().select(["id", "p", "x"]))
+    assert ctx.sql("SELECT count(*) AS n FROM dl.sales.orders").to_pylist() == [{"n": ROWS}]
+    ctx.sql(
+        """CREATE OR REPLACE TABLE dl.sales.orders PARTITIONED BY (odd) AS
+        SELECT id, id % 2 AS odd, CAST(x AS VARCHAR) AS xs FROM src WHERE id < 1100"""
+    ).collect()
+    dt = DeltaTable(uri)
+    assert dt.version() == 1  # one commit: new schema, partitioning and rows
+    assert dt.metadata().partition_columns == ["odd"]
+    assert dt.schema().to_arrow().names == ["id", "odd", "xs"]
+    got = pa.table(dt.to_pyarrow_table()).select(["id", "odd", "xs"])
+    expected = [
+        {"id": r["id"], "odd": r["id"] % 2, "xs": None if r["x"] is None else str(r["x"])}
+        for r in _rows(100, 1000).to_pylist()
+    ]
+    assert _sorted(got) == expected
+    paths = pa.table(dt.get_add_actions())["path"].to_pylist()
+    assert paths and all(f.startswith("odd=") for f in paths)  # every old file removed
+    old_version = pa.table(DeltaTable(uri, version=0).to_pyarrow_table()).select(["id", "p", "x"])
+    assert _sorted(old_version) == old  # time travel still reads the replaced rows
+    assert ctx.sql("SELECT count(*) AS n FROM dl.sales.orders").to_pylist() == [{"n": 100}]
+    # the query may read the table it replaces
+    ctx.sql(
+        "CREATE OR REPLACE TABLE dl.sales.orders AS SELECT id FROM dl.sales.orders WHERE odd = 1"
+    ).collect()
+    dt = DeltaTable(uri)
+    assert dt.version() == 2 and dt.metadata().partition_columns == []
+    assert sorted(pa.table(dt.to_pyarrow_table())["id"].to_pylist()) == list(range(1001, 1100, 2))
+    # a failed query replaces nothing and leaves no file
+    files = _files(uri)
+    with pytest.raises(TaskError, match="boom in one task"):
+        ctx.sql(
+            "CREATE OR REPLACE TABLE dl.sales.orders AS SELECT fail_at_last(id - 1000) AS id "
+            "FROM src"
+        )
+    assert DeltaTable(uri).version() == 2 and _files(uri) == files
+    # a table that does not exist is created
+    ctx.sql("CREATE OR REPLACE TABLE dl.sales.fresh AS SELECT 1 AS id").collect()
+    assert DeltaTable(str(tmp_path / "delta" / "sales" / "fresh")).version() == 0
+    with pytest.raises(PlanningError, match="OR REPLACE and IF NOT EXISTS"):
+        ctx.sql("CREATE OR REPLACE TABLE IF NOT EXISTS dl.sales.fresh AS SELECT 1 AS id")
+
+
+def test_create_or_replace_an_iceberg_table_is_refused_saying_what_to_do(runtime_for, tmp_path):
+    catalog = _iceberg(tmp_path)
+    ctx = _context(runtime_for("local", 3), tmp_path)
+    ctx.register_catalog("lake", catalog)
+    snapshot = catalog.load_table(("db", "orders")).current_snapshot().snapshot_id
+    with pytest.raises(PlanningError, match="INSERT OVERWRITE lake.db.orders.*drop_table"):
+        ctx.sql("CREATE OR REPLACE TABLE lake.db.orders AS SELECT 1 AS id")
+    assert catalog.load_table(("db", "orders")).current_snapshot().snapshot_id == snapshot
+    # a table that does not exist is created, as CREATE TABLE AS does
+    ctx.sql("CREATE OR REPLACE TABLE lake.db.t PARTITIONED BY (p) AS SELECT * FROM src").collect()
+    table = catalog.load_table(("db", "t"))
+    assert _sorted(table.scan().to_arrow()) == _sorted(_rows(ROWS, 1000))

@@ -7,7 +7,7 @@ statement (``_catalog_statement``)::
     ctx.register_catalog("lake", catalog)      # pyiceberg Catalog or DeltaDirectoryCatalog
     SELECT ... FROM lake.db.orders             # loads db.orders now, registers it, reads it
     INSERT INTO lake.db.orders SELECT ...      # the same, then distfusion.table_write.sql
-    CREATE TABLE lake.db.t [PARTITIONED BY (c, ...)] AS SELECT ...
+    CREATE [OR REPLACE] TABLE lake.db.t [PARTITIONED BY (c, ...)] AS SELECT ...
     SHOW TABLES [FROM|IN lake[.db]]            # DataFusion's tables and the catalogs'
     CREATE TABLE t USING delta [PARTITIONED BY (c)] LOCATION 'path' AS SELECT ...
 
@@ -29,6 +29,14 @@ partitions), then the rows are one append commit
 table's first commit holds the rows
 (:func:`~distfusion.table_write.delta.write_delta`). When the query or the
 commit fails, the files written are deleted and the table does not exist.
+
+``CREATE OR REPLACE TABLE lake.ns.t AS query`` of an existing Delta table is
+one overwrite commit with the query's schema and ``PARTITIONED BY`` columns
+(delta-rs's ``schema_mode="overwrite"``: new metadata, every old file
+removed, the new ones added; the old versions stay readable). pyiceberg 0.12
+has no atomic replace of a table's schema and contents, so the statement is
+refused for an existing Iceberg table (the error says what to do instead);
+for a table that does not exist it is ``CREATE TABLE AS``.
 """
 
 from __future__ import annotations
@@ -82,6 +90,7 @@ class _CreateAs:
     if_not_exists: bool
     partition_by: list[tuple[str, str, int | None]]  # (column, transform, its width)
     query: str
+    replace: bool = False
 
 
 class CatalogMounts:
@@ -322,20 +331,40 @@ class CatalogMounts:
         done = self.ctx.from_arrow(pa.table({}))
         if isinstance(mounted, DeltaDirectoryCatalog):
             uri = mounted.table_uri(namespace, table)
-            if mounted.load_table(namespace, table) is not None:
-                if create.if_not_exists:
-                    return done
+            exists = mounted.load_table(namespace, table) is not None
+            if exists and create.if_not_exists:
+                return done
+            if exists and not create.replace:
                 raise PlanningError(f"table {internal} already exists (a Delta table at {uri})")
             columns = _identity_columns(create.partition_by, internal)
             frame = self.sql(create.query)
             _check_columns(frame.schema(), columns, internal)
-            write_delta(
-                frame, uri, "append", columns or None, storage_options=mounted.storage_options
-            )
+            if exists:  # one commit: new schema and partitioning, every old file removed
+                write_delta(
+                    frame,
+                    uri,
+                    "overwrite",
+                    columns,
+                    schema_mode="overwrite",
+                    storage_options=mounted.storage_options,
+                )
+            else:
+                write_delta(
+                    frame, uri, "append", columns or None, storage_options=mounted.storage_options
+                )
             return done
         if mounted.table_exists((namespace, table)):
             if create.if_not_exists:
                 return done
+            if create.replace:
+                msg = (
+                    f"CREATE OR REPLACE TABLE {internal}: pyiceberg 0.12 cannot replace an "
+                    "Iceberg table's schema and rows in one commit; to keep the schema and "
+                    f"replace the rows, run INSERT OVERWRITE {internal} SELECT ...; to change "
+                    f"the schema, drop the table through the catalog (catalog.drop_table"
+                    f"({namespace + '.' + table!r})) and run CREATE TABLE {internal} AS ..."
+                )
+                raise PlanningError(msg)
             raise PlanningError(f"table {internal} already exists in catalog {catalog!r}")
         frame = self.sql(create.query)
         schema = _iceberg_arrow_schema(frame.schema())
@@ -386,11 +415,13 @@ def _tables(mounted: Any, namespace: str) -> list[str]:
 
 
 def _create_as(sql: str, mounts: dict) -> _CreateAs | None:
-    """``CREATE TABLE [IF NOT EXISTS] cat.ns.t [PARTITIONED BY (cols)] AS query``; else None.
+    """``CREATE [OR REPLACE] TABLE [IF NOT EXISTS] cat.ns.t [PARTITIONED BY (cols)] AS query``.
+
+    None for any other statement.
 
     Raises:
-        PlanningError: ``CREATE OR REPLACE TABLE`` of a catalog table, or
-            ``CREATE TABLE`` of one without ``AS`` (not supported).
+        PlanningError: ``CREATE TABLE`` of a catalog table without ``AS`` (not
+            supported); ``OR REPLACE`` with ``IF NOT EXISTS`` (Spark refuses it too).
     """
     try:
         tokens = sql_tokens(sql)
@@ -412,10 +443,10 @@ def _create_as(sql: str, mounts: dict) -> _CreateAs | None:
     if not names or i >= len(tokens) or names[0].start != tokens[i].start:
         return None
     name = names[0]
-    if replace:
+    if replace and if_not_exists:
         msg = (
-            f"CREATE OR REPLACE TABLE {internal_name(*name.parts)} is not supported; "
-            "use INSERT OVERWRITE, or DROP the table through its catalog first"
+            f"CREATE OR REPLACE TABLE IF NOT EXISTS {internal_name(*name.parts)}: "
+            "OR REPLACE and IF NOT EXISTS cannot both be given"
         )
         raise PlanningError(msg)
     while i < len(tokens) and tokens[i].start < name.end:
@@ -435,7 +466,7 @@ def _create_as(sql: str, mounts: dict) -> _CreateAs | None:
         )
         raise PlanningError(msg)
     query = sql[tokens[i].end + 1 :].strip()
-    return _CreateAs(name, if_not_exists, partition_by, query)
+    return _CreateAs(name, if_not_exists, partition_by, query, replace)
 
 
 def _create_delta_at(sql: str) -> tuple[str, bool, list[str], str, str] | None:

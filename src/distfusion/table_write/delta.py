@@ -120,7 +120,7 @@ def write_delta(
     schema = file_schema(frame.schema())
     if isinstance(partition_by, str):
         partition_by = [partition_by]
-    parts = _partition_columns(uri, dt, partition_by, schema)
+    parts = _partition_columns(uri, dt, partition_by, schema, schema_mode)
     table_schema = _checked_schema(uri, dt, schema, schema_mode, mode)
     removed: list[Any] = []
     cleanup = None  # forgets what a predicate over data columns registered
@@ -287,8 +287,17 @@ def _located(frame: Any, dl: Any, table: Any, storage_options) -> tuple[str, dic
     return uri.rstrip("/"), options
 
 
-def _partition_columns(uri: str, dt: Any, partition_by, schema: pa.Schema) -> tuple[str, ...]:
-    if dt is not None:
+def _partition_columns(
+    uri: str, dt: Any, partition_by, schema: pa.Schema, schema_mode: str | None = None
+) -> tuple[str, ...]:
+    """The partition columns of the write: the table's, or (new table, new schema) the given ones.
+
+    Raises:
+        ValueError: ``partition_by`` differs from an existing table's (unless
+            ``schema_mode="overwrite"``: new metadata), or names a column not
+            in the result, or every column.
+    """
+    if dt is not None and not (schema_mode == "overwrite" and partition_by is not None):
         existing = list(dt.metadata().partition_columns)
         if partition_by is not None and list(partition_by) != existing:
             msg = (
