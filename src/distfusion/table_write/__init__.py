@@ -105,7 +105,10 @@ class TableWrites:
             PlanningError: the table cannot be loaded; the query cannot be
                 planned.
             TableWriteError: delta-rs refused the commit (a concurrent commit
-                conflicts): names the table and the version the write read.
+                conflicts): names the table and the version the write read; a
+                NULL reached a NOT NULL column (checked on the values while
+                the tasks write; a nullable-typed column is accepted): names
+                the table and the column.
             TaskError, TransportError, ContextClosedError: as
                 :meth:`execute_stream`; nothing is committed.
         """
@@ -161,7 +164,9 @@ class TableWrites:
                 partition transform (not computed yet). Raised before any task.
             TableWriteError: the catalog refused the commit (a concurrent
                 commit other than a blind append's race): names the table and
-                both snapshot ids.
+                both snapshot ids; a NULL reached a required column (checked
+                on the values while the tasks write; a nullable-typed column
+                is accepted): names the table and the column.
             PlanningError, TaskError, TransportError, ContextClosedError: as
                 :meth:`execute_stream`; nothing is committed.
         """
