@@ -522,9 +522,16 @@ CASES = [
         "a NULL or empty array gives one row with a NULL",
     ),
     Case(
-        "posexplode",
-        "SELECT i, posexplode(ai) FROM sem",
-        "spark",
+        "posexplode, posexplode_outer, explode_outer",
+        "SELECT i, posexplode_outer(ai) FROM sem ORDER BY i, pos",
+        "native",
+        "positions from 0 (INT); `_outer`: one row of NULLs for a NULL or empty array",
+    ),
+    Case(
+        "LATERAL VIEW [OUTER] posexplode, posexplode(a) AS (p, x)",
+        "SELECT i, p, x FROM sem LATERAL VIEW OUTER posexplode(ai) v AS p, x "
+        "UNION ALL SELECT i, posexplode(ai) AS (p, x) FROM sem ORDER BY i, p, x",
+        "native",
     ),
     Case(
         "maps, structs",
@@ -548,7 +555,19 @@ CASES = [
         "spark",
         "Spark's implicit casts",
     ),
-    Case("CAST of a string to a number", "SELECT CAST('12' AS INT) + i FROM sem", "spark"),
+    Case(
+        "CAST of a string to an integer or a DOUBLE",
+        "SELECT CAST('12' AS INT) + i, CAST(' 7 ' AS BIGINT) * b, "
+        "CAST(CAST(i AS STRING) AS DOUBLE) / 4, CAST('-2.5e1' AS DOUBLE) FROM sem ORDER BY i",
+        "native",
+        "a string DataFusion does not read as a number runs the query on Spark SQL",
+    ),
+    Case(
+        "CAST of a string to a DECIMAL, FLOAT or BOOLEAN",
+        "SELECT CAST('1.25' AS DECIMAL(5,1)), CAST('0.1' AS FLOAT), CAST('yes' AS BOOLEAN) "
+        "FROM sem",
+        "spark",
+    ),
 ]
 
 

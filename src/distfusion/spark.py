@@ -127,7 +127,7 @@ _LITERAL = re.compile(r"'(?:[^']|'')*'")
 _FORMATS = {"parquet": "parquet", "csv": "csv"}
 _log = logging.getLogger("distfusion.spark")
 _logged_fallbacks: set[str] = set()
-_OVERFLOW = re.compile(r"Arithmetic overflow|Overflow happened", re.IGNORECASE)
+_VALUE_ERROR = re.compile(r"overflow|Cast error|Can't cast|Cannot cast|Divide by zero", re.I)
 FALLBACKS = ("spark", "error")
 """What :func:`sql`'s ``fallback`` takes."""
 _runtimes: dict[int, SparkRuntime] = {}
@@ -199,11 +199,12 @@ class SparkDataFrame(DistributedDataFrame):
         return ResultStream(_as_spark_batches(stream.batches, self._spark_schema), stream.close)
 
     def collect(self, progress: bool = False) -> list[pa.RecordBatch]:
-        """As :meth:`DistributedDataFrame.collect`; Spark SQL's answer where DataFusion overflows.
+        """As :meth:`DistributedDataFrame.collect`; Spark's answer where DataFusion fails on values.
 
-        Spark rounds a decimal product or quotient past 38 digits (or, in
-        ANSI mode, raises its own error) where DataFusion's arithmetic
-        overflows: a query of :func:`sql` whose tasks fail so runs again as
+        Spark rounds a decimal product past 38 digits, wraps an integer
+        without ANSI mode, reads ``' 7 '`` as a number, or raises its own
+        error, where DataFusion's arithmetic overflows or its cast fails: a
+        query of :func:`sql` whose tasks fail so runs again as
         ``spark.sql(query)`` (here and in :meth:`to_spark`), and
         :attr:`fallback` says why.
         """
@@ -214,10 +215,10 @@ class SparkDataFrame(DistributedDataFrame):
             return self.spark.sql(self.query).toArrow().to_batches()
 
     def _rerun_on_spark(self, exc: Exception) -> None:
-        """Re-raise ``exc`` unless it is an overflow Spark may answer; then say so in fallback."""
-        if self.query is None or self._spark_struct is None or not _OVERFLOW.search(str(exc)):
+        """Re-raise ``exc`` unless it is a failure on a value Spark may answer; then say so."""
+        if self.query is None or self._spark_struct is None or not _VALUE_ERROR.search(str(exc)):
             raise exc
-        self.fallback = f"DataFusion's arithmetic overflowed where Spark's may not: {exc}"
+        self.fallback = f"DataFusion failed on a value where Spark may not: {exc}"
         _log.warning("distfusion.spark.sql runs a query on Spark SQL: %s", self.fallback)
 
     def to_pandas(self):
@@ -248,8 +249,8 @@ class SparkDataFrame(DistributedDataFrame):
     def to_spark(self):
         """The result as a Spark DataFrame on the same SparkSession, computed on the executors.
 
-        As :meth:`_to_spark`; ``spark.sql(query)`` itself where DataFusion's
-        arithmetic overflows before the DataFrame is returned (see :meth:`collect`).
+        As :meth:`_to_spark`; ``spark.sql(query)`` itself where DataFusion fails
+        on a value before the DataFrame is returned (see :meth:`collect`).
 
         Raises:
             TaskError: a task failed (see :meth:`execute_stream`).

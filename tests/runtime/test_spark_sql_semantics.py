@@ -127,6 +127,7 @@ def test_ansi_off_wraps_and_divides_by_zero_to_null(sem):
 
 
 def test_ansi_on_fails_on_overflow_and_division_by_zero(sem):
+    # DataFusion fails on the value; the query runs again on Spark SQL, which raises its own.
     for sql in (
         "SELECT i / (i - 1) FROM sem",
         "SELECT b * 9000000 FROM sem",
@@ -136,8 +137,34 @@ def test_ansi_on_fails_on_overflow_and_division_by_zero(sem):
             sem.sql(sql).collect()
         df = distfusion.spark.sql(sem, sql)
         assert df.fallback is None
-        with pytest.raises(Exception, match="(?i)overflow|divide by zero|cast"):
+        with pytest.raises(
+            Exception, match=r"\[(ARITHMETIC_OVERFLOW|DIVIDE_BY_ZERO|CAST_OVERFLOW)"
+        ):
             df.to_arrow_table()
+        assert df.fallback.startswith("DataFusion failed on a value")
+
+
+@pytest.mark.parametrize("ansi", ["true", "false"])
+def test_a_string_datafusion_does_not_read_as_a_number_answers_as_spark(sem, ansi):
+    # Spark reads '7.5' as the INT 7 without ANSI mode and fails with it; DataFusion's
+    # cast fails, so the query runs again on Spark SQL.
+    sql = "SELECT i, CAST(concat(CAST(i AS STRING), '.5') AS INT) AS n FROM sem ORDER BY i"
+    previous = sem.conf.get("spark.sql.ansi.enabled")
+    sem.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        if ansi == "true":
+            with pytest.raises(Exception, match="CAST_INVALID_INPUT"):
+                sem.sql(sql).collect()
+            df = distfusion.spark.sql(sem, sql)
+            assert df.fallback is None  # translated: the failure comes when it runs
+            with pytest.raises(Exception, match="CAST_INVALID_INPUT"):  # Spark's own
+                df.to_arrow_table()
+        else:
+            df = _same_as_spark(sem, sql)
+        assert df.fallback.startswith("DataFusion failed on a value")
+        assert "Cannot cast" in df.fallback
+    finally:
+        sem.conf.set("spark.sql.ansi.enabled", previous)
 
 
 def test_compatibility_table_in_docs_is_the_cases():

@@ -1,7 +1,7 @@
 """Rules for arrays: Spark's array functions as DataFusion's, with Spark's answers.
 
-``collect_list``, ``collect_set``, ``sort_array``, ``size``, ``array(...)``
-and ``explode``.
+``collect_list``, ``collect_set``, ``sort_array``, ``size``, ``array(...)``,
+``explode`` and ``posexplode``.
 
 Differences each rule covers (checked against Spark in tests/spark_sql_cases.py):
 
@@ -15,8 +15,12 @@ Differences each rule covers (checked against Spark in tests/spark_sql_cases.py)
 - ``explode`` in a select list: a row per element, none for a NULL or empty
   array, as DataFusion's ``unnest``. ``LATERAL VIEW explode(...)`` over one
   table becomes such a select list in a subquery
-  (:func:`without_lateral_views`); ``LATERAL VIEW OUTER`` unnests a one-NULL
+  (:func:`without_generators`); ``LATERAL VIEW OUTER`` unnests a one-NULL
   array in place of a NULL or empty one (one row with a NULL, as Spark).
+- ``posexplode``: two such unnests in one select list, of the array and of
+  its positions (``range``, cast to INT), which DataFusion zips row by row
+  (:func:`without_generators`); ``_outer`` and ``LATERAL VIEW OUTER`` give
+  one row of NULLs for a NULL or empty array.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.nodes import T, Translation, cast_to, unsupported
 
-__all__ = ["COLLECTION_RULES", "without_lateral_views"]
+__all__ = ["COLLECTION_RULES", "without_generators"]
 
 _ARROW_NAMES = {
     T.TINYINT: "Int8",
@@ -111,7 +115,12 @@ def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
 
 
 def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
-    """``explode(a)`` as an item of a select list: ``unnest(a)``, the column ``col``."""
+    """``explode(a)`` as an item of a select list: ``unnest(a)``, the column ``col``.
+
+    The node :func:`without_generators` marks ``positions`` unnests ``a``'s
+    0-based positions instead (INT), ``outer`` a one-NULL array for a NULL
+    or empty one.
+    """
     parent = node.parent
     in_select = isinstance(parent, exp.Select) or (
         isinstance(parent, exp.Alias) and isinstance(parent.parent, exp.Select)
@@ -120,41 +129,77 @@ def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
     if not in_select or node.expressions or not _is_array(array):
         raise SparkSemanticsError("explode() other than of an array in a select list")
     arg = node.this
-    if node.meta.get("outer"):  # LATERAL VIEW OUTER: a NULL row for a NULL or empty array
-        element = array.expressions[0] if array.expressions else None
+    element = array.expressions[0] if array.expressions else None
+    if node.meta.get("positions"):
+        count = cast_to(_fn("cardinality", arg.copy()), "BIGINT")
+        span = _fn("range", exp.Literal.number(0), count)
+        arg = _fn("arrow_cast", span, exp.Literal.string("List(Int32)"))
+        element = exp.DataType.build("INT")
+    if node.meta.get("outer"):  # a NULL row for a NULL or empty array
         if element is None:
-            raise SparkSemanticsError("LATERAL VIEW OUTER of an array of unknown elements")
+            raise SparkSemanticsError("an outer explode of an array of unknown elements")
         _arrow_name(element, "explode")
-        has_rows = exp.GT(this=_fn("cardinality", arg.copy()), expression=exp.Literal.number(0))
+        has_rows = exp.GT(
+            this=_fn("cardinality", node.this.copy()), expression=exp.Literal.number(0)
+        )
         nulls = _fn("make_array", cast_to(exp.Null(), element))
         arg = exp.Case(ifs=[exp.If(this=has_rows, true=arg)], default=nulls)
     unnest = _fn("unnest", arg)
     return unnest if isinstance(parent, exp.Alias) else exp.Alias(this=unnest, alias="col")
 
 
-def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expression:
-    """``concat_ws(sep, s, ...)`` of strings (Spark also joins arrays' elements: not translated)."""
-    for e in node.expressions:
-        et = t.type_of(e)
-        if et is None or et.this not in (T.VARCHAR, T.TEXT, T.CHAR):
-            raise SparkSemanticsError("concat_ws() of anything but strings: not translated")
-    return node
-
-
-def without_lateral_views(ast: exp.Expression) -> exp.Expression:
-    """``ast`` with each ``FROM t [AS a] LATERAL VIEW explode(e) v AS x`` as a subquery.
-
-    ``FROM (SELECT *, explode(e) AS x FROM t AS a) AS a``, one level per
-    lateral view in order; ``v.x`` becomes ``a.x``. The same rows and columns
-    (Spark's ``SELECT *`` lists the table's columns, then the generated ones).
+def _generated(gen: exp.Expression, names: list[str], outer: bool) -> list[exp.Expression]:
+    """The select items of generator ``gen`` (``explode`` or ``posexplode``) named ``names``.
 
     Raises:
-        SparkSemanticsError: a lateral view DataFusion cannot compute so:
-            a generator other than ``explode`` of one argument, several
-            output names, a ``FROM`` with joins, or a generated name that
-            is also a column name written without its table.
+        SparkSemanticsError: another generator, or as many names as it makes columns.
+    """
+    positions = isinstance(gen, exp.Posexplode)
+    known = type(gen) is exp.Explode or isinstance(gen, (exp.ExplodeOuter, exp.Posexplode))
+    if not known or gen.expressions:
+        raise SparkSemanticsError(f"generator {gen.sql('spark')[:60]!r}: not translated")
+    defaults = ["pos", "col"] if positions else ["col"]
+    if names and len(names) != len(defaults):
+        msg = f"{gen.sql('spark')[:60]!r} makes {len(defaults)} columns, named {len(names)}"
+        raise SparkSemanticsError(msg)
+    outer = outer or isinstance(gen, exp.ExplodeOuter)
+    items = []
+    for i, name in enumerate(names or defaults):
+        node = exp.Explode(this=gen.this.copy())
+        node.meta["outer"] = outer
+        node.meta["positions"] = positions and i == 0
+        items.append(exp.alias_(node, name))
+    return items
+
+
+def without_generators(ast: exp.Expression) -> exp.Expression:
+    """``ast`` with generators as explodes of one column each, lateral views as subqueries.
+
+    ``posexplode(a) [AS (p, c)]`` in a select list becomes two items, its
+    positions' and its elements' explodes (:func:`_generated`); a
+    ``FROM t [AS a] LATERAL VIEW [OUTER] gen(e) v AS x`` becomes
+    ``FROM (SELECT *, <gen's items> FROM t AS a) AS a``, one level per lateral
+    view in order; ``v.x`` becomes ``a.x``. The same rows and columns (Spark's
+    ``SELECT *`` lists the table's columns, then the generated ones).
+
+    Raises:
+        SparkSemanticsError: a generator DataFusion cannot compute so:
+            another generator than ``explode`` and ``posexplode`` of one
+            argument, a name count unlike its column count, a ``FROM`` with
+            joins beside a lateral view.
     """
     for select in list(ast.find_all(exp.Select)):
+        for item in list(select.expressions):
+            gen = item.this if isinstance(item, exp.Aliases) else item
+            if isinstance(gen, (exp.Posexplode, exp.ExplodeOuter)) or (
+                isinstance(item, exp.Aliases) and isinstance(gen, exp.Explode)
+            ):
+                names = [i.name for i in item.expressions] if isinstance(item, exp.Aliases) else []
+                at = select.expressions.index(item)
+                items = _generated(gen, names, outer=False)
+                select.set(
+                    "expressions", [*select.expressions[:at], *items, *select.expressions[at + 1 :]]
+                )
         laterals = select.args.get("laterals") or []
         if not laterals:
             continue
@@ -168,20 +213,24 @@ def without_lateral_views(ast: exp.Expression) -> exp.Expression:
             if column.table.lower() in views:
                 column.set("table", exp.to_identifier(alias))
         for lateral in laterals:
-            gen = lateral.this
             names = lateral.args["alias"].columns if lateral.args.get("alias") else []
-            if type(gen) is not exp.Explode or gen.expressions or len(names) > 1:
-                raise SparkSemanticsError(
-                    f"LATERAL VIEW {lateral.sql('spark')[13:60]!r}: not translated"
-                )
-            name = names[0].name if names else "col"
-            gen = gen.copy()
-            gen.meta["outer"] = bool(lateral.args.get("outer"))
-            inner = exp.select(exp.Star(), exp.alias_(gen, name)).from_(table)
+            items = _generated(
+                lateral.this, [n.name for n in names], bool(lateral.args.get("outer"))
+            )
+            inner = exp.select(exp.Star(), *items).from_(table)
             table = exp.alias_(exp.Subquery(this=inner), alias, table=True)
         select.set("laterals", None)
         select.set("from_" if "from_" in select.args else "from", exp.From(this=table))
     return ast
+
+
+def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expression:
+    """``concat_ws(sep, s, ...)`` of strings (Spark also joins arrays' elements: not translated)."""
+    for e in node.expressions:
+        et = t.type_of(e)
+        if et is None or et.this not in (T.VARCHAR, T.TEXT, T.CHAR):
+            raise SparkSemanticsError("concat_ws() of anything but strings: not translated")
+    return node
 
 
 COLLECTION_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {

@@ -44,7 +44,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
-from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_lateral_views
+from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_generators
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
@@ -193,7 +193,7 @@ def parse(query: str) -> exp.Query:
     if not isinstance(ast, exp.Query):
         msg = f"a {ast.key.upper()} statement, not a query: Spark SQL owns it"
         raise SparkSemanticsError(msg)
-    ast = without_lateral_views(ast)
+    ast = without_generators(ast)
     _check_constructs(ast)
     return ast
 
@@ -813,7 +813,12 @@ _SAFE_CASTS = {
 
 
 def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
-    """Casts whose values agree: numbers to numbers, integers and dates to strings, ISO dates."""
+    """Casts whose values agree: numbers to numbers, integers and dates to strings, ISO dates.
+
+    A string to an integer or a DOUBLE: DataFusion parses what Spark parses
+    alike, and fails on the rest (``'1.5'`` to an INT, ``'1d'``), which runs
+    the query again on Spark SQL (``SparkDataFrame.collect``).
+    """
     to = node.to
     src = t.type_of(node.this)
     arg = node.this
@@ -827,6 +832,8 @@ def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
     if pair in _SAFE_CASTS and not (st.is_fractional(src) and st.is_integral(to)):
         return node
     if pair == ("number", "string") and st.is_integral(src):
+        return node
+    if pair == ("string", "number") and (st.is_integral(to) or to.this == T.DOUBLE):
         return node
     msg = f"CAST from {src.sql('spark')} to {to.sql('spark')}: the engines' casts differ"
     raise SparkSemanticsError(msg)
