@@ -152,7 +152,7 @@ def _generated(gen: exp.Expression, names: list[str], outer: bool) -> list[exp.E
     """The select items of generator ``gen`` (``explode`` or ``posexplode``) named ``names``.
 
     Raises:
-        SparkSemanticsError: another generator, or as many names as it makes columns.
+        SparkSemanticsError: another generator, or a count of names unlike its columns.
     """
     positions = isinstance(gen, exp.Posexplode)
     known = type(gen) is exp.Explode or isinstance(gen, (exp.ExplodeOuter, exp.Posexplode))
