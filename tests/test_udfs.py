@@ -243,8 +243,7 @@ def test_pyspark_users_pass_udfs_to_distfusion_spark_sql(session, runtime_for, t
     # Spark SQL's own functions answer as Spark (tests/runtime/test_spark_sql_semantics.py);
     # here the UDF, whose answer the single-node DataFusion oracle gives.
     sql = (
-        "SELECT o_orderpriority, geo_mean(o_totalprice) AS g, count(*) AS n "
-        "FROM orders GROUP BY 1"
+        "SELECT o_orderpriority, geo_mean(o_totalprice) AS g, count(*) AS n FROM orders GROUP BY 1"
     )
     df = distfusion.spark.sql(spark, sql, runtime=runtime, udfs=[*UDFS, *UDAFS, *UDWFS])
     assert df.fallback is None

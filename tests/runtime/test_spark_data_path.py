@@ -75,7 +75,6 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
     sc = spark_session.sparkContext
     chunk_bytes = 64 * 1024
 
-
     def produce(task, _):
         # Defined here, so cloudpickle ships it by value: executors import no tests package.
         import pyarrow as pa
@@ -117,7 +116,9 @@ def test_chunks_cross_the_spark_shuffle_whole_and_in_order(spark_session):
     got = {p: (n, ids) for p, n, ids in out}
     assert got[1] == (0, [])
     for p, rows, offset in [(0, 40_000, 0), (2, 20_000, 100)]:
-        expected = [i for t in range(4) for i in range((t + offset) * 10**6, (t + offset) * 10**6 + rows)]
+        expected = [
+            i for t in range(4) for i in range((t + offset) * 10**6, (t + offset) * 10**6 + rows)
+        ]
         n, ids = got[p]
         assert n >= 4 * 5  # several chunks from every producer task
         assert ids == expected  # whole, by task, each task's rows in order

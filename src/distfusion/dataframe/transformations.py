@@ -493,6 +493,7 @@ class Transformations:
         Raises:
             PlanningError: an unknown column or an invalid expression or ``num``.
         """
+
         def check() -> DataFrame:
             keys = [self.df.parse_sql_expr(e) if isinstance(e, str) else e for e in exprs]
             self.df.select(*keys)  # DataFusion resolves them only when it plans physically
