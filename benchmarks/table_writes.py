@@ -1,0 +1,232 @@
+"""Writing Delta and Iceberg tables: distfusion on Spark against the tables' own libraries.
+
+Issue 39's benchmark. Two jobs over TPC-H Parquet (``distfusion datagen tpch``):
+
+- **write**: ``lineitem`` joined with ``orders`` (11 columns, ``ship_year`` added),
+  written as a new table partitioned by ``ship_year``:
+    distfusion  ``ctx.sql(JOIN).write_delta(path, partition_by="ship_year")`` and
+                ``write_iceberg(table)`` (identity partition on ``ship_year``), on the
+                Spark runtime (``local[N]``): the query and the write, one commit;
+    library     ``deltalake.write_deltalake(path, data, partition_by=...)`` and
+                pyiceberg's ``Table.append(data)`` of the same rows as one Arrow table,
+                computed first by single-node DataFusion (its time reported apart:
+                the libraries' time is the write alone).
+- **merge**: 1% of ``orders`` changed (``o_totalprice`` + 1, every 100th order) and as
+  many new orders, merged into a Delta table of ``orders``
+  (``WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *``):
+    distfusion  ``MERGE INTO`` through ``ctx.sql``;
+    library     ``DeltaTable.merge(...).when_matched_update_all().when_not_matched_insert_all()``.
+
+Each engine writes its own fresh table; reported per job and engine: seconds (one run
+each: a write cannot be repeated on the same table), files written, bytes written, and
+the rows read back through the table's own library (checked equal across engines).
+
+Run (docs/benchmarks.md, "Writing Delta and Iceberg tables")::
+
+    .venv/bin/python benchmarks/table_writes.py --data /tmp/tpch-sf10 --workers 2 \
+        --json benchmarks/results/<date>-table-writes-sf10.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+JOIN = """
+SELECT l_orderkey, l_partkey, l_suppkey, l_linenumber, l_quantity, l_extendedprice,
+       l_discount, l_shipdate, o_orderdate, o_totalprice,
+       CAST(date_part('year', l_shipdate) AS INT) AS ship_year
+FROM lineitem JOIN orders ON l_orderkey = o_orderkey
+"""
+
+CHANGES = """
+SELECT o_orderkey, o_custkey, o_orderstatus, o_totalprice + 1 AS o_totalprice, o_orderdate,
+       o_orderpriority, o_clerk, o_shippriority, o_comment
+FROM orders WHERE o_orderkey % 100 = 1
+UNION ALL
+SELECT o_orderkey + 1000000000, o_custkey, o_orderstatus, o_totalprice, o_orderdate,
+       o_orderpriority, o_clerk, o_shippriority, o_comment
+FROM orders WHERE o_orderkey % 100 = 2
+"""
+
+MERGE = """
+MERGE INTO target AS t USING changes AS s ON t.o_orderkey = s.o_orderkey
+WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *
+"""
+
+
+def _files(root: Path) -> tuple[int, int]:
+    """Data files (``.parquet``) under ``root`` and their bytes."""
+    files = [p for p in root.rglob("*.parquet") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def _timed(fn):
+    """``(seconds, fn())``."""
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def _iceberg_catalog(root: Path):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    root.mkdir(parents=True)
+    catalog = SqlCatalog("bench", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}")
+    catalog.create_namespace("db")
+    return catalog
+
+
+def _iceberg_table(catalog, name: str, schema):
+    """A new Iceberg table ``db.<name>`` of Arrow ``schema``, partitioned by ``ship_year``."""
+    table = catalog.create_table(f"db.{name}", schema=schema)
+    with table.update_spec() as update:
+        update.add_identity("ship_year")
+    return catalog.load_table(f"db.{name}")
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Both jobs; every measure as a dict (also printed)."""
+    import pyarrow as pa
+    from datafusion import SessionContext
+    from deltalake import DeltaTable, write_deltalake
+
+    from distfusion import DistributedContext, tpch
+    from distfusion.runtime.spark import SparkRuntime
+
+    out: dict = {"data": args.data, "workers": args.workers, "rows": []}
+    tmp = Path(tempfile.mkdtemp(prefix="distfusion-bench-writes-", dir=args.tmp))
+    runtime = SparkRuntime(master=f"local[{args.workers}]")
+    ctx = DistributedContext(runtime=runtime)
+    try:
+        tpch.register_tpch(ctx, args.data)
+        single = SessionContext()
+        tpch.register_tpch(single, args.data)
+
+        def record(job: str, engine: str, seconds: float, root: Path, rows: int) -> None:
+            files, size = _files(root)
+            row = {"job": job, "engine": engine, "seconds": round(seconds, 2)}
+            row |= {"files": files, "bytes": size, "rows_read_back": rows}
+            out["rows"].append(row)
+            print(
+                f"{job:6} {engine:28} {seconds:8.2f} s  {files:5} files  "
+                f"{size / 2**20:9.1f} MiB  {rows:,} rows",
+                flush=True,
+            )
+
+        # ---- write: the join as a new partitioned table
+        seconds, data = _timed(lambda: single.sql(JOIN).to_arrow_table())
+        data = data.cast(pa.schema([f.with_type(_plain(f.type)) for f in data.schema]))
+        out["single_node_query_s"] = round(seconds, 2)
+        print(f"single-node DataFusion computes the {data.num_rows:,} rows: {seconds:.2f} s")
+
+        root = tmp / "delta-distfusion"
+        seconds, _ = _timed(lambda: ctx.sql(JOIN).write_delta(str(root), partition_by="ship_year"))
+        record("write", "distfusion write_delta", seconds, root, _delta_rows(root))
+        root = tmp / "delta-deltalake"
+        seconds, _ = _timed(lambda: write_deltalake(str(root), data, partition_by=["ship_year"]))
+        record("write", "deltalake.write_deltalake", seconds, root, _delta_rows(root))
+
+        catalog = _iceberg_catalog(tmp / "iceberg")
+        ours = _iceberg_table(catalog, "ours", data.schema)
+        seconds, _ = _timed(lambda: ctx.sql(JOIN).write_iceberg(ours))
+        record(
+            "write",
+            "distfusion write_iceberg",
+            seconds,
+            tmp / "iceberg" / "db" / "ours",
+            catalog.load_table("db.ours").scan().count(),
+        )
+        theirs = _iceberg_table(catalog, "theirs", data.schema)
+        seconds, _ = _timed(lambda: theirs.append(data))
+        record(
+            "write",
+            "pyiceberg Table.append",
+            seconds,
+            tmp / "iceberg" / "db" / "theirs",
+            catalog.load_table("db.theirs").scan().count(),
+        )
+        data = None  # free it before the merge job
+
+        # ---- merge: 1% changed and 1% new orders into a Delta table of orders
+        orders = single.sql("SELECT * FROM orders").to_arrow_table()
+        orders = orders.cast(pa.schema([f.with_type(_plain(f.type)) for f in orders.schema]))
+        changes = single.sql(CHANGES).to_arrow_table().cast(orders.schema)
+        out["merge_source_rows"] = changes.num_rows
+        for engine in ("distfusion MERGE INTO", "deltalake DeltaTable.merge"):
+            root = tmp / f"merge-{engine.split()[0]}"
+            write_deltalake(str(root), orders)
+            before = _files(root)
+            if engine.startswith("distfusion"):
+                ctx.register_delta("target", str(root))
+                ctx.register_record_batches("changes", [changes.to_batches()])
+                seconds, _ = _timed(lambda: ctx.sql(MERGE).collect())
+            else:
+                merge = DeltaTable(str(root)).merge(
+                    changes, "t.o_orderkey = s.o_orderkey", source_alias="s", target_alias="t"
+                )
+                seconds, _ = _timed(
+                    lambda m=merge: (
+                        m.when_matched_update_all().when_not_matched_insert_all().execute()
+                    )
+                )
+            files, size = _files(root)
+            out["rows"].append(
+                {
+                    "job": "merge",
+                    "engine": engine,
+                    "seconds": round(seconds, 2),
+                    "files_written": files - before[0],
+                    "bytes_written": size - before[1],
+                    "rows_read_back": _delta_rows(root),
+                }
+            )
+            row = out["rows"][-1]
+            print(
+                f"merge  {engine:28} {seconds:8.2f} s  {row['files_written']:5} files  "
+                f"{row['bytes_written'] / 2**20:9.1f} MiB  {row['rows_read_back']:,} rows",
+                flush=True,
+            )
+    finally:
+        ctx.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _plain(t):
+    """Arrow type ``t`` without views (DataFusion reads Parquet strings as ``string_view``)."""
+    import pyarrow as pa
+
+    if t == pa.string_view():
+        return pa.string()
+    if t == pa.binary_view():
+        return pa.binary()
+    return t
+
+
+def _delta_rows(root: Path) -> int:
+    """Rows of the Delta table at ``root``, read by deltalake."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(root)).to_pyarrow_dataset().count_rows()
+
+
+def main() -> None:
+    """Parse the arguments, run both jobs, write ``--json``."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="TPC-H Parquet directory")
+    p.add_argument("--workers", type=int, default=2, help="Spark local[N] (default 2)")
+    p.add_argument("--tmp", default=None, help="where the tables are written (then removed)")
+    p.add_argument("--json", default=None, help="write the measures here")
+    args = p.parse_args()
+    out = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
