@@ -3,8 +3,10 @@
 Below both :mod:`distfusion.planner` and :mod:`distfusion.worker` (the
 import-linter layers in pyproject.toml): a worker decodes and walks its
 fragment with these, it never imports the planner (a contract in pyproject.toml
-fails when it does). Four modules, each importing only those before it:
+fails when it does). Five modules, each importing only those before it:
 :mod:`~distfusion.substrait_plan.walk` (the one relation walker),
+:mod:`~distfusion.substrait_plan.functions` (the datafusion-spark functions a
+plan may name, registered where it is decoded),
 :mod:`~distfusion.substrait_plan.build` (reading and building relations and
 expressions), :mod:`~distfusion.substrait_plan.decode` (a plan's bytes to a
 DataFusion logical plan, however deep it nests) and
