@@ -91,7 +91,6 @@ def _iceberg_table(catalog, name: str, schema):
 
 def run(args: argparse.Namespace) -> dict:
     """Both jobs; every measure as a dict (also printed)."""
-    import pyarrow as pa
     from datafusion import SessionContext
     from deltalake import DeltaTable, write_deltalake
 
@@ -107,8 +106,9 @@ def run(args: argparse.Namespace) -> dict:
         single = SessionContext()
         tpch.register_tpch(single, args.data)
 
-        def record(job: str, engine: str, seconds: float, root: Path, rows: int) -> None:
-            files, size = _files(root)
+        def record(job, engine, seconds, root: Path, rows: int, before=(0, 0)) -> None:
+            """One measure: the files and bytes under ``root`` past ``before``."""
+            files, size = (now - then for now, then in zip(_files(root), before, strict=True))
             row = {"job": job, "engine": engine, "seconds": round(seconds, 2)}
             row |= {"files": files, "bytes": size, "rows_read_back": rows}
             out["rows"].append(row)
@@ -119,8 +119,7 @@ def run(args: argparse.Namespace) -> dict:
             )
 
         # ---- write: the join as a new partitioned table
-        seconds, data = _timed(lambda: single.sql(JOIN).to_arrow_table())
-        data = data.cast(pa.schema([f.with_type(_plain(f.type)) for f in data.schema]))
+        seconds, data = _timed(lambda: _arrow(single.sql(JOIN)))
         out["single_node_query_s"] = round(seconds, 2)
         print(f"single-node DataFusion computes the {data.num_rows:,} rows: {seconds:.2f} s")
 
@@ -132,30 +131,20 @@ def run(args: argparse.Namespace) -> dict:
         record("write", "deltalake.write_deltalake", seconds, root, _delta_rows(root))
 
         catalog = _iceberg_catalog(tmp / "iceberg")
-        ours = _iceberg_table(catalog, "ours", data.schema)
-        seconds, _ = _timed(lambda: ctx.sql(JOIN).write_iceberg(ours))
-        record(
-            "write",
-            "distfusion write_iceberg",
-            seconds,
-            tmp / "iceberg" / "db" / "ours",
-            catalog.load_table("db.ours").scan().count(),
-        )
-        theirs = _iceberg_table(catalog, "theirs", data.schema)
-        seconds, _ = _timed(lambda: theirs.append(data))
-        record(
-            "write",
-            "pyiceberg Table.append",
-            seconds,
-            tmp / "iceberg" / "db" / "theirs",
-            catalog.load_table("db.theirs").scan().count(),
-        )
+        writers = {
+            "ours": ("distfusion write_iceberg", lambda t: ctx.sql(JOIN).write_iceberg(t)),
+            "theirs": ("pyiceberg Table.append", lambda t: t.append(data)),
+        }
+        for name, (engine, write) in writers.items():
+            table = _iceberg_table(catalog, name, data.schema)
+            seconds, _ = _timed(lambda t=table, w=write: w(t))
+            rows = catalog.load_table(f"db.{name}").scan().count()
+            record("write", engine, seconds, tmp / "iceberg" / "db" / name, rows)
         data = None  # free it before the merge job
 
         # ---- merge: 1% changed and 1% new orders into a Delta table of orders
-        orders = single.sql("SELECT * FROM orders").to_arrow_table()
-        orders = orders.cast(pa.schema([f.with_type(_plain(f.type)) for f in orders.schema]))
-        changes = single.sql(CHANGES).to_arrow_table().cast(orders.schema)
+        orders = _arrow(single.sql("SELECT * FROM orders"))
+        changes = _arrow(single.sql(CHANGES)).cast(orders.schema)
         out["merge_source_rows"] = changes.num_rows
         for engine in ("distfusion MERGE INTO", "deltalake DeltaTable.merge"):
             root = tmp / f"merge-{engine.split()[0]}"
@@ -174,38 +163,20 @@ def run(args: argparse.Namespace) -> dict:
                         m.when_matched_update_all().when_not_matched_insert_all().execute()
                     )
                 )
-            files, size = _files(root)
-            out["rows"].append(
-                {
-                    "job": "merge",
-                    "engine": engine,
-                    "seconds": round(seconds, 2),
-                    "files_written": files - before[0],
-                    "bytes_written": size - before[1],
-                    "rows_read_back": _delta_rows(root),
-                }
-            )
-            row = out["rows"][-1]
-            print(
-                f"merge  {engine:28} {seconds:8.2f} s  {row['files_written']:5} files  "
-                f"{row['bytes_written'] / 2**20:9.1f} MiB  {row['rows_read_back']:,} rows",
-                flush=True,
-            )
+            record("merge", engine, seconds, root, _delta_rows(root), before)
     finally:
         ctx.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def _plain(t):
-    """Arrow type ``t`` without views (DataFusion reads Parquet strings as ``string_view``)."""
+def _arrow(df):
+    """A single-node DataFusion result as one Arrow table, strings plain (not views)."""
     import pyarrow as pa
 
-    if t == pa.string_view():
-        return pa.string()
-    if t == pa.binary_view():
-        return pa.binary()
-    return t
+    from distfusion.worker.execute_task import without_views
+
+    return pa.Table.from_batches([without_views(b) for b in df.collect()], None)
 
 
 def _delta_rows(root: Path) -> int:
