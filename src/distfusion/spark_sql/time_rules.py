@@ -11,7 +11,10 @@ also gives ``java.time``'s answers past 2099 and across a gap or overlap).
 A string literal compared with or cast to a timestamp is read as Spark
 reads it (its wall time in the session's zone, the gap and overlap of a
 DST change resolved as ``java.time`` resolves them) and written as the
-instant, in every zone.
+instant, in every zone. A string read as a date or timestamp
+(``to_date``, ``to_timestamp``, ``unix_timestamp``, ``CAST AS DATE``) is
+read as Spark reads it, or the query runs on Spark SQL
+(:mod:`distfusion.spark_sql.parsing`).
 """
 
 from __future__ import annotations
@@ -21,13 +24,12 @@ import re
 from collections.abc import Callable
 
 from sqlglot import exp
-from sqlglot.dialects.spark import Spark
-from sqlglot.time import format_time
 
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.datetime import to_chrono
 from distfusion.spark_sql.nodes import T, Translation, cast_to, is_iso_date, unsupported
+from distfusion.spark_sql.parsing import Layout, lenient_date, parsed_date, parsed_wall
 from distfusion.spark_sql.zones import (
     UTC_ZONES,
     instant_of,
@@ -48,6 +50,7 @@ __all__ = [
 ]
 
 _INSTANTS = (T.TIMESTAMP, T.TIMESTAMPTZ, T.TIMESTAMPLTZ)
+_STRINGS = (T.VARCHAR, T.TEXT)
 _TIMESTAMP_TEXT = re.compile(
     r"^\s*(\d{4})-(\d{1,2})-(\d{1,2})"
     r"(?:[ T](\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,6}))?)?)?\s*$"
@@ -162,6 +165,9 @@ def rule_cast(t: Translation, node: exp.Cast) -> exp.Expression | None:
         if src is not None and src.this == to.this:
             return arg
         raise SparkSemanticsError(f"CAST of {arg.sql('spark')!r} to a timestamp: the casts differ")
+    if to.this == T.DATE and src is not None and src.this in _STRINGS:
+        _check_parser(t, "CAST AS DATE")
+        return lenient_date(arg)
     if _is_time(src):
         if to.this == T.DATE:
             return cast_to(_local(t, arg, "CAST AS DATE"), "DATE")
@@ -169,14 +175,58 @@ def rule_cast(t: Translation, node: exp.Cast) -> exp.Expression | None:
     return None
 
 
-def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expression:
-    """``to_date(x)`` (and a date function's argument as sqlglot reads it).
+def _check_parser(t: Translation, what: str) -> None:
+    """Raise unless Spark reads strings as dates with ``java.time`` (not ``LEGACY``)."""
+    if t.settings.time_parser_policy.upper() == "LEGACY":
+        msg = f"{what} of a string with spark.sql.legacy.timeParserPolicy LEGACY: not translated"
+        raise SparkSemanticsError(msg)
 
-    A DATE as it is, an ISO date literal, or a timestamp's local date.
+
+def _parsed_instant(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
+    """``node`` (``to_timestamp``, ``unix_timestamp`` of a string) read as Spark: an instant.
+
+    The string's wall time in the session's zone, as ``ZonedDateTime.of``
+    resolves it.
+    """
+    _check_parser(t, what)
+    wall = parsed_wall(node.this, Layout.of(_java_pattern(node.args.get("format"), what)))
+    zone = _zone(t, what)
+    if zone is None:
+        return exp.Anonymous(
+            this="arrow_cast", expressions=[wall, exp.Literal.string(_ARROW_TYPES[True])]
+        )
+    return instant_of(wall, zone)
+
+
+def _rule_to_timestamp(t: Translation, node: exp.StrToTime) -> exp.Expression:
+    """``to_timestamp(s, pattern)`` of a string: a TIMESTAMP (:func:`_parsed_instant`)."""
+    at = t.type_of(node.this)
+    if at is None or at.this not in _STRINGS or t.settings.timestamp_ntz:
+        why = "spark.sql.timestampType TIMESTAMP_NTZ" if t.settings.timestamp_ntz else "a string"
+        raise SparkSemanticsError(f"to_timestamp() of anything but {why}: not translated")
+    return _parsed_instant(t, node, "to_timestamp")
+
+
+def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expression:
+    """``to_date(x[, pattern])`` (and a date function's argument as sqlglot reads it).
+
+    A DATE as it is, an ISO date literal, a timestamp's local date; a
+    string as Spark reads it: with a pattern, the local date of the
+    instant ``to_timestamp`` reads (Spark's ``ParseToDate``), else
+    ``CAST(s AS DATE)``.
     """
     if is_iso_date(node.this) and not node.args.get("format"):
         return cast_to(node.this, "DATE")
     at = t.type_of(node.this)
+    if at is not None and at.this in _STRINGS:
+        _check_parser(t, "to_date")
+        if not node.args.get("format"):
+            return lenient_date(node.this)
+        layout = Layout.of(_java_pattern(node.args["format"], "to_date"))
+        zone = _zone(t, "to_date")
+        if zone is None:
+            return parsed_date(node.this, layout)
+        return cast_to(local_time(instant_of(parsed_wall(node.this, layout), zone), zone), "DATE")
     if _is_time(at) and not node.args.get("format"):
         return cast_to(_local(t, node.this, "to_date"), "DATE")
     if at is None or at.this != T.DATE or node.args.get("format"):
@@ -259,10 +309,10 @@ def _rule_datediff(t: Translation, node: exp.DateDiff) -> exp.Expression:
 
 
 def _java_pattern(node: exp.Expression, what: str) -> str:
-    """The Java pattern of a literal ``format`` argument (sqlglot keeps strftime letters)."""
+    """The Java pattern of a literal ``format`` argument, as written (``JavaPatterns``)."""
     if not (isinstance(node, exp.Literal) and node.is_string):
         raise SparkSemanticsError(f"{what}() with a pattern that is not a literal")
-    return format_time(node.this, Spark.INVERSE_TIME_MAPPING, Spark.INVERSE_TIME_TRIE)
+    return node.this
 
 
 def _rule_date_format(t: Translation, node: exp.TimeToStr) -> exp.Expression:
@@ -340,9 +390,16 @@ def _rule_timestamp_trunc(t: Translation, node: exp.TimestampTrunc) -> exp.Expre
 
 
 def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expression:
-    """``unix_timestamp(ts)``: whole seconds since the epoch, truncated toward zero (BIGINT)."""
+    """``unix_timestamp(ts)``: whole seconds since the epoch, truncated toward zero (BIGINT).
+
+    A string (with a pattern, ``yyyy-MM-dd HH:mm:ss`` by default) is read as
+    ``to_timestamp`` reads it.
+    """
     fmt = node.args.get("format")
     at = t.type_of(node.this) if node.this is not None else None
+    if at is not None and at.this in _STRINGS:
+        instant = _parsed_instant(t, node, "unix_timestamp")
+        return exp.Anonymous(this="to_unixtime", expressions=[instant])
     if not is_instant(at) or (
         fmt is not None and _java_pattern(fmt, "unix_timestamp") != ("yyyy-MM-dd HH:mm:ss")
     ):
@@ -367,6 +424,7 @@ def _rule_from_unixtime(t: Translation, node: exp.UnixToStr) -> exp.Expression:
 
 TIME_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
     exp.TsOrDsToDate: _rule_to_date,
+    exp.StrToTime: _rule_to_timestamp,
     exp.Extract: _rule_date_part,
     **{c: _rule_date_part for c in _DATE_PARTS},
     **{c: _rule_time_part for c in _TIME_PARTS},

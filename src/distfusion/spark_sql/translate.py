@@ -46,6 +46,7 @@ from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_generators
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
+from distfusion.spark_sql.parsing import JavaPatterns
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
 __all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "parse", "table_names", "translate"]
@@ -72,21 +73,30 @@ class SparkSettings:
             translated.
         time_zone: ``spark.sql.session.timeZone`` (default here: UTC): the zone
             of local times (:mod:`distfusion.spark_sql.time_rules`).
+        time_parser_policy: ``spark.sql.legacy.timeParserPolicy`` (Spark 4's
+            default: CORRECTED). LEGACY: strings are not read as dates here.
+        timestamp_ntz: ``spark.sql.timestampType`` is ``TIMESTAMP_NTZ``
+            (``to_timestamp`` of a string is not translated then).
     """
 
     ansi: bool = True
     allow_precision_loss: bool = True
     time_zone: str = "UTC"
+    time_parser_policy: str = "CORRECTED"
+    timestamp_ntz: bool = False
 
     @classmethod
     def of_session(cls, spark) -> SparkSettings:
         """The settings of SparkSession ``spark`` (classic or Connect)."""
 
-        def flag(key: str, default: str) -> bool:
+        def text(key: str, default: str) -> str:
             try:
-                return str(spark.conf.get(key, default)).lower() == "true"
+                return str(spark.conf.get(key, default))
             except Exception:  # Spark's: a setting it does not expose
-                return default == "true"
+                return default
+
+        def flag(key: str, default: str) -> bool:
+            return text(key, default).lower() == "true"
 
         try:
             zone = str(spark.conf.get("spark.sql.session.timeZone"))
@@ -96,6 +106,8 @@ class SparkSettings:
             ansi=flag("spark.sql.ansi.enabled", "true"),
             allow_precision_loss=flag("spark.sql.decimalOperations.allowPrecisionLoss", "true"),
             time_zone=zone,
+            time_parser_policy=text("spark.sql.legacy.timeParserPolicy", "CORRECTED"),
+            timestamp_ntz=text("spark.sql.timestampType", "").upper() == "TIMESTAMP_NTZ",
         )
 
 
@@ -182,7 +194,7 @@ def parse(query: str) -> exp.Query:
             a rule (the outermost one, as the query wrote it).
     """
     try:
-        statements = [s for s in sqlglot.parse(query, read="spark") if s is not None]
+        statements = [s for s in sqlglot.parse(query, read=JavaPatterns) if s is not None]
     except ParseError as exc:  # Spark's own parser may still read it
         msg = f"sqlglot's Spark parser rejects it: {exc}"
         raise SparkSemanticsError(msg) from exc
