@@ -40,6 +40,7 @@ from distfusion.substrait_plan.walk import is_subquery, own_contains, rel_kind, 
 from distfusion.transport.base import WorkerTransport
 from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.memory import TaskMemory
+from distfusion.worker.stream_inputs import InputStreams
 
 __all__ = ["HeadPart", "head_parts", "row_wise", "run_part"]
 
@@ -82,16 +83,23 @@ class HeadPart:
             msg = f"not a distfusion head part: {exc}"
             raise ValueError(msg) from exc
 
-    def read_input(self, transport: WorkerTransport) -> Callable[[int], list[pa.RecordBatch]]:
-        """``read_input(i)`` for :func:`stream_head_stage`: this part's share of input ``i``."""
+    def read_input(self, transport: WorkerTransport) -> Callable[[int], InputStreams]:
+        """``read_input(i)`` for :func:`stream_head_stage`: this part's share of input ``i``.
 
-        def read(i: int) -> list[pa.RecordBatch]:
+        As streams: the part's fragment pulls them batch by batch where the
+        process has pull slots for them, else reads them whole first
+        (:meth:`~distfusion.worker.stream_inputs.InputBinding.stream`).
+        """
+
+        def opener(url: str, key: TaskKey, p: int) -> Callable[[], Iterator[pa.RecordBatch]]:
+            return lambda: transport.execute_partition(url, key, p)
+
+        def read(i: int) -> InputStreams:
             want = self.tasks[i]
-            out: list[pa.RecordBatch] = []
-            for url, key, p in self.plan.input_reads(i):
-                if want is None or key.task_index in want:
-                    out.extend(transport.execute_partition(url, key, p))
-            return out
+            reads = self.plan.input_reads(i)
+            return InputStreams(
+                opener(*r) for r in reads if want is None or r[1].task_index in want
+            )
 
         return read
 
@@ -165,10 +173,13 @@ def run_part(
     cancelled: Callable[[], bool] = lambda: False,
     target_partitions: int | None = None,
     on_metrics: Callable[[TaskMetrics], None] | None = None,
+    producers_done: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Run ``part``: read its inputs through ``transport``, run the head fragment, yield batches.
 
     Columns are named as the stage output (``c0..``); the caller names them.
+    The inputs stream into the fragment where the process has pull slots for
+    them, else they are read whole first.
 
     Args:
         part: the part.
@@ -177,6 +188,11 @@ def run_part(
         cancelled: polled between batches.
         target_partitions: DataFusion threads (default: the plan's).
         on_metrics: called with the part's metrics after its last batch.
+        producers_done: every producer task finished before the part runs (as
+            on Spark): the inputs stream through every DataFusion thread but
+            one, as inputs from other processes do
+            (:class:`~distfusion.worker.stream_inputs.PullSlots`); a pull never
+            waits on a producer, and the part holds a few batches, not its input.
 
     Raises:
         TaskError: reading an input failed (its producer failed, or the query
@@ -187,5 +203,10 @@ def run_part(
     if target_partitions is not None:
         plan = dataclasses.replace(plan, target_partitions=max(1, target_partitions))
     yield from stream_head_stage(
-        plan, part.read_input(transport), memory=memory, cancelled=cancelled, on_metrics=on_metrics
+        plan,
+        part.read_input(transport),
+        memory=memory,
+        cancelled=cancelled,
+        on_metrics=on_metrics,
+        remote_inputs=producers_done,
     )

@@ -404,8 +404,13 @@ def part_batches(
     with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
         first = True
         memory = TaskMemory(budget, spill)
-        batches = run_part(
-            part, transport, memory, target_partitions=threads, on_metrics=on_metrics
+        batches = run_part(  # the stages ran in an earlier Spark job: producers are done
+            part,
+            transport,
+            memory,
+            target_partitions=threads,
+            on_metrics=on_metrics,
+            producers_done=True,
         )
         for b in batches:
             yield b
