@@ -458,8 +458,35 @@ CASES = [
         "in the session time zone",
     ),
     Case(
-        "to_timestamp of a string",
-        "SELECT to_timestamp('2024-01-05 10:00', 'yyyy-MM-dd HH:mm')",
+        "to_timestamp, unix_timestamp of a string",
+        "SELECT i, to_timestamp(date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS'), "
+        "'yyyy-MM-dd HH:mm:ss.SSS'), unix_timestamp(date_format(ts, 'yyyy-MM-dd HH:mm:ss')), "
+        "unix_timestamp(date_format(ts, 'dd/MM/yy HH:mm'), 'dd/MM/yy HH:mm'), "
+        "to_timestamp('2024-02-29 23:59', 'yyyy-MM-dd HH:mm') FROM sem ORDER BY i",
+        "native",
+        "pattern letters yyyy yy MM M dd d HH mm ss S..S; another string runs the query on Spark SQL",
+    ),
+    Case(
+        "to_timestamp, unix_timestamp, to_date of strings at a fixed offset (-03:30)",
+        "SELECT i, to_timestamp(date_format(ts, 'yyyy-MM-dd HH:mm:ss.SSS'), "
+        "'yyyy-MM-dd HH:mm:ss.SSS'), unix_timestamp(date_format(ts, 'yyyyMMddHHmm'), "
+        "'yyyyMMddHHmm'), to_date(date_format(ts, 'dd/MM/yyyy HH'), 'dd/MM/yyyy HH') "
+        "FROM sem ORDER BY i",
+        "native",
+        "a wall time in the session time zone: UTC or a fixed offset",
+        "-03:30",
+    ),
+    Case(
+        "to_timestamp, to_date of strings in a zone with DST changes (Apia, a day skipped)",
+        "SELECT to_date('2011-12-30', 'yyyy-MM-dd'), to_timestamp('2011-12-30 10:00', "
+        "'yyyy-MM-dd HH:mm'), CAST('2011-12-30' AS DATE)",
+        "spark",
+        "a wall time in a gap moves: Spark's `to_date('2011-12-30', 'yyyy-MM-dd')` is 2011-12-31",
+        "Pacific/Apia",
+    ),
+    Case(
+        "to_timestamp with a pattern letter outside those",
+        "SELECT to_timestamp('2024-01-05 10:00 PM', 'yyyy-MM-dd hh:mm a')",
         "spark",
     ),
     Case(
@@ -486,7 +513,23 @@ CASES = [
         "SELECT dayofweek(dt), dayofmonth(dt), dayofyear(dt), weekofyear(dt) FROM sem ORDER BY dt",
         "native",
     ),
-    Case("to_date with a pattern", "SELECT to_date('31/01/2024', 'dd/MM/yyyy')", "spark"),
+    Case(
+        "to_date with a pattern",
+        "SELECT i, to_date(date_format(dt, 'dd/MM/yyyy'), 'dd/MM/yyyy'), "
+        "to_date(date_format(dt, 'yyyyMMdd'), 'yyyyMMdd'), to_date(date_format(dt, 'M/d/yy'), "
+        "'M/d/yy'), to_date(concat(CAST(dt AS STRING), ' 23:59:59'), 'yyyy-MM-dd HH:mm:ss'), "
+        "to_date('2024-02-29', 'yyyy-MM-dd'), to_date('2024-01', 'yyyy-MM') FROM sem ORDER BY i",
+        "native",
+        "a string the pattern does not read (or an invalid date) runs the query on Spark SQL",
+    ),
+    Case(
+        "CAST of a string to a DATE, to_date of a string",
+        "SELECT i, CAST(CAST(dt AS STRING) AS DATE), to_date(concat(CAST(dt AS STRING), 'T10:00')), "
+        "CAST('2024-2' AS DATE), to_date('2024') FROM sem ORDER BY i",
+        "native",
+        "`yyyy`, `yyyy-[m]m`, `yyyy-[m]m-[d]d` then a space or `T` and anything; "
+        "other strings run the query on Spark SQL",
+    ),
     Case(
         "round of a double",
         "SELECT round(f, 2) FROM sem",

@@ -162,26 +162,29 @@ def test_to_timestamp_and_unix_timestamp_in_utc():
     assert got == [T(2024, 1, 5, tzinfo=UTC)]
 
 
-def test_wall_times_in_a_zone_resolve_as_java_time():
-    texts = ["2024-03-10 02:30:00", "2024-11-03 01:30:00", "2024-07-01 12:00:00"]
-    got = _read("SELECT to_timestamp(x, 'yyyy-MM-dd HH:mm:ss') AS v", texts, "America/Los_Angeles")
-    # a gap's time moved forward, the earlier offset of an overlap (Spark's answers)
-    assert got == [
-        T(2024, 3, 10, 10, 30, tzinfo=UTC),
-        T(2024, 11, 3, 8, 30, tzinfo=UTC),
-        T(2024, 7, 1, 19, tzinfo=UTC),
-    ]
-    got = _read(
-        "SELECT unix_timestamp(x, 'yyyy-MM-dd HH:mm:ss') AS v", texts[1:2], "America/Los_Angeles"
-    )
-    assert got == [1730622600]
-    # Samoa skipped 2011-12-30: Spark's to_date is the date of to_timestamp's instant
-    got = _read(
-        "SELECT to_date(x, 'yyyy-MM-dd') AS v", ["2011-12-30", "2011-12-29"], "Pacific/Apia"
-    )
-    assert got == [D(2011, 12, 31), D(2011, 12, 29)]
+def test_wall_times_at_a_fixed_offset():
+    texts = ["2024-03-10 02:30:00", "2024-01-01 01:00:00"]
+    got = _read("SELECT to_timestamp(x, 'yyyy-MM-dd HH:mm:ss') AS v", texts, "-03:30")
+    assert got == [T(2024, 3, 10, 6, tzinfo=UTC), T(2024, 1, 1, 4, 30, tzinfo=UTC)]
+    got = _read("SELECT unix_timestamp(x) AS v", texts[1:], "+05:30")
+    assert got == [1704051000]
+    got = _read("SELECT to_date(x, 'yyyy-MM-dd HH:mm:ss') AS v", texts, "+05:30")
+    assert got == [D(2024, 3, 10), D(2024, 1, 1)]
+
+
+def test_wall_times_in_a_zone_with_dst_changes_are_not_translated():
+    # Spark: in Pacific/Apia to_date('2011-12-30', 'yyyy-MM-dd') is 2011-12-31 (a day skipped)
+    schema = {"t": pa.schema([("x", pa.string())])}
+    for zone in ("America/Los_Angeles", "Pacific/Apia"):
+        for sql in (
+            "SELECT to_date(x, 'yyyy-MM-dd') FROM t",
+            "SELECT to_timestamp(x, 'yyyy-MM-dd HH:mm') FROM t",
+            "SELECT unix_timestamp(x) FROM t",
+        ):
+            with pytest.raises(SparkSemanticsError, match="DST changes"):
+                translate(sql, schema.get, SparkSettings(time_zone=zone))
     got = _read("SELECT CAST(x AS DATE) AS v", ["2011-12-30"], "Pacific/Apia")
-    assert got == [D(2011, 12, 30)]
+    assert got == [D(2011, 12, 30)]  # Spark's cast of a string to a DATE has no zone
 
 
 def test_cast_to_date_reads_what_spark_reads():

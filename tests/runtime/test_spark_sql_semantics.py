@@ -9,6 +9,7 @@ without fallback, one marked ``spark`` must run on Spark SQL with a reason.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import re
 from pathlib import Path
@@ -275,3 +276,58 @@ def test_local_times_of_a_view_spark_computes_in_a_dst_zone(sem):
             assert "spark scan dst_kept" in df.explain()
     finally:
         sem.catalog.dropTempView("dst_kept")
+
+
+TEXTS = [
+    ("2024-02-29", "29/02/2024", "2024-02-29 23:59:59"),  # a leap day
+    (None, None, None),
+    ("2024-1-5", "5/1/2024", "2024-01-05 1:00:00"),  # widths java.time does not read
+    ("2024-02-30", "30/02/2024", "2023-02-29 10:00:00"),  # no such day
+    (" 2024-01-05", "31/01/2024 ", "2024-01-05 24:00:00"),  # blanks, hour 24
+    ("banana", "2024-01-05", "2024-01-05T10:00:00"),
+]
+
+
+@pytest.mark.parametrize("ansi", ["true", "false"])
+def test_strings_a_pattern_does_not_read_answer_as_spark(sem, tmp_path, ansi):
+    # Spark: NULL without ANSI mode, CANNOT_PARSE_TIMESTAMP / CAST_INVALID_INPUT with it;
+    # DataFusion's cast fails on them, so the query runs again on Spark SQL.
+    import pyarrow as pa
+
+    names = ("a", "b", "c")
+    table = pa.table(
+        {n: pa.array([row[j] for row in TEXTS], pa.string()) for j, n in enumerate(names)}
+    )
+    pq.write_table(
+        table.append_column("k", pa.array(range(len(TEXTS)), pa.int32())), tmp_path / "t.parquet"
+    )
+    sem.read.parquet(str(tmp_path / "t.parquet")).createOrReplaceTempView("texts")
+    previous = sem.conf.get("spark.sql.ansi.enabled")
+    sem.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        for sql in (
+            "SELECT k, to_date(a, 'yyyy-MM-dd') AS d FROM texts ORDER BY k",
+            "SELECT k, to_date(b, 'dd/MM/yyyy') AS d FROM texts ORDER BY k",
+            "SELECT k, to_timestamp(c, 'yyyy-MM-dd HH:mm:ss') AS t FROM texts ORDER BY k",
+            "SELECT k, unix_timestamp(c) AS u FROM texts ORDER BY k",
+            "SELECT k, CAST(a AS DATE) AS d, to_date(b) AS e FROM texts ORDER BY k",
+        ):
+            if ansi == "true":
+                with pytest.raises(Exception, match="CANNOT_PARSE_TIMESTAMP|CAST_INVALID_INPUT"):
+                    sem.sql(sql).collect()
+                df = distfusion.spark.sql(sem, sql)
+                assert df.fallback is None, (sql, df.fallback)  # it fails when it runs
+                with pytest.raises(Exception, match="CANNOT_PARSE_TIMESTAMP|CAST_INVALID_INPUT"):
+                    df.to_arrow_table()  # Spark's own error
+            else:
+                df = _same_as_spark(sem, sql)
+            assert df.fallback.startswith("DataFusion failed on a value"), (sql, df.fallback)
+            assert "Cast error" in df.fallback
+        first = distfusion.spark.sql(
+            sem, "SELECT to_date(a, 'yyyy-MM-dd') AS d FROM texts WHERE k < 2 ORDER BY k"
+        )
+        assert first.to_pylist() == [{"d": datetime.date(2024, 2, 29)}, {"d": None}]
+        assert first.fallback is None
+    finally:
+        sem.conf.set("spark.sql.ansi.enabled", previous)
+        sem.catalog.dropTempView("texts")

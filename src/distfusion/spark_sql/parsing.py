@@ -31,11 +31,13 @@ fraction; ``yy`` is 2000..2099; ``HH`` 24, a minute or second 60 is no
 time; the week-based ``YYYY`` is an error.
 
 A pattern names a wall time in the session's time zone: ``to_timestamp``
-and ``unix_timestamp`` give its instant as ``ZonedDateTime.of`` resolves
-it (:func:`~distfusion.spark_sql.zones.instant_of`), and ``to_date`` the
-local date of that instant (Spark casts ``to_timestamp``'s answer to a
-DATE): in ``Pacific/Apia``, whose 2011-12-30 never was, ``2011-12-30`` is
-2011-12-31.
+and ``unix_timestamp`` give its instant, ``to_date`` the local date of that
+instant (Spark casts ``to_timestamp``'s answer to a DATE), which is the
+wall time's own date in UTC and at a fixed offset. In a zone with DST
+changes a wall time in a gap moves: in ``Pacific/Apia``, whose 2011-12-30
+never was, Spark's ``to_date('2011-12-30', 'yyyy-MM-dd')`` is 2011-12-31
+(:mod:`~distfusion.spark_sql.time_rules` translates these in UTC and at
+fixed offsets only).
 """
 
 from __future__ import annotations

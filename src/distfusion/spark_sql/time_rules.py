@@ -182,20 +182,41 @@ def _check_parser(t: Translation, what: str) -> None:
         raise SparkSemanticsError(msg)
 
 
+def _fixed_zone(t: Translation, what: str) -> str | None:
+    """The session's zone if it is UTC (None) or a fixed offset (``+hh:mm``), or raise.
+
+    A wall time read from a string is an instant there without a gap or an
+    overlap. In a zone with DST changes :func:`instant_of` would resolve
+    them, but over a parsed string its SQL grows past a hundred kilobytes
+    (it repeats the wall time), so the query runs on Spark SQL.
+    """
+    zone = _zone(t, what)
+    if zone is not None and zone[0] not in "+-":
+        msg = f"{what}() of a string in session time zone {zone!r} (a zone with DST changes)"
+        raise SparkSemanticsError(f"{msg}: not translated")
+    return zone
+
+
 def _parsed_instant(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
     """``node`` (``to_timestamp``, ``unix_timestamp`` of a string) read as Spark: an instant.
 
-    The string's wall time in the session's zone, as ``ZonedDateTime.of``
-    resolves it.
+    The string's wall time in the session's zone (:func:`_fixed_zone`).
     """
     _check_parser(t, what)
+    zone = _fixed_zone(t, what)
     wall = parsed_wall(node.this, Layout.of(_java_pattern(node.args.get("format"), what)))
-    zone = _zone(t, what)
+    instant = exp.Anonymous(
+        this="arrow_cast", expressions=[wall, exp.Literal.string(_ARROW_TYPES[True])]
+    )
     if zone is None:
-        return exp.Anonymous(
-            this="arrow_cast", expressions=[wall, exp.Literal.string(_ARROW_TYPES[True])]
-        )
-    return instant_of(wall, zone)
+        return instant
+    hours, minutes = zone[1:].split(":")
+    seconds = (-1 if zone[0] == "-" else 1) * (int(hours) * 3600 + int(minutes) * 60)
+    offset = exp.Anonymous(
+        this="arrow_cast",
+        expressions=[exp.Literal.number(seconds), exp.Literal.string("Duration(Second)")],
+    )
+    return exp.Paren(this=exp.Sub(this=instant, expression=offset))
 
 
 def _rule_to_timestamp(t: Translation, node: exp.StrToTime) -> exp.Expression:
@@ -222,11 +243,8 @@ def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expression:
         _check_parser(t, "to_date")
         if not node.args.get("format"):
             return lenient_date(node.this)
-        layout = Layout.of(_java_pattern(node.args["format"], "to_date"))
-        zone = _zone(t, "to_date")
-        if zone is None:
-            return parsed_date(node.this, layout)
-        return cast_to(local_time(instant_of(parsed_wall(node.this, layout), zone), zone), "DATE")
+        _fixed_zone(t, "to_date")  # elsewhere a wall time in a gap may move to another day
+        return parsed_date(node.this, Layout.of(_java_pattern(node.args["format"], "to_date")))
     if _is_time(at) and not node.args.get("format"):
         return cast_to(_local(t, node.this, "to_date"), "DATE")
     if at is None or at.this != T.DATE or node.args.get("format"):
