@@ -237,3 +237,11 @@ def test_a_pattern_is_read_as_written():
     for sql in ("SELECT to_date(x, 'YYYY-MM-dd') FROM t", "SELECT date_format(d, 'YYYY') FROM t"):
         with pytest.raises(SparkSemanticsError, match="'YYYY'"):
             translate(sql, schema.get)
+
+
+def test_date_functions_of_strings_cast_them_as_spark():
+    # Spark casts the string to a DATE first (its implicit cast), with no zone
+    texts = ["2024-1-5 garbage", None, "2024-02-29"]
+    assert _read("SELECT year(x) AS v", texts) == [2024, None, 2024]
+    assert _read("SELECT datediff(x, '2024-01-01') AS v", texts) == [4, None, 59]
+    assert _read("SELECT dayofmonth(x) AS v", ["2011-12-30"], "Pacific/Apia") == [30]
