@@ -39,15 +39,15 @@ from distfusion.runtime.spark import SparkRuntime
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.compare
 from tests.compare import assert_same_answer  # noqa: E402
 
-# Queries distfusion hands to Spark SQL (an approximate percentile, a double rounded):
+# Queries distfusion hands to Spark SQL (an approximate percentile, a FLOAT rounded):
 # the hand-over's cost over Spark's own time.
 FALLBACK_QUERIES = {
     "fb-percentile": (
         "SELECT o_orderpriority, percentile_approx(o_totalprice, 0.5) AS p FROM orders "
         "GROUP BY 1 ORDER BY 1"
     ),
-    "fb-round-double": (
-        "SELECT round(CAST(o_totalprice AS DOUBLE), 1) AS r FROM orders "
+    "fb-round-float": (
+        "SELECT round(CAST(o_totalprice AS FLOAT), 1) AS r FROM orders "
         "WHERE o_orderkey < 1000 ORDER BY 1"
     ),
 }

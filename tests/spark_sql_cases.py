@@ -532,9 +532,16 @@ CASES = [
     ),
     Case(
         "round of a double",
-        "SELECT round(f, 2) FROM sem",
+        "SELECT f, round(f, 2), round(f), round(-f, 1), round(f / 3, 12), round(avg(f) OVER (), 3) "
+        "FROM sem ORDER BY f",
+        "native",
+        "Spark rounds the decimal text (2.675 to 2.68): the shortest text, half up; "
+        "digits 0..21; a value the translation cannot round exactly runs the query on Spark SQL",
+    ),
+    Case(
+        "round of a FLOAT, to negative digits",
+        "SELECT round(CAST(f AS FLOAT), 2), round(f, -1) FROM sem",
         "spark",
-        "Spark rounds the decimal text, DataFusion the binary value",
     ),
     Case(
         "ARRAY columns, array(), size, sort_array",
@@ -588,10 +595,13 @@ CASES = [
         "Spark joins the elements",
     ),
     Case(
-        "percentile_approx, percentile",
-        "SELECT percentile_approx(i, 0.5), percentile(i, 0.5) FROM sem",
-        "spark",
+        "percentile (exact)",
+        "SELECT s, percentile(i, 0.5), percentile(d, array(0.25, 1)), percentile(f, 0.3) "
+        "FROM sem GROUP BY s ORDER BY s",
+        "native",
+        "Spark's interpolation, its double operations in order; a literal percentage or array",
     ),
+    Case("percentile_approx", "SELECT percentile_approx(i, 0.5) FROM sem", "spark"),
     Case(
         "comparison of a string with a number",
         "SELECT i FROM sem WHERE i = '1'",

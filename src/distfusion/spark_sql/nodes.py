@@ -18,6 +18,7 @@ class Translation(Protocol):
     """What a rule reads of the translation it is part of (``translate._Translator``)."""
 
     settings: Any  # the SparkSettings followed
+    types: dict[int, exp.DataType]  # Spark types of nodes, by id; a rule sets its new node's
 
     def type_of(self, node: exp.Expression) -> exp.DataType | None:
         """Spark's type of ``node``, or None when unknown."""

@@ -46,6 +46,7 @@ from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_generators
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
+from distfusion.spark_sql.number_rules import NUMBER_RULES, check_percentile_arguments
 from distfusion.spark_sql.parsing import JavaPatterns
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
@@ -198,6 +199,7 @@ def parse(query: str) -> exp.Query:
     except ParseError as exc:  # Spark's own parser may still read it
         msg = f"sqlglot's Spark parser rejects it: {exc}"
         raise SparkSemanticsError(msg) from exc
+    check_percentile_arguments(query)
     if len(statements) != 1:
         msg = f"{len(statements)} statements: Spark SQL runs one statement at a time"
         raise SparkSemanticsError(msg)
@@ -692,35 +694,6 @@ def _rule_window(t: _Translator, node: exp.Window) -> exp.Expression:
     return cast_to(node, spark_type) if spark_type is not None else node
 
 
-def _rule_round(t: _Translator, node: exp.Round) -> exp.Expression:
-    """``round(x, d)``: decimals (half up in both) and integers; not doubles.
-
-    Spark rounds a double's decimal text, DataFusion its binary value:
-    ``round(2.675, 2)`` differs.
-    """
-    xt = t.need(node.this, "round")
-    digits = node.args.get("decimals")
-    d = 0
-    if digits is not None:
-        if not (isinstance(digits, exp.Literal) and not digits.is_string):
-            raise SparkSemanticsError("round() with digits that are not a number literal")
-        d = int(digits.this)
-    if d < 0:
-        raise SparkSemanticsError("round() to negative digits has no Spark-equal translation")
-    if st.is_integral(xt):
-        return node.this
-    dec = st.decimal_of(xt)
-    if dec is None:
-        msg = (
-            f"round() of a {xt.sql('spark')}: Spark rounds its decimal text, "
-            "DataFusion the binary value"
-        )
-        raise SparkSemanticsError(msg)
-    out = st.round_type(dec, d).sql_type()
-    t.types[id(node)] = out
-    return cast_to(node.this, out)  # DataFusion's cast to a smaller scale rounds half up
-
-
 def _rule_branches(t: _Translator, node: exp.Expression) -> exp.Expression:
     """CASE / IF / coalesce: IF as CASE; a decimal result cast to Spark's wider type.
 
@@ -947,7 +920,6 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.Avg: _rule_avg,
     exp.Window: _rule_window,
     **{c: _rule_deviation for c in _DEVIATIONS},
-    exp.Round: _rule_round,
     exp.If: _rule_if_inside_case,
     exp.Case: _rule_branches,
     exp.Coalesce: _rule_branches,
@@ -969,6 +941,7 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     exp.In: _rule_in,
     **TIME_RULES,
     **COLLECTION_RULES,
+    **NUMBER_RULES,
 }
 """Node class -> its rule: the node as it is, its Spark-equal rewrite, or
 :class:`SparkSemanticsError`. Classes in ``_PASS`` pass unchanged; any other
