@@ -27,7 +27,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 
 from distfusion import DistributedContext  # noqa: E402
-from distfusion.object_store import AmazonS3  # noqa: E402
+from distfusion.io.object_store import AmazonS3  # noqa: E402
 from distfusion.runtime.registry import runtime_from_name  # noqa: E402
 
 

@@ -94,7 +94,7 @@ def s3_tpch(s3_server, tpch_dir) -> str:
 @pytest.fixture(scope="session")
 def s3_store(s3_server):
     """``s3_store(bucket, **arguments)``: an ``AmazonS3`` store of the local server (no keys)."""
-    from distfusion.object_store import AmazonS3
+    from distfusion.io.object_store import AmazonS3
 
     def make(bucket: str = S3_BUCKET, **arguments):
         return AmazonS3(

@@ -23,10 +23,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import ProtocolVersions
 
-from distfusion import DistributedContext, LocalRuntime, delta, object_store
+from distfusion import DistributedContext, LocalRuntime
 from distfusion.errors import PlanningError
+from distfusion.io import delta, object_store
+from distfusion.io.sources import FileRead, file_read
 from distfusion.protocol.task_plan import TaskPlan
-from distfusion.sources import FileRead, file_read
 from distfusion.work_unit_feed.filters import And, Comparison, In, IsNull, Not, Or
 from distfusion.work_unit_feed.statistics import might_match
 

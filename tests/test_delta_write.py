@@ -282,7 +282,7 @@ def test_a_refused_commit_deletes_the_files(local_ctx, tmp_path):
 
 
 def test_write_to_s3(local_ctx, s3_server, s3_store):
-    from distfusion import object_store
+    from distfusion.io import object_store
 
     s3_server.create_bucket("delta-out")
     local_ctx.register_object_store("s3://", s3_store("delta-out"), "delta-out")

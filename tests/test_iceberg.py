@@ -30,8 +30,8 @@ from pyiceberg.types import (
 )
 
 from distfusion import DistributedContext, LocalRuntime, PlanningError, TaskError
-from distfusion.iceberg.filters import to_iceberg_expression
-from distfusion.iceberg.stores import store_from_properties
+from distfusion.io.iceberg.filters import to_iceberg_expression
+from distfusion.io.iceberg.stores import store_from_properties
 from distfusion.work_unit_feed.filters import And, Comparison, In, IsNull, Not, Or
 from tests.iceberg_tables import (
     append_data_file,

@@ -268,7 +268,7 @@ def test_a_blind_append_racing_another_commit_lands_and_an_overwrite_conflicts(l
 
 
 def test_write_to_s3(local_ctx, s3_server, s3_store, tmp_path):
-    from distfusion import object_store
+    from distfusion.io import object_store
 
     s3_server.create_bucket("iceberg-w")
     object_store.register("s3://", s3_store("iceberg-w"), "iceberg-w")

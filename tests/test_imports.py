@@ -64,7 +64,7 @@ LAZY_IMPORTS = {
     # A query's UDFs travel by value: cloudpickle (PySpark's copy first), when installed.
     ("distfusion.runtime.spark.jobs", "pyspark"),
     # Delta tables are read through deltalake (delta-rs), loaded only when used.
-    ("distfusion.delta", "deltalake"),
+    ("distfusion.io.delta", "deltalake"),
     # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.
     ("distfusion.work_unit_feed.table", "fsspec"),
     ("distfusion.worker.flight_cli", "distfusion.worker.flight_server"),
@@ -89,14 +89,14 @@ LAZY_IMPORTS = {
     ("distfusion.table_write.catalogs", "pyiceberg.exceptions"),
     ("distfusion.table_write.catalogs", "pyiceberg.transforms"),
     # Iceberg tables: pyiceberg plans them on the coordinator (pip install 'distfusion[iceberg]').
-    ("distfusion.iceberg.filters", "pyiceberg"),
-    ("distfusion.iceberg.plan_files", "pyiceberg.manifest"),
-    ("distfusion.iceberg.plan_files", "pyiceberg.table"),
-    ("distfusion.iceberg.plan_files", "pyiceberg.table.delete_file_index"),
-    ("distfusion.iceberg.plan_files", "pyiceberg.transforms"),
-    ("distfusion.iceberg.plan_files", "pyiceberg.typedef"),
-    ("distfusion.iceberg.table", "pyiceberg"),
-    ("distfusion.iceberg.table", "pyiceberg.manifest"),
+    ("distfusion.io.iceberg.filters", "pyiceberg"),
+    ("distfusion.io.iceberg.plan_files", "pyiceberg.manifest"),
+    ("distfusion.io.iceberg.plan_files", "pyiceberg.table"),
+    ("distfusion.io.iceberg.plan_files", "pyiceberg.table.delete_file_index"),
+    ("distfusion.io.iceberg.plan_files", "pyiceberg.transforms"),
+    ("distfusion.io.iceberg.plan_files", "pyiceberg.typedef"),
+    ("distfusion.io.iceberg.table", "pyiceberg"),
+    ("distfusion.io.iceberg.table", "pyiceberg.manifest"),
 }
 
 

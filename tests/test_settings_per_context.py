@@ -106,7 +106,7 @@ def test_two_contexts_keep_their_own_store_of_one_bucket(
 def test_settings_travel_as_specs_and_are_built_again():
     import pickle
 
-    from distfusion.object_store import AmazonS3, Stores
+    from distfusion.io.object_store import AmazonS3, Stores
     from distfusion.protocol.messages import decode_stores, encode_stores
     from distfusion.session import SessionSettings
     from distfusion.udfs import Functions

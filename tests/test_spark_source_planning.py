@@ -16,9 +16,9 @@ import pytest
 from substrait.proto import Plan
 
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime, PlanningError
+from distfusion.io.sources import spark_source
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.plan import plan_stages
-from distfusion.sources import spark_source
 from distfusion.stages import BROADCAST, StageGraph
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])

@@ -19,9 +19,9 @@ import pytest
 from datafusion import SessionContext
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
+from distfusion.io.write import FileCommitter, OutputExistsError, WriteSpec, file_schema, write_task
 from distfusion.spark import SparkDataFrame
 from distfusion.worker.head_parts import row_wise
-from distfusion.write import FileCommitter, OutputExistsError, WriteSpec, file_schema, write_task
 from tests.compare import assert_same_result, oracle_result
 from tests.conftest import REPO
 
@@ -398,7 +398,7 @@ def test_to_spark_result_outlives_pysparks_idle_timeout(spark_ctx, spark_session
 @pytest.fixture
 def s3_out(s3_server, s3_store, request) -> str:
     """A fresh ``s3://out/<test>/`` prefix on the local S3 server, its store registered."""
-    from distfusion import object_store
+    from distfusion.io import object_store
 
     s3_server.create_bucket("out")
     object_store.register("s3://", s3_store("out"), "out")

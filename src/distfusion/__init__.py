@@ -36,14 +36,14 @@ from distfusion.metrics import (
 )
 from distfusion.planner.config import RuntimeProfile
 from distfusion.planner.estimate import DefaultTaskEstimator, TaskEstimator
-from distfusion.resolver import (
+from distfusion.runtime.flight import FlightRuntime
+from distfusion.runtime.local import LocalRuntime
+from distfusion.runtime.resolver import (
     DynamicWorkerResolver,
     SparkWorkerResolver,
     StaticWorkerResolver,
     WorkerResolver,
 )
-from distfusion.runtime.flight import FlightRuntime
-from distfusion.runtime.local import LocalRuntime
 from distfusion.runtime.spark import SparkRuntime
 from distfusion.stages import StageGraph
 from distfusion.table_write import DeltaDirectoryCatalog, TableCommit, TableWriteError

@@ -59,9 +59,10 @@ from datafusion import SessionContext
 from rich.console import Console
 from rich.table import Table
 
-from distfusion import object_store, tpch
+from distfusion import tpch
 from distfusion.context import DistributedConfig, DistributedContext
 from distfusion.coordinator.statements import plan_statements, split_statements
+from distfusion.io import object_store
 from distfusion.runtime.registry import runtime_from_name, runtime_options
 from distfusion.runtime.spark import SparkConnectRuntime, connect_session
 from distfusion.testing.connect_server import start_connect_server

@@ -34,12 +34,13 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 from datafusion import AggregateUDF, ScalarUDF
 
-from distfusion import object_store, tpcds, tpch, udfs
+from distfusion import tpcds, tpch, udfs
 from distfusion.bench import run_tpch_bench
 from distfusion.context import DistributedConfig, DistributedContext
 from distfusion.coordinator.query_run import Runtime
 from distfusion.display import print_table
 from distfusion.errors import DistfusionError, PlanningError
+from distfusion.io import object_store
 from distfusion.runtime.registry import RUNTIMES, runtime_from_name, runtime_options
 from distfusion.worker import flight_cli
 from distfusion.worker.memory import parse_bytes

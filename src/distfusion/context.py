@@ -33,7 +33,7 @@ import pyarrow as pa
 from datafusion import AggregateUDF, DataFrame, ScalarUDF, SessionConfig, SessionContext, WindowUDF
 from datafusion.catalog import Table
 
-from distfusion import object_store, udfs
+from distfusion import udfs
 from distfusion.coordinator.adaptive import AdaptiveReport
 from distfusion.coordinator.catalog import TableCatalog, check_path, parquet_register_error
 from distfusion.coordinator.checks import check_open
@@ -58,17 +58,19 @@ from distfusion.dataframe import Readers, Transformations, mark_session, plan_la
 from distfusion.dataframe.actions import datafusion_repr
 from distfusion.display import show_table
 from distfusion.errors import DistfusionError, NotDistributableError, PlanningError
-from distfusion.iceberg import IcebergTable
-from distfusion.metrics.query import QueryMetrics
-from distfusion.planner.config import DistributedConfig
-from distfusion.runtime.registry import runtime_from_name
-from distfusion.sources import (
+from distfusion.io import object_store
+from distfusion.io.iceberg import IcebergTable
+from distfusion.io.sources import (
     TableSource,
     csv_source,
     feed_source,
     memory_source,
     parquet_source,
 )
+from distfusion.io.write import WrittenFile
+from distfusion.metrics.query import QueryMetrics
+from distfusion.planner.config import DistributedConfig
+from distfusion.runtime.registry import runtime_from_name
 from distfusion.spark_sql import PARSER_SETTINGS as SPARK_PARSER_SETTINGS
 from distfusion.spark_sql import translate as translate_spark_sql
 from distfusion.stages import StageGraph
@@ -76,7 +78,6 @@ from distfusion.substrait_plan import functions as substrait_functions
 from distfusion.table_write import CatalogMounts, TableInserts, TableMerges, TableWrites
 from distfusion.work_unit_feed.feed import FeedPartitionMetrics, lookup_feed
 from distfusion.work_unit_feed.table import FeedTableSource
-from distfusion.write import WrittenFile
 
 # DistributedConfig is defined with the planner settings derived from it
 # (planner/config.py); it is public API here and in ``distfusion``.
@@ -128,7 +129,7 @@ class DistributedContext(
     Attributes:
         functions: its Python UDFs (:class:`~distfusion.udfs.Functions`;
             :meth:`register_udf`, ...), and
-        stores: its object stores (:class:`~distfusion.object_store.Stores`;
+        stores: its object stores (:class:`~distfusion.io.object_store.Stores`;
             :meth:`register_object_store`): its own, as a DataFusion
             ``SessionContext``'s, shipped with its queries' stages
             (:mod:`distfusion.session`); another context's never reach them.
@@ -169,13 +170,13 @@ class DistributedContext(
         """Read and write ``scheme://host/...`` URLs through ``store``, here and on every worker.
 
         As DataFusion's ``SessionContext.register_object_store``, with its store
-        classes as :mod:`distfusion.object_store` offers them (same names and
+        classes as :mod:`distfusion.io.object_store` offers them (same names and
         arguments: ``AmazonS3``, ``GoogleCloud``, ``MicrosoftAzure``, ``Http``,
         ``LocalFileSystem``); they remember their arguments, so that each
         worker builds the store again before it decodes a task plan. Without
         explicit keys, every worker takes credentials from its own environment.
         A bucket with no store registered gets one from the environment when a
-        table on it is registered (:func:`distfusion.object_store.spec_for`).
+        table on it is registered (:func:`distfusion.io.object_store.spec_for`).
 
         Args:
             scheme: ``"s3://"``, ``"gs://"``, ``"az://"``, ``"abfss://"``, ``"https://"``, ...
@@ -184,11 +185,11 @@ class DistributedContext(
 
         Raises:
             TypeError: ``store`` is a plain ``datafusion.object_store`` store
-                (use :mod:`distfusion.object_store`'s class of the same name).
+                (use :mod:`distfusion.io.object_store`'s class of the same name).
 
         Example:
             >>> from distfusion import DistributedContext, LocalRuntime
-            >>> from distfusion.object_store import AmazonS3
+            >>> from distfusion.io.object_store import AmazonS3
             >>> ctx = DistributedContext(runtime=LocalRuntime())
             >>> ctx.register_object_store("s3://", AmazonS3(bucket_name="lake"), "lake")
         """
@@ -469,7 +470,7 @@ class DistributedContext(
         planned in order (:func:`plan_statements`); the result is the last
         statement that returns rows (a view it uses may be dropped by a later
         statement: the plan keeps the view's definition). With only DDL, the
-        result is empty. DDL and DML follow DataFusion (:mod:`distfusion.ddl`):
+        result is empty. DDL and DML follow DataFusion (:mod:`distfusion.coordinator.ddl`):
 
         - ``CREATE [OR REPLACE] TABLE t AS query`` (or ``AS VALUES``) runs
           ``query`` distributed, now, and keeps the result as memory table
@@ -819,7 +820,7 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations, Ta
         inputs is cut into one part per producer task (one file each); any
         other head (an aggregate without keys, ``ORDER BY``, ``LIMIT``) is
         one part, so one file, in the query's order (:mod:`distfusion.worker.head_parts`).
-        The commit is Hadoop's ``FileOutputCommitter``'s (:mod:`distfusion.write`):
+        The commit is Hadoop's ``FileOutputCommitter``'s (:mod:`distfusion.io.write`):
         tasks write under ``path/_temporary/<query>/``, a task's files are
         moved into ``path`` only once the job succeeded, then ``_SUCCESS``
         is written; a failed or retried task leaves no partial or duplicate
@@ -828,7 +829,7 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations, Ta
         On an object store (``path`` is ``s3://bucket/prefix/``, ...) tasks
         upload their files below ``_temporary`` and the job commit copies them
         into place, then writes ``_SUCCESS`` (a manifest of the files) last:
-        readers wait for it (:mod:`distfusion.write`).
+        readers wait for it (:mod:`distfusion.io.write`).
 
         Args:
             path: the output directory (made if missing), or an object store URL.

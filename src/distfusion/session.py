@@ -2,7 +2,7 @@
 
 As a DataFusion ``SessionContext`` holds its UDFs and object stores, a
 :class:`~distfusion.context.DistributedContext` holds its own
-(:class:`~distfusion.udfs.Functions`, :class:`~distfusion.object_store.Stores`),
+(:class:`~distfusion.udfs.Functions`, :class:`~distfusion.io.object_store.Stores`),
 and they travel with each query's stages, not through a registry of the
 process: two contexts of one process that register a UDF ``f`` each (or a
 store for the same bucket) never see each other's.
@@ -37,8 +37,8 @@ from typing import Any
 from datafusion import SessionContext
 from substrait.proto import Plan
 
-from distfusion import object_store
-from distfusion.object_store import Stores, StoreSpec
+from distfusion.io import object_store
+from distfusion.io.object_store import Stores, StoreSpec
 from distfusion.udfs import Functions
 
 __all__ = ["SessionSettings", "called_functions"]
@@ -63,7 +63,7 @@ class SessionSettings:
     def snapshot(cls, functions: Functions, stores: Stores) -> SessionSettings:
         """Copies of a context's ``functions`` and ``stores``, which later registrations leave.
 
-        The stores are ``stores`` over the process's (:data:`~distfusion.object_store.PROCESS`):
+        The stores are ``stores`` over the process's (:data:`~distfusion.io.object_store.PROCESS`):
         a bucket the context has no store for is read as the coordinator reads it
         (a store made from the environment, or by a table's own catalog: Iceberg's).
         """

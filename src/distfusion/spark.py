@@ -92,11 +92,12 @@ import weakref
 import pyarrow as pa
 from datafusion import AggregateUDF, WindowUDF, col
 
-from distfusion import delta, object_store
 from distfusion.context import DistributedConfig, DistributedContext, DistributedDataFrame
 from distfusion.coordinator.checks import check_coordinator_reads
 from distfusion.coordinator.results import ResultStream, named
 from distfusion.errors import PlanningError, SparkSemanticsError
+from distfusion.io import delta, object_store
+from distfusion.io.sources import spark_source
 from distfusion.runtime.spark import (
     SparkRuntime,
     hold_dataframe,
@@ -106,7 +107,6 @@ from distfusion.runtime.spark import (
 from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe
 from distfusion.runtime.spark.dataframes import spark_statistics
 from distfusion.runtime.spark.files import native_path
-from distfusion.sources import spark_source
 from distfusion.spark_sql import SparkSettings, table_names
 from distfusion.spark_sql import parse as parse_spark_sql
 from distfusion.spark_sql.schema import as_spark_schema, spark_schema
@@ -755,7 +755,7 @@ def _register_delta(ctx: DistributedContext, name: str, table) -> bool:
     """Register ``table`` natively when it is a Delta table (a ``DeltaTable``, or its root).
 
     A path or URL is a Delta table when it holds ``_delta_log``, looked up
-    through its store within seconds (:func:`distfusion.delta.is_delta_table`):
+    through its store within seconds (:func:`distfusion.io.delta.is_delta_table`):
     then only the files of its current version are read (a listing would
     read every file ever written there, removed ones included).
 

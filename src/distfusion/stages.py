@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from distfusion.io.sources import TableSource, WorkUnit
 from distfusion.session import SessionSettings
-from distfusion.sources import TableSource, WorkUnit
 
 __all__ = [
     "SHUFFLE",

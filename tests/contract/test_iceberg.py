@@ -29,9 +29,9 @@ from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
 from distfusion import DistfusionError, DistributedConfig, DistributedContext, PlanningError
-from distfusion import object_store as stores
 from distfusion.errors import TaskError
-from distfusion.iceberg import IcebergTable
+from distfusion.io import object_store as stores
+from distfusion.io.iceberg import IcebergTable
 from tests.compare import assert_same_result, is_ordered
 from tests.contract.conftest import wait_idle
 from tests.iceberg_tables import build_events, local_catalog, s3_catalog, small_table, timestamp

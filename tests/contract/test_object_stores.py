@@ -122,7 +122,7 @@ def test_bad_object_store_input_fails_registration_quickly(runtime, s3_server, s
     with pytest.raises(PlanningError, match="corrupt"):
         ctx.register_parquet("t", "s3://corrupt/t/")
     # Nothing listens on port 9 (discard): refused at once, a few quick retries.
-    from distfusion.object_store import AmazonS3
+    from distfusion.io.object_store import AmazonS3
 
     ctx.register_object_store(
         "s3://",

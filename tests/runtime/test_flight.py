@@ -30,8 +30,8 @@ from distfusion import (
     tpch,
 )
 from distfusion.errors import AuthenticationError
-from distfusion.resolver import DynamicWorkerResolver
 from distfusion.runtime.flight import FlightRuntime
+from distfusion.runtime.resolver import DynamicWorkerResolver
 from distfusion.transport.flight import FlightWorkerTransport
 from tests.compare import assert_same_result, oracle_result
 from tests.cpu import wait_until_idle

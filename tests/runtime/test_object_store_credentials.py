@@ -13,8 +13,8 @@ import time
 import pytest
 
 from distfusion import DistributedConfig, DistributedContext, LocalRuntime, TaskError
-from distfusion import object_store as stores
 from distfusion.errors import PlanningError
+from distfusion.io import object_store as stores
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.flight import FlightRuntime
 from tests.compare import assert_same_result, oracle_result
@@ -132,5 +132,5 @@ def test_plain_datafusion_stores_are_refused_with_the_class_to_use():
     from datafusion.object_store import AmazonS3
 
     ctx = DistributedContext(runtime=LocalRuntime(workers=1))
-    with pytest.raises(TypeError, match="distfusion.object_store.AmazonS3"):
+    with pytest.raises(TypeError, match="distfusion.io.object_store.AmazonS3"):
         ctx.register_object_store("s3://", AmazonS3(bucket_name="b"), "b")

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from distfusion import DistributedConfig, DistributedContext, TaskError, tpch
-from distfusion.resolver import SparkWorkerResolver
+from distfusion.runtime.resolver import SparkWorkerResolver
 from distfusion.runtime.spark import EXECUTORS_SECTION, job_group, with_local_retries
 from tests.compare import assert_same_result, is_ordered, oracle_result
 from tests.conftest import REPO

@@ -14,8 +14,8 @@ from datafusion import SessionContext
 from deltalake import DeltaTable, write_deltalake
 
 import distfusion.spark
-from distfusion import object_store
 from distfusion.errors import PlanningError
+from distfusion.io import object_store
 from tests.compare import assert_same_result
 from tests.delta_tables import comparable
 

@@ -165,7 +165,7 @@ def test_view_over_some_files_of_a_directory_reads_exactly_those(spark, tpch_dir
 
 
 def test_tables_from_object_store_urls(spark, s3_tpch, s3_store, tpch_dir):
-    import distfusion.object_store as stores
+    import distfusion.io.object_store as stores
 
     stores.register("s3://", s3_store(), "tpch")
     sql = "SELECT o_orderstatus, count(*) AS n, sum(o_totalprice) AS t FROM o GROUP BY 1 ORDER BY 1"
@@ -183,7 +183,7 @@ def test_tables_from_object_store_urls(spark, s3_tpch, s3_store, tpch_dir):
     "test_s3a_settings_of_a_connect_session",
 )
 def test_s3a_files_map_to_s3_urls_with_spark_s3a_settings(spark):
-    from distfusion import object_store as stores
+    from distfusion.io import object_store as stores
     from distfusion.runtime.spark.files import native_path, s3_store_from_hadoop
 
     conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -224,7 +224,7 @@ def test_an_iceberg_table_on_s3_through_tables(spark, s3_server, s3_store, tmp_p
     """``tables={"t": <pyiceberg Table>}``: planned on the driver, the executors pull its files."""
     from datafusion import SessionContext
 
-    from distfusion import object_store
+    from distfusion.io import object_store
     from tests.iceberg_tables import build_events, s3_catalog
 
     s3_server.create_bucket("iceberg")

@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
-from distfusion.sources import (
+from distfusion.io import delta, object_store
+from distfusion.io.sources import (
     TableSource,
     csv_source,
     json_source,
@@ -168,14 +168,14 @@ class TableCatalog:
         the log, so a filter on a partition column keeps only the matching
         files; deletion vectors and column mapping are applied, schema
         evolution reads added columns as NULL in older files
-        (:mod:`distfusion.delta`, docs/delta.md).
+        (:mod:`distfusion.io.delta`, docs/delta.md).
 
         On an object store (``s3://bucket/path``), the tasks read the files
         through the store registered for the bucket
         (:meth:`register_object_store`), and delta-rs reads the log with
         ``storage_options`` made from that store unless given. A table given
         ``storage_options`` for a bucket with no store registered gets a store
-        made from them (:func:`distfusion.delta.store_from_options`).
+        made from them (:func:`distfusion.io.delta.store_from_options`).
 
         Args:
             name: the table name in SQL.
@@ -239,7 +239,7 @@ class TableCatalog:
         """Register version ``dt`` of a Delta table as ``name``, reading only some of its files.
 
         ``keep`` holds indexes into ``dt.get_add_actions()``'s rows (the order
-        of :func:`~distfusion.delta.delta_source`'s units). The coordinator's
+        of :func:`~distfusion.io.delta.delta_source`'s units). The coordinator's
         context gets a view of exactly those files (as :meth:`_register_files`
         does), so a query runs alike in place and in tasks. Called by
         :mod:`distfusion.table_write.delta_predicate` for the files a
@@ -267,7 +267,7 @@ class TableCatalog:
         """Make sure the store of ``path`` (when a URL) is this context's and DataFusion's.
 
         A bucket without a store of this context's gets the process's
-        (:func:`~distfusion.object_store.spec_for`: one made from the
+        (:func:`~distfusion.io.object_store.spec_for`: one made from the
         environment unless registered); one with a store of this context's
         makes it the process's again, for the coordinator's listing.
 
@@ -370,7 +370,7 @@ class TableCatalog:
 
         DataFusion expands globs in local paths only (a URL with one lists no
         file: "No files found"), so the objects are listed here, through the
-        store (:func:`distfusion.object_store.list_objects`: ``*``, ``?``,
+        store (:func:`distfusion.io.object_store.list_objects`: ``*``, ``?``,
         ``[...]`` per path segment), one work unit each, read by the tasks.
         The schema is DataFusion's of the first file (``schema`` if given;
         ``partition_cols`` appended, read from ``col=value`` directories below

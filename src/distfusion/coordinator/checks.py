@@ -18,8 +18,8 @@ from datafusion import DataFrame, SessionContext
 
 from distfusion.coordinator.query_run import Runtime, RuntimeProfile
 from distfusion.errors import ContextClosedError, PlanningError
+from distfusion.io.sources import TableSource, sql_name
 from distfusion.planner.detect_substrait_losses import substrait_losses
-from distfusion.sources import TableSource, sql_name
 from distfusion.stages import StageGraph
 from distfusion.substrait_plan.decode import consume_plan, fits_decoder, parse_plan
 
@@ -123,7 +123,7 @@ def tables_read(df: DataFrame, names) -> list[str]:
 def scanned_bytes(df: DataFrame, sources: dict) -> dict[str, int]:
     """Bytes each table of ``sources`` that ``df``'s plan scans reads, in its plan's order.
 
-    ``sources``: table name -> :class:`~distfusion.sources.TableSource` (or
+    ``sources``: table name -> :class:`~distfusion.io.sources.TableSource` (or
     None, to learn only which tables are scanned: 0 bytes each). The bytes
     are the uncompressed bytes of the columns each scan projects
     (:meth:`TableSource.projected_bytes`), summed over the table's scans,

@@ -23,7 +23,6 @@ from datafusion import DataFrame
 from datafusion.substrait import Producer
 from substrait.proto import Plan
 
-from distfusion import object_store
 from distfusion.coordinator.adaptive import AdaptiveReport, plan_final, run_adaptive
 from distfusion.coordinator.checks import (
     check_coordinator_reads,
@@ -44,6 +43,8 @@ from distfusion.coordinator.results import map_head_parts, named, write_head_par
 from distfusion.coordinator.statements import writes
 from distfusion.display import with_progress
 from distfusion.errors import NotDistributableError, PlanningError
+from distfusion.io import object_store
+from distfusion.io.write import FileCommitter, WriteSpec, WrittenFile, write_task
 from distfusion.metrics.observer import QueryObserver, observing
 from distfusion.metrics.query import build_query_metrics
 from distfusion.metrics.render import format_bytes
@@ -53,7 +54,6 @@ from distfusion.planner.plan import plan_stages, prepare_substrait, rewrite_join
 from distfusion.session import SessionSettings
 from distfusion.stages import StageGraph
 from distfusion.substrait_plan.decode import consume_plan, fits_decoder
-from distfusion.write import FileCommitter, WriteSpec, WrittenFile, write_task
 
 log = logging.getLogger(__name__)
 
@@ -349,7 +349,7 @@ class QueryExecution:
 
         ``reason``: :meth:`coordinator_only`'s (checked by the caller): the
         query runs whole here, as one task. Used by :meth:`_write_files` and
-        the table writes (:mod:`distfusion.delta_write`, :mod:`distfusion.iceberg.write`),
+        the table writes (:mod:`distfusion.delta_write`, :mod:`distfusion.io.iceberg.write`),
         which commit or abort the job.
         """
         if reason is not None:

@@ -15,11 +15,11 @@ import pyarrow as pa
 from datafusion import DataFrame
 
 from distfusion.errors import DistfusionError
+from distfusion.io.sources import TableSource, WorkUnit, check_source_files
 from distfusion.metrics.observer import observer_for
 from distfusion.metrics.task import TaskMeter
 from distfusion.planner.config import DistributedConfig
 from distfusion.protocol.errors import task_error
-from distfusion.sources import TableSource, WorkUnit, check_source_files
 from distfusion.stages import StageGraph
 from distfusion.worker.execute_task import COORDINATOR, stream_batches
 

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from distfusion.coordinator.feeds import QueryFeeds, has_feeds
 from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
+from distfusion.io.write import WriteSpec, WrittenFile, write_part
 from distfusion.metrics.observer import QueryObserver, observer_for
 from distfusion.planner.config import RuntimeProfile
 from distfusion.protocol.task_plan import TaskKey, TaskPlan
@@ -57,7 +58,6 @@ from distfusion.worker.execute_task import stream_head_stage
 from distfusion.worker.head_parts import HeadPart, head_parts, run_part
 from distfusion.worker.memory import TaskMemory, machine_memory_bytes
 from distfusion.worker.stream_inputs import InputStreams
-from distfusion.write import WriteSpec, WrittenFile, write_part
 
 __all__ = [
     "Runtime",

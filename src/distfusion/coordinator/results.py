@@ -25,9 +25,9 @@ import pyarrow as pa
 
 from distfusion.coordinator.query_run import MapsHeadParts, QueryRun
 from distfusion.errors import QueryCancelledError
+from distfusion.io.write import WriteSpec, WrittenFile, write_task
 from distfusion.stages import StageGraph
 from distfusion.worker.interrupt import Interruptible
-from distfusion.write import WriteSpec, WrittenFile, write_task
 
 
 def named(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -6,7 +6,7 @@ on a DataFusion context. :class:`StatementRouting` is the part of
 :class:`~distfusion.context.DistributedContext` that plans one statement and
 keeps its sources in step with what the statement did (``CREATE TABLE ... AS``
 run distributed, memory tables read again after a write, external Parquet
-tables as file sources). :mod:`distfusion.ddl` reads a statement's tokens.
+tables as file sources). :mod:`distfusion.coordinator.ddl` reads a statement's tokens.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from datafusion import DataFrame, SessionContext
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from distfusion.ddl import Statement, fold_identifier, parse_statement, sql_tokens
+from distfusion.coordinator.ddl import Statement, fold_identifier, parse_statement, sql_tokens
 from distfusion.errors import PlanningError
-from distfusion.sources import memory_source, parquet_source, sql_name
+from distfusion.io.sources import memory_source, parquet_source, sql_name
 
 
 def split_statements(sql: str) -> list[str]:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from substrait.proto import AggregateFunction, Expression, JoinRel, Plan, Rel
 
+from distfusion.io.sources import TableSource
 from distfusion.planner.estimate import REDUCTION_RATIO, selective_scan_bytes
-from distfusion.sources import TableSource
 from distfusion.substrait_plan.build import (
     before_emit,
     boolean_type,

@@ -123,7 +123,7 @@ class RuntimeProfile:
             and a worker does the work. Read by the planner
             (``inject_network_boundaries``).
         reads_spark_dataframes: leaf stages may read Spark DataFrames
-            (:func:`~distfusion.sources.spark_source`). Default False; Spark:
+            (:func:`~distfusion.io.sources.spark_source`). Default False; Spark:
             True. Read by :func:`~distfusion.coordinator.checks.check_spark_reads`,
             which refuses such a query on another runtime.
         explain_note: a line ``explain()`` adds after the plan about how the

@@ -49,6 +49,7 @@ import pyarrow as pa
 from substrait.proto import Expression, Plan, Rel, SetRel
 
 from distfusion.errors import NotDistributableError, PlanningError
+from distfusion.io.sources import TableSource, WorkUnit
 from distfusion.planner import decompose_aggregate as dagg
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.distribute_joins import JoinDistribution
@@ -62,7 +63,6 @@ from distfusion.planner.prune_partitions import prune_partitions
 from distfusion.planner.reuse_exchanges import ExchangeReuse
 from distfusion.planner.scan_filters import any_of, filter_over_read, scan_filters
 from distfusion.planner.skip_units import skip_units
-from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     BROADCAST,
     COALESCE,
@@ -294,7 +294,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         return Fragment(read, 1, frag.est, [inp])
 
     def spark_tables(self, frag: Fragment) -> set[str]:
-        """The Spark DataFrames ``frag`` reads (:func:`~distfusion.sources.spark_source`).
+        """The Spark DataFrames ``frag`` reads (:func:`~distfusion.io.sources.spark_source`).
 
         Each task of a stage reading one runs inside the Spark task computing
         its partition, fed by that partition alone. So a stage reads at most

@@ -41,6 +41,7 @@ from __future__ import annotations
 from substrait.proto import Plan
 
 from distfusion.errors import PlanningError
+from distfusion.io.sources import TableSource
 from distfusion.planner.aggregate_before_join import aggregate_before_joins
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
@@ -50,7 +51,6 @@ from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
 from distfusion.planner.repair_substrait import repair_substrait
 from distfusion.planner.rewrite_null_aware_anti_join import rewrite_null_aware_anti_joins
-from distfusion.sources import TableSource
 from distfusion.stages import StageGraph
 from distfusion.substrait_plan.rewrite import SchemaOracle
 

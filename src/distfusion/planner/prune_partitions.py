@@ -23,7 +23,7 @@ import pyarrow as pa
 from datafusion import col
 from substrait.proto import Rel
 
-from distfusion.sources import TableSource, sql_name
+from distfusion.io.sources import TableSource, sql_name
 from distfusion.substrait_plan.build import FunctionRegistry, conjuncts, field_ref, named_struct
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.substrait_plan.rewrite import SchemaOracle

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from substrait.proto import Expression, JoinRel, Plan, Rel
 
+from distfusion.io.sources import TableSource
 from distfusion.planner.estimate import is_selective_scan
-from distfusion.sources import TableSource
 from distfusion.substrait_plan.build import (
     before_emit,
     join_rel,

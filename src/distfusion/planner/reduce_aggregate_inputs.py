@@ -43,13 +43,13 @@ from collections.abc import Callable
 
 from substrait.proto import JoinRel, Plan, Rel
 
+from distfusion.io.sources import TableSource
 from distfusion.planner.estimate import (
     REDUCTION_RATIO,
     REDUCTION_SIDE_FACTOR,
     selective_scan_bytes,
 )
 from distfusion.planner.push_semi_joins import push_semi_join
-from distfusion.sources import TableSource
 from distfusion.substrait_plan.build import (
     before_emit,
     boolean_type,

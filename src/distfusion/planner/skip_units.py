@@ -1,7 +1,7 @@
 """File skipping: the units of a read that their statistics prove its filter drops entirely.
 
 A source that knows per-unit statistics before anything runs
-(:attr:`~distfusion.sources.TableSource.unit_stats`: a Delta table's log gives
+(:attr:`~distfusion.io.sources.TableSource.unit_stats`: a Delta table's log gives
 every file's min, max and null count per column, and its partition values as
 bounds) is read by the units that might hold a row the read's filter keeps.
 The filter comes as plain predicates (:mod:`distfusion.planner.scan_filters`:
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from substrait.proto import Rel
 
+from distfusion.io.sources import TableSource
 from distfusion.planner.prune_partitions import pruned_read
-from distfusion.sources import TableSource
 from distfusion.work_unit_feed.filters import And, Filter, Not, Or
 from distfusion.work_unit_feed.statistics import might_match
 

@@ -41,9 +41,9 @@ from dataclasses import replace
 import pyarrow as pa
 from substrait.proto import Expression, JoinRel, Rel
 
+from distfusion.io.sources import TableSource
 from distfusion.planner.estimate import Estimate
 from distfusion.planner.fragment import Fragment
-from distfusion.sources import TableSource
 from distfusion.substrait_plan.build import is_field_ref
 from distfusion.substrait_plan.lineage import read_column
 from distfusion.substrait_plan.walk import (

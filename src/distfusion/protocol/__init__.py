@@ -12,7 +12,7 @@ What crosses between the coordinator and its workers, whatever carries it
 =================  ============================================================
 
 It depends only on the data model (:mod:`distfusion.stages`,
-:mod:`distfusion.sources`, :mod:`distfusion.errors`); ``planner/``,
+:mod:`distfusion.io.sources`, :mod:`distfusion.errors`); ``planner/``,
 ``transport/``, ``worker/`` and ``runtime/`` import it, never the other way round.
 """
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import traceback
 
-from distfusion import errors, object_store
+from distfusion import errors
 from distfusion.errors import DistfusionError, TaskError, TaskPanicked
+from distfusion.io import object_store
 
 __all__ = [
     "KIND",
@@ -101,10 +102,10 @@ def task_error(stage_id: int, task_index: int, worker: str, exc: BaseException) 
     """``exc``, raised by task ``task_index`` of stage ``stage_id`` on ``worker``, as a TaskError.
 
     The cause is ``"Kind: message"`` (an object store's refusal with a hint
-    about the worker's credentials, :func:`distfusion.object_store.hint`); the
+    about the worker's credentials, :func:`distfusion.io.object_store.hint`); the
     traceback is kept as ``remote_traceback``. Explicitly given credentials of
     the process's object stores are blanked out of both
-    (:func:`distfusion.object_store.redact`). A panic in native code
+    (:func:`distfusion.io.object_store.redact`). A panic in native code
     (:func:`is_native_panic`) is a :class:`~distfusion.errors.TaskPanicked`
     whose cause is ``"DataFusion panicked: message"`` (DataFusion's bug, or a
     UDF's that returned what it did not declare).

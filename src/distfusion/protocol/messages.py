@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from distfusion.object_store import StoreSpec
+from distfusion.io.object_store import StoreSpec
 from distfusion.protocol.task_plan import TaskKey
 
 __all__ = [
@@ -83,7 +83,7 @@ driver's worker the moment the task panicked, so that the driver fails the query
 at once rather than when the Spark job's other tasks end. Answer: nothing."""
 ACTION_WRITE_PART = "write_part"
 """Body: JSON ``{"part": HeadPart.to_json(), "spec": WriteSpec.to_json()}``: run
-a part of a head stage and write its rows as files (``distfusion.write``).
+a part of a head stage and write its rows as files (``distfusion.io.write``).
 Answer: a JSON list of the task's committed files ``{"relpath", "rows"}`` (and
 ``"staged"``, the URL of a file uploaded to an object store: ``WrittenFile.to_json``)."""
 

@@ -12,8 +12,8 @@ import base64
 import json
 from dataclasses import dataclass, field
 
+from distfusion.io.sources import TableSource, WorkUnit
 from distfusion.session import SessionSettings
-from distfusion.sources import TableSource, WorkUnit
 from distfusion.stages import (
     OutputPartitioning,
     Stage,

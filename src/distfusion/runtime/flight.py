@@ -51,7 +51,7 @@ from distfusion.coordinator.query_run import (
 )
 from distfusion.errors import PlanningError, TaskError, TransportError, WorkerUnavailableError
 from distfusion.metrics.observer import QueryObserver, observer_for
-from distfusion.resolver import StaticWorkerResolver, WorkerResolver
+from distfusion.runtime.resolver import StaticWorkerResolver, WorkerResolver
 from distfusion.stages import StageGraph
 from distfusion.transport.flight import FlightWorkerTransport
 from distfusion.worker.memory import default_memory_per_task_bytes
@@ -67,7 +67,7 @@ class FlightRuntime:
     """Runs stage graphs on Arrow Flight workers found through a resolver.
 
     Args:
-        resolver: a :class:`~distfusion.resolver.WorkerResolver`, or a list of
+        resolver: a :class:`~distfusion.runtime.resolver.WorkerResolver`, or a list of
             URLs (``["grpc://127.0.0.1:50051", ...]``) for a static one.
         token: shared secret of the workers; default ``$DISTFUSION_TOKEN``.
         tls_root_certs: PEM bytes verifying ``grpc+tls://`` workers.

@@ -14,7 +14,7 @@ from datafusion import SessionContext
 from substrait.proto import Plan, PlanRel, Rel, RelRoot
 
 from distfusion.errors import NotDistributableError
-from distfusion.sources import sql_name
+from distfusion.io.sources import sql_name
 from distfusion.substrait_plan.build import FunctionRegistry, before_emit, conjuncts, is_field_ref
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.substrait_plan.walk import children, set_children

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, TokenType
 
-from distfusion.ddl import fold_identifier, sql_tokens
+from distfusion.coordinator.ddl import fold_identifier, sql_tokens
 
 __all__ = ["TableName", "find_names", "internal_name", "rewrite_names"]
 

@@ -49,10 +49,11 @@ import pyarrow as pa
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from distfusion import delta, object_store
-from distfusion.ddl import fold_identifier, sql_tokens
+from distfusion.coordinator.ddl import fold_identifier, sql_tokens
 from distfusion.errors import PlanningError
-from distfusion.sources import sql_name
+from distfusion.io import delta, object_store
+from distfusion.io.sources import sql_name
+from distfusion.io.write import file_schema
 from distfusion.table_write.catalog_names import (
     TableName,
     find_names,
@@ -62,7 +63,6 @@ from distfusion.table_write.catalog_names import (
 from distfusion.table_write.delta import write_delta
 from distfusion.table_write.delta_catalog import DeltaDirectoryCatalog
 from distfusion.table_write.iceberg import write_iceberg
-from distfusion.write import file_schema
 
 __all__ = ["CatalogMounts"]
 

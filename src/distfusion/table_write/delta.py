@@ -38,8 +38,9 @@ from urllib.parse import unquote
 import pyarrow as pa
 from datafusion import SessionContext
 
-from distfusion import delta, object_store
 from distfusion.errors import PlanningError
+from distfusion.io import delta, object_store
+from distfusion.io.write import WriteSpec, file_schema
 from distfusion.table_write.delta_predicate import (
     candidate_files,
     over_partitions_only,
@@ -55,7 +56,6 @@ from distfusion.table_write.files import (
     place_files,
     run_job,
 )
-from distfusion.write import WriteSpec, file_schema
 
 __all__ = ["TableCommit", "delta_stats", "merge_candidates", "write_delta"]
 

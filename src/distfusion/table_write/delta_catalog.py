@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from distfusion import delta, object_store
+from distfusion.io import delta, object_store
 
 __all__ = ["DeltaDirectoryCatalog"]
 

@@ -39,7 +39,7 @@ from datafusion import SessionContext
 from sqlglot import exp
 
 from distfusion.errors import PlanningError
-from distfusion.sources import sql_name
+from distfusion.io.sources import sql_name
 
 __all__ = ["candidate_files", "over_partitions_only", "replace_where", "stats_condition"]
 

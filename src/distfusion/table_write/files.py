@@ -1,11 +1,11 @@
 """The data files of a table write: written by the tasks, placed, described, or discarded.
 
 A table write (:mod:`distfusion.table_write.delta`, :mod:`distfusion.table_write.iceberg`)
-runs the query as the tasks of a :class:`~distfusion.write.WriteSpec` job whose
+runs the query as the tasks of a :class:`~distfusion.io.write.WriteSpec` job whose
 ``path`` is where the table keeps its data files, exactly as
 :meth:`~distfusion.context.DistributedDataFrame.write_parquet` runs it (one
 file per head part, written where the part runs, Hadoop's task commit: see
-:mod:`distfusion.write`). What differs is the job commit::
+:mod:`distfusion.io.write`). What differs is the job commit::
 
     run_job        the tasks write below path/_temporary/<query>/ (a failed
                    or interrupted query: the job is aborted, nothing is left)
@@ -32,10 +32,10 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from distfusion import object_store
 from distfusion.coordinator.checks import check_coordinator_reads, check_open
 from distfusion.errors import DistfusionError, PlanningError
-from distfusion.write import FileCommitter, WriteSpec, WrittenFile
+from distfusion.io import object_store
+from distfusion.io.write import FileCommitter, WriteSpec, WrittenFile
 
 __all__ = [
     "HIVE_NULL",
@@ -255,7 +255,7 @@ def partition_texts(relpath: str, columns: tuple[str, ...]) -> dict[str, str | N
     """The partition values of a file from its Hive directories, as text (NULL: None).
 
     ``relpath`` is ``k1=v1/k2=v2/part-....parquet`` with pyarrow's URI-encoded
-    values (:func:`~distfusion.write.write_task` with ``partition_by``).
+    values (:func:`~distfusion.io.write.write_task` with ``partition_by``).
 
     Raises:
         ValueError: a directory of ``columns`` is missing from ``relpath``.

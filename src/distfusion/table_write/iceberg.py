@@ -50,8 +50,9 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from distfusion import object_store
-from distfusion.iceberg.stores import ensure_store
+from distfusion.io import object_store
+from distfusion.io.iceberg.stores import ensure_store
+from distfusion.io.write import WriteSpec, file_schema
 from distfusion.table_write.delta import TableCommit
 from distfusion.table_write.files import (
     HIVE_NULL,
@@ -61,7 +62,6 @@ from distfusion.table_write.files import (
     place_files,
     run_job,
 )
-from distfusion.write import WriteSpec, file_schema
 
 __all__ = ["APPEND_RETRIES", "write_iceberg"]
 

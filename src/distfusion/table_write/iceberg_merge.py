@@ -40,8 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from distfusion.iceberg.filters import to_iceberg_expression
-from distfusion.iceberg.table import IcebergTable
+from distfusion.io.iceberg.filters import to_iceberg_expression
+from distfusion.io.iceberg.table import IcebergTable
 from distfusion.work_unit_feed.feed import FeedContext
 from distfusion.work_unit_feed.filters import Comparison
 from distfusion.work_unit_feed.unit import WorkUnit
@@ -76,7 +76,7 @@ def key_filter(schema: Any, ranges: list[tuple[str, Any, Any]]) -> Any:
 
     ``ranges``: ``(target column, min, max)`` of each ON key over the source,
     none of them None. Each becomes ``column >= min AND column <= max`` and
-    goes through :func:`~distfusion.iceberg.filters.to_iceberg_expression`
+    goes through :func:`~distfusion.io.iceberg.filters.to_iceberg_expression`
     (the query filters' converter): a bound of another kind than its column
     (a float, a string for a date column) is left out, as are ranges on
     floating-point columns. None when no key converts (nothing to prune by).
@@ -135,7 +135,7 @@ class MergeTargetFiles(IcebergTable):
 
     A MERGE registers its target so (:class:`~distfusion.table_write.merge.TableMerges`):
     the query reads the files the commit deletes, and no other. Workers read
-    it as an :class:`~distfusion.iceberg.IcebergTable` (same ``to_bytes``).
+    it as an :class:`~distfusion.io.iceberg.IcebergTable` (same ``to_bytes``).
 
     Args:
         table: the pyiceberg ``Table``, at the snapshot ``files`` was planned on.
@@ -143,7 +143,7 @@ class MergeTargetFiles(IcebergTable):
         name: the table's name in errors.
 
     Raises:
-        PlanningError: as :class:`~distfusion.iceberg.IcebergTable`.
+        PlanningError: as :class:`~distfusion.io.iceberg.IcebergTable`.
     """
 
     def __init__(self, table: Any, files: MergeFiles, *, name: str) -> None:

@@ -59,13 +59,13 @@ from sqlglot import exp
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-from distfusion import delta, object_store
+from distfusion.coordinator.ddl import fold_identifier, sql_tokens
 from distfusion.coordinator.statements import table_name
-from distfusion.ddl import fold_identifier, sql_tokens
 from distfusion.errors import PlanningError
-from distfusion.iceberg import IcebergTable
-from distfusion.iceberg.table import arrow_schema
-from distfusion.sources import sql_name
+from distfusion.io import delta, object_store
+from distfusion.io.iceberg import IcebergTable
+from distfusion.io.iceberg.table import arrow_schema
+from distfusion.io.sources import sql_name
 from distfusion.table_write.delta import merge_candidates, write_delta
 from distfusion.table_write.iceberg import write_iceberg
 from distfusion.table_write.iceberg_merge import MergeTargetFiles, merge_files

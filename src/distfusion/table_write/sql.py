@@ -29,11 +29,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from distfusion import delta, object_store
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
-from distfusion.iceberg import IcebergTable
-from distfusion.sources import sql_name
+from distfusion.io import delta, object_store
+from distfusion.io.iceberg import IcebergTable
+from distfusion.io.sources import sql_name
 
 __all__ = ["TableInserts", "parse_insert"]
 

@@ -68,8 +68,8 @@ from distfusion.errors import (
     TransportError,
     WorkerUnavailableError,
 )
+from distfusion.io.object_store import StoreSpec
 from distfusion.metrics.task import TaskMetrics
-from distfusion.object_store import StoreSpec
 from distfusion.protocol.errors import KIND, error_from_dict, error_to_dict
 from distfusion.protocol.feed_messages import (
     FEED_SCHEMA,

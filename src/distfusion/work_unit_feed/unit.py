@@ -30,7 +30,7 @@ class WorkUnit:
         ipc: an Arrow IPC stream of the unit's rows (in-memory units only).
         data: an opaque payload for a user's feed-backed table source (a page
             token, a JSON request); for a Parquet file of a lakehouse table,
-            how to read it (:class:`distfusion.sources.FileRead`: column
+            how to read it (:class:`distfusion.io.sources.FileRead`: column
             names in the file, deleted rows); ``b""`` when unused.
         partition_values: a file of a directory-partitioned table
             (``.../dt=2024-01-01/region=EU/part-0.parquet``): the raw text of

@@ -39,14 +39,15 @@ from datafusion import (
 )
 from datafusion.functions import spark as spark_functions
 
-from distfusion import object_store, udfs
+from distfusion import udfs
 from distfusion.errors import DistfusionError, QueryCancelledError, TaskError
+from distfusion.io import object_store
+from distfusion.io.sources import SPARK, WorkUnit, register_scan, sql_name
 from distfusion.metrics.task import TaskMeter, TaskMetrics
 from distfusion.protocol.errors import is_task_failure, task_error
 from distfusion.protocol.hashing import hash_type
 from distfusion.protocol.task_plan import ScanShare, TaskPlan
 from distfusion.session import SessionSettings
-from distfusion.sources import SPARK, WorkUnit, register_scan, sql_name
 from distfusion.stages import SHUFFLE, StageInput
 from distfusion.substrait_plan.decode import consume_plan
 from distfusion.work_unit_feed.table import rebuild_source
@@ -104,7 +105,7 @@ def task_context(
         session: the query's UDFs and object stores (the task plan's:
             :mod:`distfusion.session`), registered in this context only, before
             any plan is decoded; None: none. This process's stores
-            (:data:`~distfusion.object_store.PROCESS`) come first, for a bucket
+            (:data:`~distfusion.io.object_store.PROCESS`) come first, for a bucket
             the query has none for (one an Iceberg scan found while it ran);
             the query's replace those of the same bucket.
     """
@@ -672,7 +673,7 @@ def feed_dataframes(
     """The fragment of a task that reads streamed tables, as DataFrames to run in turn.
 
     Streamed tables are work unit feeds and Spark DataFrames
-    (:attr:`~distfusion.sources.TableSource.streamed`); a Spark table's rows
+    (:attr:`~distfusion.io.sources.TableSource.streamed`); a Spark table's rows
     are the batches of the Spark partition offered to this task
     (:mod:`distfusion.worker.spark_partitions`), in chunks of
     :data:`~distfusion.worker.spark_partitions.SPARK_CHUNK_BYTES`. Yields

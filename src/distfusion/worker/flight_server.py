@@ -55,10 +55,11 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from distfusion import object_store
 from distfusion.errors import QueryCancelledError, TaskError
+from distfusion.io import object_store
+from distfusion.io.object_store import Stores
+from distfusion.io.write import WriteSpec, write_task
 from distfusion.metrics.task import TaskMetrics
-from distfusion.object_store import Stores
 from distfusion.protocol.errors import error_to_dict, task_error
 from distfusion.protocol.feed_messages import decode_feed_batches, decode_feed_descriptor
 from distfusion.protocol.messages import (
@@ -86,7 +87,6 @@ from distfusion.udfs import Functions
 from distfusion.worker.execute_task import without_views
 from distfusion.worker.head_parts import HeadPart, run_part
 from distfusion.worker.worker import Worker
-from distfusion.write import WriteSpec, write_task
 
 __all__ = ["FlightWorker", "is_loopback"]
 
@@ -448,7 +448,7 @@ class FlightWorker:
         The part reads its inputs from the workers holding them (this one
         first, for a part of a row-wise head: it is sent where its producer
         ran); the files go to the job's temporary directory and are
-        committed as the task (:func:`distfusion.write.write_task`).
+        committed as the task (:func:`distfusion.io.write.write_task`).
 
         Raises:
             ValueError: ``body`` is not a part and a write spec.

@@ -32,8 +32,8 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-from distfusion import object_store
 from distfusion.errors import TaskError
+from distfusion.io import object_store
 from distfusion.protocol.errors import error_to_dict
 from distfusion.worker import spark_connect_tasks, spark_tasks
 from distfusion.worker.spark_tasks import ERROR_MARKER, EXECUTORS_SECTION
@@ -93,7 +93,7 @@ def task_function(tasks, entry: Callable, *args):
             called as ``entry(partition index, records, *args)``.
         *args: the rest of ``entry``'s arguments (pickled with the closure).
 
-    The driver's object stores (:mod:`distfusion.object_store`, explicit
+    The driver's object stores (:mod:`distfusion.io.object_store`, explicit
     credentials included: Spark's closure is the channel) travel with the
     closure too, for the executor's own reads and writes through obstore.
     A task's session gets its query's UDFs and stores from its stage

@@ -1,6 +1,6 @@
 """Hand one Spark partition's Arrow batches to the leaf task that reads it, in the same process.
 
-A leaf stage over a Spark DataFrame (:func:`~distfusion.sources.spark_source`)
+A leaf stage over a Spark DataFrame (:func:`~distfusion.io.sources.spark_source`)
 runs each task inside the Spark task that computes one partition of the
 DataFrame: the Python function of that Spark task receives the partition's
 Arrow batches and offers them here under the task's key and the table's name

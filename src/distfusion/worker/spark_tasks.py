@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from distfusion import object_store
 from distfusion.errors import (
     QueryCancelledError,
     TaskError,
     TaskPanicked,
 )
+from distfusion.io import object_store
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import (
     error_to_dict,

@@ -1,6 +1,6 @@
 """Spark DataFrames read as tables: held on the driver, read by Spark as Arrow batches.
 
-A leaf stage reading a Spark DataFrame (:func:`~distfusion.sources.spark_source`)
+A leaf stage reading a Spark DataFrame (:func:`~distfusion.io.sources.spark_source`)
 starts from the DataFrame itself rather than from ``parallelize``: its RDD is
 the DataFrame coalesced to the stage's task count and converted to Arrow by
 Spark in each partition (``Dataset.toArrowBatchRdd``, what ``toArrow()``

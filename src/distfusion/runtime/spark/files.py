@@ -2,7 +2,7 @@
 
 Spark names its files with Hadoop URIs (``file:``, ``s3a://``, ``gs://``, ...);
 DataFusion reads local paths and object store URLs through the stores of
-:mod:`distfusion.object_store`. An ``s3a://`` bucket's store is made from
+:mod:`distfusion.io.object_store`. An ``s3a://`` bucket's store is made from
 Spark's own ``fs.s3a.*`` Hadoop settings, so the same credentials serve both.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from urllib.parse import unquote, urlparse
 
-from distfusion import object_store
-from distfusion.object_store import store_url
+from distfusion.io import object_store
+from distfusion.io.object_store import store_url
 from distfusion.runtime.spark.config import is_connect_session
 
 __all__ = ["native_path", "s3_store_from_hadoop"]

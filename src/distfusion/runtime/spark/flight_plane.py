@@ -27,6 +27,7 @@ from distfusion.errors import (
     TaskPanicked,
     WorkerUnavailableError,
 )
+from distfusion.io.write import WriteSpec, write_part
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import (
     error_from_dict,
@@ -50,7 +51,6 @@ from distfusion.worker.spark_tasks import (
     run_flight_task,
     run_head_part,
 )
-from distfusion.write import WriteSpec, write_part
 
 log = logging.getLogger(__name__)
 
@@ -527,7 +527,7 @@ class SparkFlightQuery(WorkerQueryRun):
     def write_head_parts(self, graph: StageGraph, spec: WriteSpec) -> list:
         """Every head part writes its rows as a task of ``spec``'s job, on the executors.
 
-        :meth:`map_head_parts` with :func:`~distfusion.write.write_part`: Spark
+        :meth:`map_head_parts` with :func:`~distfusion.io.write.write_part`: Spark
         schedules the parts, and a failed one runs again (its attempt's files
         deleted, or left in the job's temporary directory when killed).
         """

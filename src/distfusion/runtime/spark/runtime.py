@@ -49,7 +49,7 @@ from distfusion.planner.config import in_place_bytes
 from distfusion.protocol.errors import (
     error_from_dict,
 )
-from distfusion.resolver import SparkWorkerResolver
+from distfusion.runtime.resolver import SparkWorkerResolver
 from distfusion.runtime.spark.config import (
     DATA_PLANES,
     encryption_settings,

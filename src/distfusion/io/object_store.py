@@ -3,7 +3,7 @@
 Registered as in DataFusion, with DataFusion's store classes and arguments::
 
     from distfusion import DistributedContext
-    from distfusion.object_store import AmazonS3
+    from distfusion.io.object_store import AmazonS3
 
     ctx = DistributedContext()
     ctx.register_object_store("s3://", AmazonS3(bucket_name="lake", region="eu-west-1"), "lake")
@@ -397,7 +397,7 @@ class Stores:
         if not isinstance(store, _Remembers):
             name = type(store).__name__
             msg = (
-                f"register_object_store takes distfusion.object_store.{name} (the same class "
+                f"register_object_store takes distfusion.io.object_store.{name} (the same class "
                 f"and arguments as DataFusion's {name}, which also remembers them so that every "
                 f"worker can build the store again), got {type(store).__module__}.{name}"
             )
@@ -589,7 +589,7 @@ def hint(message: str) -> str:
         "the store rejects them; give each worker credentials in its environment "
         "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance role; "
         "AZURE_STORAGE_*; GOOGLE_APPLICATION_CREDENTIALS) or register the store with "
-        "explicit keys (distfusion.object_store)"
+        "explicit keys (distfusion.io.object_store)"
     )
 
 

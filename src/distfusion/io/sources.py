@@ -21,7 +21,7 @@ read once, one partition per leaf task, never in full by several tasks.
 Sizes come from the files themselves: Parquet footers give row counts and the
 uncompressed bytes of every column chunk (used by the task estimator and the
 broadcast decision); CSV gives only its file size. A lakehouse table
-(:mod:`distfusion.delta`) is a Parquet source whose units come from the
+(:mod:`distfusion.io.delta`) is a Parquet source whose units come from the
 table's own metadata instead: row counts and per-file statistics
 (:attr:`TableSource.unit_stats`) from its log, and, per file, how to read it
 (:func:`file_read`): columns named otherwise in the files (column mapping),
@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datafusion import SessionConfig, SessionContext, col, lit
 
-from distfusion import object_store
 from distfusion.errors import PlanningError
+from distfusion.io import object_store
 from distfusion.work_unit_feed.table import (
     UNKNOWN_FEED_BYTES,
     FeedTableSource,
@@ -214,7 +214,7 @@ def list_sized(path: str, extension: str) -> list[tuple[str, int]]:
     A local ``path`` is a file, a directory (searched recursively) or a glob,
     its files named by absolute path. An object store URL (``s3://``,
     ``gs://``, ``az://``, ``https://``, ...) is listed through its store
-    (:func:`distfusion.object_store.list_objects`), its files named by URL.
+    (:func:`distfusion.io.object_store.list_objects`), its files named by URL.
 
     Raises:
         PlanningError: nothing exists at ``path``, no such file is there, or
@@ -674,7 +674,7 @@ def missing_files(what: str, paths: list[str]) -> list[str]:
     """The files of ``paths`` that do not exist now, in order (local first).
 
     Local files are checked with ``stat``; objects with one HEAD request each
-    (:func:`distfusion.object_store.missing_objects`).
+    (:func:`distfusion.io.object_store.missing_objects`).
 
     Raises:
         OSError: an object store refused or could not be reached (the message

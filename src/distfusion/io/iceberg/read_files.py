@@ -4,7 +4,7 @@ Each work unit is one data file (a Parquet URL or path, its size and record
 count) and, in its ``data``, what the task needs to read it as the table:
 the position delete files that apply to it, the identity partition values
 of its spec and the data file's own path as the manifest names it (see
-:mod:`distfusion.iceberg.plan_files`). The table's columns reach the worker
+:mod:`distfusion.io.iceberg.plan_files`). The table's columns reach the worker
 in the source's state (:class:`Layout`: field ids, names, Arrow types).
 
 **Columns by field id** (Iceberg's schema evolution): a file's columns are
@@ -60,8 +60,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datafusion import DataFrame, SessionContext, col, lit
 
-from distfusion import object_store
-from distfusion.sources import listed, missing_files
+from distfusion.io import object_store
+from distfusion.io.sources import listed, missing_files
 from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = [
@@ -369,8 +369,8 @@ def check_present(layout: Layout, units: list[WorkUnit]) -> None:
     DataFusion reads a file URL that names nothing as an empty table (it
     lists the path as a prefix), so a file removed after the scan was
     planned (an expired snapshot's files deleted, an orphan-file clean-up)
-    would lose its rows without a word (:func:`distfusion.sources.missing_files`,
-    as :func:`distfusion.sources.check_files_exist` does for file tables).
+    would lose its rows without a word (:func:`distfusion.io.sources.missing_files`,
+    as :func:`distfusion.io.sources.check_files_exist` does for file tables).
 
     Raises:
         FileNotFoundError: a file is gone (names the table and up to 3 files).

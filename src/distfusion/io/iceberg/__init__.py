@@ -16,7 +16,7 @@ pyiceberg is needed on the coordinator only (``pip install 'distfusion[iceberg]'
 docs/iceberg.md has an example.
 """
 
-from distfusion.iceberg.plan_files import ScanReport
-from distfusion.iceberg.table import IcebergTable
+from distfusion.io.iceberg.plan_files import ScanReport
+from distfusion.io.iceberg.table import IcebergTable
 
 __all__ = ["IcebergTable", "ScanReport"]

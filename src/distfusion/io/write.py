@@ -65,8 +65,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from datafusion import SessionContext
 
-from distfusion import object_store
 from distfusion.errors import DistfusionError
+from distfusion.io import object_store
 
 __all__ = [
     "FileCommitter",

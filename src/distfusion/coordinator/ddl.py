@@ -3,7 +3,7 @@
 DataFusion runs DDL itself (``CREATE TABLE``, ``CREATE VIEW``, ``CREATE
 EXTERNAL TABLE``, ``DROP``) as :meth:`SessionContext.sql` plans it, and DML
 (``INSERT INTO``, ``COPY``) when its DataFrame is collected. distfusion keeps a
-:class:`~distfusion.sources.TableSource` for every table it splits across tasks,
+:class:`~distfusion.io.sources.TableSource` for every table it splits across tasks,
 so it needs to know, before and after DataFusion acts, which statements create
 or change a table. :func:`parse_statement` reads that from the statement's
 tokens (sqlglot's PostgreSQL tokenizer, as :func:`split_statements`); DataFusion

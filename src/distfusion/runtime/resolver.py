@@ -75,7 +75,7 @@ class DynamicWorkerResolver:
     and resolve it here::
 
         import socket
-        from distfusion.resolver import DynamicWorkerResolver
+        from distfusion.runtime.resolver import DynamicWorkerResolver
 
         def k8s_workers() -> list[str]:
             infos = socket.getaddrinfo("distfusion-workers.default.svc.cluster.local",

@@ -27,12 +27,12 @@ from collections.abc import Iterator
 import pyarrow as pa
 from datafusion import DataFrame, SessionContext
 
-from distfusion import object_store
 from distfusion.errors import PlanningError
-from distfusion.iceberg.filters import to_iceberg_expression
-from distfusion.iceberg.plan_files import ScanReport, plan_units, refusal
-from distfusion.iceberg.read_files import Layout, scan_units
-from distfusion.iceberg.stores import ensure_store
+from distfusion.io import object_store
+from distfusion.io.iceberg.filters import to_iceberg_expression
+from distfusion.io.iceberg.plan_files import ScanReport, plan_units, refusal
+from distfusion.io.iceberg.read_files import Layout, scan_units
+from distfusion.io.iceberg.stores import ensure_store
 from distfusion.work_unit_feed.feed import FeedContext, WorkSharingFeedProvider, WorkUnitFeed
 from distfusion.work_unit_feed.table import FeedTableSource
 from distfusion.work_unit_feed.unit import WorkUnit
@@ -218,7 +218,7 @@ class IcebergTable(FeedTableSource):
         """What planning did in query ``query_id`` (default: the last one that read the table).
 
         Returns:
-            One :class:`~distfusion.iceberg.plan_files.ScanReport` per read of
+            One :class:`~distfusion.io.iceberg.plan_files.ScanReport` per read of
             the table in the query (a self-join reads it twice); empty when
             no query planned it. Updated while planning runs (``finished``).
         """
@@ -236,7 +236,7 @@ class IcebergTable(FeedTableSource):
     def scan(self, ctx: SessionContext, units: list[WorkUnit]) -> DataFrame:
         """The rows of ``units`` (data files) as the table: native reads, deletes applied.
 
-        See :mod:`distfusion.iceberg.read_files`.
+        See :mod:`distfusion.io.iceberg.read_files`.
 
         Raises:
             FileNotFoundError: a data or delete file was removed after planning (named).

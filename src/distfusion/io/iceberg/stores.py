@@ -1,7 +1,7 @@
 """The object store of an Iceberg table's files, from its pyiceberg FileIO properties.
 
 The tasks read data files through DataFusion's object stores
-(:mod:`distfusion.object_store`). A table on a bucket with no store
+(:mod:`distfusion.io.object_store`). A table on a bucket with no store
 registered gets one made from the properties its catalog gave pyiceberg's
 FileIO (``s3.endpoint``, ``s3.region``, ``s3.access-key-id``, ...; the
 ``client.*`` keys as fallbacks), as pyiceberg itself would connect; keys
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from distfusion import object_store
+from distfusion.io import object_store
 
 __all__ = ["ensure_store", "store_from_properties"]
 
@@ -29,12 +29,12 @@ def store_from_properties(url: str, properties: dict[str, str]):
         properties: the table's ``FileIO.properties``.
 
     Returns:
-        An :class:`~distfusion.object_store.AmazonS3` for ``s3://``/``s3a://``
+        An :class:`~distfusion.io.object_store.AmazonS3` for ``s3://``/``s3a://``
         (endpoint, region, keys and session token as the properties give them,
         ``allow_http`` for an ``http://`` endpoint; what is not given each
         worker takes from its environment); a
-        :class:`~distfusion.object_store.GoogleCloud` for ``gs://``; a
-        :class:`~distfusion.object_store.MicrosoftAzure` for ``abfs[s]://``
+        :class:`~distfusion.io.object_store.GoogleCloud` for ``gs://``; a
+        :class:`~distfusion.io.object_store.MicrosoftAzure` for ``abfs[s]://``
         (account from the URL or ``adls.account-name``, key from
         ``adls.account-key``); None for a local path or ``file://``.
 

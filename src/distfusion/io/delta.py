@@ -3,7 +3,7 @@
 ``DistributedContext.register_delta(name, table)`` loads the table with
 `deltalake <https://delta-io.github.io/delta-rs/>`_ (delta-rs, the Rust
 implementation of the Delta protocol) at a version or a time, and turns it
-into an ordinary Parquet :class:`~distfusion.sources.TableSource`: one work
+into an ordinary Parquet :class:`~distfusion.io.sources.TableSource`: one work
 unit per *active* data file of that version, so the planner and every runtime
 read it natively with DataFusion, from where the files are. Nothing is listed:
 everything comes from the log, as delta-rs reads it
@@ -35,8 +35,8 @@ _delta_log (JSON commits, checkpoints)
   refused (DataFusion cannot rename a struct's fields by a cast).
 - **Deletion vectors**: delta-rs reads them (``DeltaTable.deletion_vectors``:
   a selection vector per file); each affected unit carries its file's vector
-  (:class:`~distfusion.sources.FileRead`), and the task drops those rows by
-  position (:func:`distfusion.sources.register_scan`).
+  (:class:`~distfusion.io.sources.FileRead`), and the task drops those rows by
+  position (:func:`distfusion.io.sources.register_scan`).
 - **Schema evolution**: a file written before a column was added lacks it;
   DataFusion reads every file with the table's schema, and the column is NULL.
 - **Reader features** delta-rs reads but distfusion would not apply (and any
@@ -68,9 +68,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datafusion import SessionContext, col
 
-from distfusion import object_store
 from distfusion.errors import PlanningError
-from distfusion.sources import (
+from distfusion.io import object_store
+from distfusion.io.sources import (
     FileRead,
     TableSource,
     WorkUnit,
@@ -106,7 +106,7 @@ table needing any other is refused."""
 COORDINATOR_STORAGE_OPTIONS = {"max_retries": "3", "retry_timeout": "10s"}
 """delta-rs's log reads retry a few times within seconds unless told otherwise
 (object_store's default retries for three minutes), as the coordinator's own
-requests do (:data:`distfusion.object_store.COORDINATOR_RETRY`)."""
+requests do (:data:`distfusion.io.object_store.COORDINATOR_RETRY`)."""
 
 _STRING_STATS_PREFIX = 32
 """Writers may cut string statistics to a prefix of this many characters (Delta
@@ -193,7 +193,7 @@ def storage_options_for(url: str) -> dict[str, str]:
     """delta-rs ``storage_options`` equivalent to the store that serves ``url``.
 
     The store registered for ``url``'s bucket (or one made from the
-    environment, :func:`distfusion.object_store.spec_for`): its endpoint,
+    environment, :func:`distfusion.io.object_store.spec_for`): its endpoint,
     region, ``allow_http`` and explicit keys, by object_store's configuration
     names (``AWS_ENDPOINT_URL``, ...). Arguments the store was not given are
     left out: delta-rs then reads them from this process's environment, as
@@ -439,7 +439,7 @@ def is_delta_table(path: str, timeout_s: float = object_store.PROBE_TIMEOUT_S) -
     A Delta table's root holds ``_delta_log/``: a local directory of that
     name, or on an object store any object below ``<path>/_delta_log/``
     (one listing request through the store of the bucket,
-    :func:`distfusion.object_store.has_objects_below`, within ``timeout_s``
+    :func:`distfusion.io.object_store.has_objects_below`, within ``timeout_s``
     seconds). deltalake is not asked: its ``DeltaTable.is_deltatable`` holds
     Python's GIL while it waits, so a server in the same process cannot
     answer it, and an error of it would read as "not a Delta table". A glob
@@ -481,7 +481,7 @@ def delta_source(name: str, dt: Any, schema: pa.Schema) -> TableSource:
             types), which every task reads the files with.
 
     Returns:
-        A ``"parquet"`` :class:`~distfusion.sources.TableSource`: a unit per
+        A ``"parquet"`` :class:`~distfusion.io.sources.TableSource`: a unit per
         active file (its URL, size, live rows, partition values), its
         ``unit_stats``, ``options["partition_cols"]`` and, with column
         mapping, ``options["file_columns"]``.

@@ -46,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
-from distfusion import object_store
+from distfusion.io import object_store
 from distfusion.work_unit_feed.unit import WorkUnit
 
 __all__ = ["PREFETCH_MANIFESTS", "ScanReport", "local_path", "plan_units", "refusal"]
