@@ -148,14 +148,14 @@ def connect_session(spark_session):
     """A Spark Connect session on the test session's Spark application (``local[2]``).
 
     Spark Connect's service runs in the classic session's JVM
-    (:func:`~distfusion.testing.connect_server.start_connect_server`): one
+    (:func:`~distfusion.runtime.spark.connect_server.start_connect_server`): one
     application, its two task slots shared; the Connect session talks to it
     over gRPC on 127.0.0.1 and runs its Python tasks in Python workers of its
     own. Stopped before the classic session.
     """
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
     from distfusion.runtime.spark.connect import connect_session as connect
-    from distfusion.testing.connect_server import start_connect_server
+    from distfusion.runtime.spark.connect_server import start_connect_server
 
     session = connect(start_connect_server(spark_session))
     yield session

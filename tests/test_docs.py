@@ -193,7 +193,7 @@ def test_python_blocks_run(block, request, tpch_dir, tmp_path, monkeypatch, caps
 def _run_on_spark_connect(code: str, request, tmp_path: Path) -> None:
     """Run ``code`` in a new interpreter against the test application's Connect service."""
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (the test extra)")
-    from distfusion.testing.connect_server import start_connect_server
+    from distfusion.runtime.spark.connect_server import start_connect_server
 
     url = start_connect_server(request.getfixturevalue("spark_session"))
     done = subprocess.run(

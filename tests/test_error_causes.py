@@ -29,7 +29,7 @@ from distfusion import (
     WorkerUnavailableError,
 )
 from distfusion.runtime.spark.reach import check_connect_server, check_master
-from distfusion.testing.s3_server import S3Server
+from tests.s3_server import S3Server
 from tests.test_docs import CONNECT_URL, code_blocks
 
 # A sitecustomize for a child Python: moto cannot be imported there, as when

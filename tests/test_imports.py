@@ -68,11 +68,6 @@ LAZY_IMPORTS = {
     # ListingFeed reads URIs pyarrow.fs does not know through fsspec, when installed.
     ("distfusion.work_unit_feed.table", "fsspec"),
     ("distfusion.worker.flight_cli", "distfusion.worker.flight_server"),
-    # The local S3 server of tests and benchmarks: the test extra's moto and boto3.
-    ("distfusion.bench", "distfusion.testing.s3_server"),
-    ("distfusion.testing.s3_server", "boto3"),
-    ("distfusion.testing.s3_server", "moto.moto_server.werkzeug_app"),
-    ("distfusion.testing.s3_server", "werkzeug.serving"),
     # Table writes: deltalake and pyiceberg commit them, loaded only when used.
     ("distfusion.table_write.iceberg", "pyiceberg.exceptions"),
     ("distfusion.table_write.iceberg", "pyiceberg.io.pyarrow"),

@@ -21,11 +21,13 @@ The peers (``--peers``, :data:`PEERS`)::
                  what collecting every task's operator metrics costs
     spark-connect
                  distfusion through a Spark Connect session on the same Spark application
-                 (the Connect service started in its JVM, :mod:`distfusion.testing.connect_server`):
-                 what a Connect session costs against the classic one (Spark runtime only)
+                 (the Connect service started in its JVM,
+                 :mod:`distfusion.runtime.spark.connect_server`): what a Connect
+                 session costs against the classic one (Spark runtime only)
 
 ``--local-s3`` reads the data from a local S3-protocol server (moto's, in its own
-process on 127.0.0.1, :mod:`distfusion.testing.s3_server`): ``--data`` is
+process on 127.0.0.1: the tests' ``tests/s3_server.py``, loaded from the checkout
+distfusion is installed from): ``--data`` is
 uploaded once, every engine reads ``s3://tpch/<name>/`` from the same server,
 and each engine's requests during its warm-up run of a query are counted
 (listings, HEADs, footer reads, other range reads). Data already on an object
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -53,6 +56,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import pyarrow as pa
 from datafusion import SessionContext
@@ -65,7 +69,7 @@ from distfusion.coordinator.statements import plan_statements, split_statements
 from distfusion.io import object_store
 from distfusion.runtime.registry import runtime_from_name, runtime_options
 from distfusion.runtime.spark import SparkConnectRuntime, connect_session
-from distfusion.testing.connect_server import start_connect_server
+from distfusion.runtime.spark.connect_server import start_connect_server
 
 __all__ = [
     "PEERS",
@@ -674,6 +678,37 @@ def _answers_differ(results: dict[str, pa.Table]) -> list[str]:
     ]
 
 
+_S3_SERVER = Path(__file__).resolve().parents[2] / "tests" / "s3_server.py"
+"""moto's S3 server of the tests, in the checkout an editable install runs from."""
+
+
+def _s3_server_class() -> type:
+    """``S3Server`` of ``tests/s3_server.py``, loaded from the checkout distfusion runs from.
+
+    The server is test code, outside the installed package (moto is no
+    dependency of it): it is there when distfusion is installed from its
+    repository (``pip install -e '.[test]'``, as ``make test`` does), not from
+    a wheel. Called by ``--local-s3`` only.
+
+    Raises:
+        ImportError: no ``tests/s3_server.py`` there (says what to install and run).
+    """
+    if not _S3_SERVER.is_file():
+        msg = (
+            "--local-s3 runs the tests' local S3 server (tests/s3_server.py of distfusion's "
+            f"repository, moto's), which is not part of the installed package (no {_S3_SERVER}): "
+            "install distfusion from a checkout (pip install -e '.[test]') and run "
+            "distfusion bench from that install, or read data already on an object store "
+            "with --data s3://bucket/prefix"
+        )
+        raise ImportError(msg)
+    spec = importlib.util.spec_from_file_location("distfusion_tests_s3_server", _S3_SERVER)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.S3Server
+
+
 def _local_s3(data_dir: str, console: Console):
     """A local S3 server holding ``data_dir`` as ``s3://tpch/<its name>/``; (server, URL).
 
@@ -681,13 +716,12 @@ def _local_s3(data_dir: str, console: Console):
     set here when none are); its store is registered for every engine.
 
     Raises:
-        ImportError: moto or boto3 is missing (the test extra).
+        ImportError: moto or boto3 is missing (the test extra), or distfusion is
+            not installed from a checkout (:func:`_s3_server_class`).
     """
-    from distfusion.testing.s3_server import S3Server  # optional: the test extra's moto
-
     for var, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench")):
         os.environ.setdefault(var, value)  # before any worker or JVM starts
-    server = S3Server()
+    server = _s3_server_class()()
     name = os.path.basename(os.path.abspath(data_dir))
     start = time.perf_counter()
     server.create_bucket("tpch")

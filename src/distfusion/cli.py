@@ -422,8 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--local-s3",
         action="store_true",
-        help="upload --data to a local S3 server (moto, 127.0.0.1; the test extra) and read it "
-        "from there with every engine; counts each engine's requests per query",
+        help="upload --data to a local S3 server (moto, 127.0.0.1: the tests' tests/s3_server.py, "
+        "so distfusion installed from a checkout with the test extra) and read it from there "
+        "with every engine; counts each engine's requests per query",
     )
     b.add_argument(
         "--json", metavar="PATH", default=None, help="write every timed run and median as JSON"
