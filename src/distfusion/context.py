@@ -16,10 +16,9 @@ errors keep DataFusion's wording and arrive before any task starts), the
 optimized logical plan goes to Substrait, and the distributed planner cuts it
 into a :class:`~distfusion.stages.StageGraph` that the runtime runs.
 
-This module holds the public API; what runs a query between it and the
-runtimes is :mod:`distfusion.coordinator` (statements and DDL, the checks
-before planning, the in-place path, the run, explain rendering), whose mixins
-these classes are.
+This module holds the public API; what runs a query between it and the runtimes is
+:mod:`distfusion.coordinator` (statements and DDL, the checks before planning, the
+in-place path, the run, explain rendering), whose mixins these classes are.
 """
 
 from __future__ import annotations
