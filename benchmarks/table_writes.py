@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -217,6 +219,8 @@ def main() -> None:
     p.add_argument("--tmp", default=None, help="where the tables are written (then removed)")
     p.add_argument("--json", default=None, help="write the measures here")
     args = p.parse_args()
+    # a SIGTERM (a memory guard, a CI timeout) ends through run()'s cleanup of the tables
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     out = run(args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -577,7 +577,8 @@ class WorkerQueryRun:
         threads = task_threads(self.target_partitions, len(parts), len(self.urls))
 
         def one(part: HeadPart):
-            prefix = f"distfusion-part-{self.query_id[:8]}-"
+            # a spill root's name: deleted by the next one made if this process is killed
+            prefix = f"distfusion-spill-{os.getpid()}-part-{self.query_id[:8]}-"
             with tempfile.TemporaryDirectory(prefix=prefix) as spill:
                 memory = TaskMemory(budget // max(1, min(len(parts), len(self.urls))), spill)
                 batches = run_part(part, self.transport, memory, lambda: self._closed, threads)

@@ -401,7 +401,10 @@ def part_batches(
             query's outputs were released) or the fragment failed.
     """
     transport = executor_transport(access)
-    with tempfile.TemporaryDirectory(prefix="distfusion-part-") as spill:
+    # named like a worker's spill root: deleted by the next one made should this
+    # process be killed mid-part (worker.memory.remove_stale_roots)
+    prefix = f"distfusion-spill-{os.getpid()}-part-"
+    with tempfile.TemporaryDirectory(prefix=prefix) as spill:
         first = True
         memory = TaskMemory(budget, spill)
         batches = run_part(  # the stages ran in an earlier Spark job: producers are done
