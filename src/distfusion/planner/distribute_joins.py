@@ -3,6 +3,10 @@
 For each join (or cross product) the planner's walk reaches, in order:
 
 - both sides one task: the join runs in that task;
+- a join hint (Spark SQL's ``/*+ BROADCAST(t) */``, ``MERGE``,
+  ``SHUFFLE_HASH``; :mod:`~distfusion.planner.join_hints`) that the join
+  type allows: the hinted side broadcast whatever its size, or both sides
+  shuffled (or co-partitioned) whatever their sizes; else the rules below;
 - both sides scans of tables stored in key order, joined on that key: the
   join runs in one stage over matching file ranges, with no exchange
   (:mod:`~distfusion.planner.storage_partitioned_joins`);
@@ -30,8 +34,11 @@ from substrait.proto import Expression, JoinRel, Rel
 from distfusion.planner.estimate import Estimate, SizesTasksByBytes
 from distfusion.planner.fragment import Fragment, KeySource, through_emit
 from distfusion.planner.inject_runtime_filters import REDUCE_LEFT, REDUCE_RIGHT, RuntimeFilters
+from distfusion.planner.join_hints import JoinHint, join_hint
 from distfusion.planner.storage_partitioned_joins import StoragePartitionedJoins
 from distfusion.protocol.hashing import hash_type
+from distfusion.spark_sql.hints import BROADCAST as HINT_BROADCAST
+from distfusion.spark_sql.hints import MERGE, SHUFFLE_HASH
 from distfusion.stages import BROADCAST, COALESCE, SHUFFLE, StageInput
 from distfusion.substrait_plan.build import (
     FunctionRegistry,
@@ -78,6 +85,20 @@ _KEEPS_LEFT_KEYS = {
 }
 # Join types whose output keys are all matched by a right row.
 _MATCHED = {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_LEFT_SEMI}
+_NO_HINT = JoinHint()
+# Join types Spark builds a shuffled hash join's table of, by side
+# (``canBuildShuffledHashJoinLeft/Right``); a mark join is its existence join.
+_HASH_BUILD = {
+    "left": {_J.JOIN_TYPE_INNER, _J.JOIN_TYPE_RIGHT, _J.JOIN_TYPE_OUTER},
+    "right": {
+        _J.JOIN_TYPE_INNER,
+        _J.JOIN_TYPE_LEFT,
+        _J.JOIN_TYPE_OUTER,
+        _J.JOIN_TYPE_LEFT_SEMI,
+        _J.JOIN_TYPE_LEFT_ANTI,
+        _J.JOIN_TYPE_LEFT_MARK,
+    },
+}
 
 
 class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
@@ -104,12 +125,13 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
             and self.registry.name(c.scalar_function.function_reference) == "is_not_distinct_from"
             for c in conjuncts(join.expression, self.registry)
         )
-        return self._join(rel, join.type, left, right, keys, reducible=not null_safe)
+        hint = join_hint(rel)
+        return self._join(rel, join.type, left, right, keys, reducible=not null_safe, hint=hint)
 
     def visit_cross(self, rel: Rel) -> Fragment:
         """A cross product: an inner join without keys."""
         left, right = self.visit(rel.cross.left), self.visit(rel.cross.right)
-        return self._join(rel, _J.JOIN_TYPE_INNER, left, right, [])
+        return self._join(rel, _J.JOIN_TYPE_INNER, left, right, [], hint=join_hint(rel))
 
     def _one_wave(self, probe: Fragment, broadcast_bytes: float) -> Fragment:
         """``probe``, about to read a broadcast of ``broadcast_bytes``, in one wave of tasks.
@@ -220,6 +242,7 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
         right: Fragment,
         keys: list[tuple[Expression, Expression]],
         reducible: bool = True,
+        hint: JoinHint = _NO_HINT,
     ) -> Fragment:
         if join_type in _SEMI_LIKE:
             est = left.est
@@ -236,16 +259,26 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
             return Fragment(
                 new, 1, est, left.inputs + right.inputs, left.replicated | right.replicated
             )
-        aligned = self._storage_partitioned(rel, join_type, left, right, keys, reducible, est)
+        hinted = _hinted_broadcast(hint, join_type)
+        shuffled = not hinted and _hinted_shuffle(hint, join_type, keys)
+        aligned = (
+            None
+            if hinted
+            else self._storage_partitioned(rel, join_type, left, right, keys, reducible, est)
+        )
         if aligned is not None:
             return aligned
-        co = self._co_partition(rel, left, right, keys) if keys else None
+        co = self._co_partition(rel, left, right, keys) if keys and not hinted else None
         pays = self.config.broadcast_pays
         candidates = []
         if join_type in _BROADCAST_RIGHT and pays(right.est.bytes, left.est.bytes, left.tasks):
             candidates.append((right.est.bytes, "right"))
         if join_type in _BROADCAST_LEFT and pays(left.est.bytes, right.est.bytes, right.tasks):
             candidates.append((left.est.bytes, "left"))
+        if hinted:  # whatever its size, as Spark: a hint is the user's call
+            candidates = [((right if h == "right" else left).est.bytes, h) for h in hinted]
+        elif shuffled:
+            candidates = []
         if not keys and not candidates:
             # No keys to shuffle by: broadcast whatever side the join type allows.
             if join_type in _BROADCAST_RIGHT:
@@ -334,6 +367,39 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
         left, right = self.gather(left), self.gather(right)
         new = set_children(rel, [left.rel, right.rel])
         return Fragment(new, 1, est, left.inputs + right.inputs)
+
+
+def _hinted_broadcast(hint: JoinHint, join_type: int) -> list[str]:
+    """The sides a ``BROADCAST`` hint names that the join type lets be broadcast.
+
+    Spark's ``JoinSelection`` the same: a hint on the preserved side of an
+    outer join (the left of a LEFT JOIN) cannot be followed and is ignored.
+    """
+    sides = []
+    if hint.left == HINT_BROADCAST and join_type in _BROADCAST_LEFT:
+        sides.append("left")
+    if hint.right == HINT_BROADCAST and join_type in _BROADCAST_RIGHT:
+        sides.append("right")
+    return sides
+
+
+def _hinted_shuffle(hint: JoinHint, join_type: int, keys: list) -> bool:
+    """Whether a ``MERGE`` or ``SHUFFLE_HASH`` hint asks an equi-join to shuffle both sides.
+
+    Spark's order (``JoinSelection``): a sort-merge join for ``MERGE`` on
+    either side; a shuffled hash join for ``SHUFFLE_HASH`` on a side Spark
+    can build a hash table of for the join type. Both are a shuffle of both
+    sides by the keys here (each task then joins as DataFusion chooses). A
+    join without equi keys follows neither, as in Spark.
+    """
+    if not keys:
+        return False
+    if MERGE in (hint.left, hint.right):
+        return True
+    return any(
+        getattr(hint, side) == SHUFFLE_HASH and join_type in _HASH_BUILD[side]
+        for side in ("left", "right")
+    )
 
 
 def _in_tasks_of(

@@ -7,6 +7,7 @@ optimized logical plan) goes through two phases, both on the coordinator::
 
     DataFusion's Substrait plan
       |  prepare_substrait          once per query, in place
+      |    0. join_hints                     Spark SQL's join hints onto the joins
       |    1. rewrite_null_aware_anti_join   NOT IN keeps its NULL semantics
       |    2. repair_substrait               what the consumer would reject
       |  (coordinator/checks.py then asks detect_substrait_losses whether it lost
@@ -46,6 +47,7 @@ from distfusion.planner.aggregate_before_join import aggregate_before_joins
 from distfusion.planner.config import PlannerConfig
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.inject_network_boundaries import inject_network_boundaries
+from distfusion.planner.join_hints import mark_join_hints
 from distfusion.planner.push_dimension_joins import push_dimension_joins
 from distfusion.planner.push_semi_joins import push_semi_joins
 from distfusion.planner.reduce_aggregate_inputs import reduce_aggregate_inputs
@@ -58,7 +60,7 @@ __all__ = ["plan_stages", "prepare_substrait", "rewrite_joins"]
 
 
 def prepare_substrait(plan: Plan, logical_plan) -> Plan:
-    """Passes 1-2: make DataFusion's Substrait plan of a query one the planner can cut.
+    """Passes 0-2: make DataFusion's Substrait plan of a query one the planner can cut.
 
     Called once per query on the coordinator, right after DataFusion's
     producer; the plan is kept (as bytes) and every planning starts from it.
@@ -76,6 +78,7 @@ def prepare_substrait(plan: Plan, logical_plan) -> Plan:
             :mod:`~distfusion.planner.repair_substrait` say when); the query
             then runs on the coordinator only.
     """
+    mark_join_hints(plan, logical_plan)
     rewrite_null_aware_anti_joins(plan, logical_plan)
     repair_substrait(plan)
     return plan

@@ -45,6 +45,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from distfusion.errors import SparkSemanticsError
 from distfusion.spark_sql import types as st
 from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_generators
+from distfusion.spark_sql.hints import apply_hints
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
 from distfusion.spark_sql.number_rules import NUMBER_RULES, check_percentile_arguments
 from distfusion.spark_sql.parsing import JavaPatterns
@@ -207,7 +208,7 @@ def parse(query: str) -> exp.Query:
     if not isinstance(ast, exp.Query):
         msg = f"a {ast.key.upper()} statement, not a query: Spark SQL owns it"
         raise SparkSemanticsError(msg)
-    ast = without_generators(ast)
+    ast = apply_hints(without_generators(ast))  # join hints: marker aliases for the planner
     _check_constructs(ast)
     return ast
 
