@@ -37,7 +37,8 @@ def same_values(got: pa.DataType, spark: pa.DataType) -> bool:
 
     Equal types; strings (view, large, plain); integers (a value out of
     Spark's range fails the cast, as Spark's ANSI mode fails the query);
-    decimals of one scale; timestamps of one time zone.
+    decimals of one scale; timestamps of one time zone; lists, structs (the
+    same field names) and maps of such.
     """
     if got == spark:
         return True
@@ -52,6 +53,15 @@ def same_values(got: pa.DataType, spark: pa.DataType) -> bool:
         return (got.tz is None) == (spark.tz is None)
     if _is_list(got) and _is_list(spark):
         return same_values(got.value_type, spark.value_type)
+    if pa.types.is_struct(got) and pa.types.is_struct(spark):  # fields by position, named alike
+        return got.num_fields == spark.num_fields and all(
+            g.name == s.name and same_values(g.type, s.type)
+            for g, s in zip(got, spark, strict=True)
+        )
+    if pa.types.is_map(got) and pa.types.is_map(spark):
+        return same_values(got.key_type, spark.key_type) and same_values(
+            got.item_type, spark.item_type
+        )
     return False
 
 
@@ -96,14 +106,23 @@ def plan_type(got: pa.DataType, spark: pa.DataType) -> pa.DataType:
     """The type a column of type ``got`` is cast to in the plan, to give Spark's ``spark``.
 
     Spark's type, except a timestamp's zone (Substrait carries no zone but
-    UTC) and the name of a list's element (Substrait carries none): the plan
-    keeps its own, and the result is relabeled with Spark's, the same values
+    UTC), the name of a list's element (Substrait carries none) and the
+    nullability of a struct's fields: the plan keeps its own, and the result
+    is relabeled with Spark's, the same values
     (:class:`distfusion.spark.SparkDataFrame`).
     """
     if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark) and got.tz and spark.tz:
         return pa.timestamp(spark.unit, got.tz)
     if _is_list(got) and _is_list(spark):  # the element's name and nullability: at the result
         return pa.list_(plan_type(got.value_type, spark.value_type))
+    if pa.types.is_struct(got) and pa.types.is_struct(spark):  # nullability: at the result
+        return pa.struct(
+            [pa.field(s.name, plan_type(g.type, s.type)) for g, s in zip(got, spark, strict=True)]
+        )
+    if pa.types.is_map(got) and pa.types.is_map(spark):
+        return pa.map_(
+            plan_type(got.key_type, spark.key_type), plan_type(got.item_type, spark.item_type)
+        )
     return spark
 
 

@@ -49,6 +49,7 @@ from distfusion.spark_sql.hints import apply_hints
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
 from distfusion.spark_sql.number_rules import NUMBER_RULES, check_percentile_arguments
 from distfusion.spark_sql.parsing import JavaPatterns
+from distfusion.spark_sql.struct_rules import NAMED_STRUCT_RULES, STRUCT_RULES, struct_type
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
 
 __all__ = ["PARSER_SETTINGS", "RULES", "SparkSettings", "parse", "table_names", "translate"]
@@ -328,6 +329,8 @@ class _Translator:
         root = ast
         for node in reversed(nodes):  # children before parents
             rule = RULES.get(type(node))
+            if isinstance(node, exp.Anonymous):  # functions sqlglot does not know, by name
+                rule = NAMED_STRUCT_RULES.get(node.name.lower(), rule)
             if rule is None:
                 continue
             parent, key, index = node.parent, node.arg_key, node.index
@@ -397,6 +400,8 @@ class _Translator:
             return self.type_of(node.this)
         if isinstance(node, exp.Distinct) and len(node.expressions) == 1:
             return self.type_of(node.expressions[0])
+        if (nested := struct_type(self, node)) is not None:
+            return nested
         t = node.type if isinstance(node.type, exp.DataType) else None
         return t if _known(t) else None
 
@@ -747,6 +752,8 @@ def _comparable(t: _Translator, node: exp.Expression, left: exp.Expression, righ
     (:func:`~distfusion.spark_sql.time_rules.compared`).
     """
     lt, rt = t.need(left, "comparison"), t.need(right, "comparison")
+    if {lt.this, rt.this} & {T.STRUCT, T.MAP}:  # struct_rules: Spark orders NULL fields first
+        raise SparkSemanticsError(f"comparison {node.sql('spark')[:60]!r} of structs or maps")
     if _family(lt) == _family(rt):
         return left, right
     if (new := compared(t, right, lt)) is not None:
@@ -943,6 +950,7 @@ RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
     **TIME_RULES,
     **COLLECTION_RULES,
     **NUMBER_RULES,
+    **STRUCT_RULES,  # after COLLECTION_RULES: size() of a map
 }
 """Node class -> its rule: the node as it is, its Spark-equal rewrite, or
 :class:`SparkSemanticsError`. Classes in ``_PASS`` pass unchanged; any other

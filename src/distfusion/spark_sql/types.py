@@ -174,6 +174,19 @@ def arrow_to_sql_type(t: pa.DataType) -> str:
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
         element = arrow_to_sql_type(t.value_type)
         return "UNKNOWN" if element == "UNKNOWN" else f"ARRAY<{element}>"
+    if pa.types.is_struct(t):
+        fields = [(f.name, arrow_to_sql_type(f.type)) for f in t]
+        if not fields or any(kind == "UNKNOWN" for _, kind in fields):
+            return "UNKNOWN"
+        quoted = ("`" + name.replace("`", "``") + "`" for name, _ in fields)
+        return (
+            "STRUCT<"
+            + ", ".join(f"{q}: {kind}" for q, (_, kind) in zip(quoted, fields, strict=True))
+            + ">"
+        )
+    if pa.types.is_map(t):
+        key, item = arrow_to_sql_type(t.key_type), arrow_to_sql_type(t.item_type)
+        return "UNKNOWN" if "UNKNOWN" in (key, item) else f"MAP<{key}, {item}>"
     for test, name in _ARROW:
         if test(t):
             return name

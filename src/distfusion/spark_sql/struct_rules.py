@@ -1,0 +1,377 @@
+"""Rules for structs and maps: Spark's constructors and accessors as DataFusion's functions.
+
+``named_struct``, ``struct``, field access (``s.a``, ``s['a']``), ``map``,
+``m[k]``, ``element_at(m, k)``, ``map_keys``, ``map_values``,
+``map_from_arrays``, ``map_contains_key``, ``size`` / ``cardinality`` of a
+map. Each becomes DataFusion's function of the same meaning
+(``named_struct``, ``get_field``, ``map``, ``map_keys``, ``map_values``,
+``cardinality``, ``array_has``); what Spark answers otherwise (checked
+against Spark 4.3 in tests/spark_sql_cases.py):
+
+- ``struct(a, b)`` names its fields as Spark does (the columns' names, else
+  ``col1``, ``col2``, ...): sqlglot's Spark reader writes them out.
+- A missing key (``m['x']``, ``element_at(m, 'x')``) is NULL in Spark 4.3,
+  with ANSI mode on and off: DataFusion's ``m[k]`` too.
+- A map with a NULL key or a key twice fails in Spark
+  (``NULL_MAP_KEY``, ``DUPLICATED_MAP_KEY``, the default
+  ``spark.sql.mapKeyDedupPolicy=EXCEPTION``). Literal keys are checked
+  here; other keys are guarded so that such a row divides by zero, which
+  runs the query again on Spark SQL and gives Spark's own error
+  (``SparkDataFrame.collect``), not DataFusion's "map key ..." error.
+- ``size`` of a NULL map: NULL with ANSI mode, -1 without (as of an array).
+- Structs and maps are not compared nor sorted here: Spark orders a
+  struct's NULL fields first, DataFusion last, and Spark rejects maps there.
+
+Not translated (run on Spark SQL): ``map()`` without entries,
+``map_from_entries``, ``explode`` of a map, struct comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlglot import exp
+
+from distfusion.errors import SparkSemanticsError
+from distfusion.spark_sql import types as st
+from distfusion.spark_sql.collection_rules import COLLECTION_RULES
+from distfusion.spark_sql.nodes import T, Translation, cast_to, paren, unsupported
+
+__all__ = ["NAMED_STRUCT_RULES", "STRUCT_RULES", "struct_type"]
+
+
+def _fn(name: str, *args: exp.Expression) -> exp.Anonymous:
+    return exp.Anonymous(this=name, expressions=list(args))
+
+
+def _is(t: exp.DataType | None, kind: exp.DataType.Type) -> bool:
+    return t is not None and t.this == kind
+
+
+def _fields(t: exp.DataType) -> list[tuple[str, exp.DataType]]:
+    """A STRUCT type's fields: (name, type) in order."""
+    return [(f.name, f.args.get("kind")) for f in t.expressions]
+
+
+def _map_parts(t: exp.DataType) -> tuple[exp.DataType, exp.DataType] | None:
+    if not _is(t, T.MAP) or len(t.expressions) != 2:
+        return None
+    return t.expressions[0], t.expressions[1]
+
+
+def _element(t: exp.DataType | None) -> exp.DataType | None:
+    if not _is(t, T.ARRAY) or not t.expressions:
+        return None
+    return t.expressions[0]
+
+
+def _build(text: str) -> exp.DataType:
+    return exp.DataType.build(text, dialect="spark")
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _struct_of(fields: list[tuple[str, exp.DataType]]) -> exp.DataType:
+    return _build("STRUCT<" + ", ".join(f"{_quoted(n)}: {t.sql('spark')}" for n, t in fields) + ">")
+
+
+def _field(t: exp.DataType, name: str) -> exp.DataType | None:
+    """The type of field ``name`` of STRUCT ``t`` (Spark resolves it case-insensitively)."""
+    matches = [ft for n, ft in _fields(t) if n.lower() == name.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _key_name(node: exp.Expression) -> str | None:
+    """The field a ``s['a']`` / ``s.a`` names, or None when it is not a literal name."""
+    if isinstance(node, exp.Literal) and node.is_string:
+        return node.this
+    if isinstance(node, exp.Identifier):
+        return node.this
+    return None
+
+
+def struct_type(t: Translation, node: exp.Expression) -> exp.DataType | None:
+    """Spark's type of a struct or map expression ``node``, or None (another node, or unknown)."""
+    if isinstance(node, exp.Struct):
+        fields = []
+        for item in node.expressions:
+            if not isinstance(item, exp.PropertyEQ):
+                return None
+            ft = t.type_of(item.expression)
+            if ft is None:
+                return None
+            fields.append((item.this.name, ft))
+        return _struct_of(fields) if fields else None
+    if isinstance(node, exp.Dot):
+        base = t.type_of(node.this)
+        return _field(base, node.name) if _is(base, T.STRUCT) else None
+    if isinstance(node, exp.Bracket) and len(node.expressions) == 1:
+        base = t.type_of(node.this)
+        if _is(base, T.STRUCT) and (name := _key_name(node.expressions[0])) is not None:
+            return _field(base, name)
+        parts = _map_parts(base)
+        return parts[1] if parts else None
+    if isinstance(node, exp.VarMap):
+        keys, values = node.args["keys"].expressions, node.args["values"].expressions
+        if not keys:
+            return None
+        k, v = t.common_type(keys), t.common_type(values)
+        if k is None or v is None:
+            return None
+        return _build(f"MAP<{k.sql('spark')}, {v.sql('spark')}>")
+    if isinstance(node, exp.Map):  # map_from_arrays
+        k, v = (_element(t.type_of(node.args.get(a))) for a in ("keys", "values"))
+        if k is None or v is None:
+            return None
+        return _build(f"MAP<{k.sql('spark')}, {v.sql('spark')}>")
+    if isinstance(node, exp.MapKeys) or _named(node, "map_values"):
+        parts = _map_parts(t.type_of(node.this if isinstance(node, exp.MapKeys) else _arg(node)))
+        if parts is None:
+            return None
+        return _build(f"ARRAY<{parts[0 if isinstance(node, exp.MapKeys) else 1].sql('spark')}>")
+    if isinstance(node, exp.MapContainsKey):
+        return _build("BOOLEAN")
+    if _named(node, "cardinality") or (
+        isinstance(node, exp.ArraySize) and _is(t.type_of(node.this), T.MAP)
+    ):
+        return _build("INT")
+    return None
+
+
+def _named(node: exp.Expression, name: str) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.lower() == name
+
+
+def _arg(node: exp.Anonymous) -> exp.Expression | None:
+    return node.expressions[0] if len(node.expressions) == 1 else None
+
+
+# ----------------------------------------------------------------------------- structs
+
+
+def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expression:
+    """``named_struct('a', x, ...)`` / ``struct(x, ...)``: DataFusion's ``named_struct``."""
+    if t.type_of(node) is None:
+        raise SparkSemanticsError(f"{unsupported(node)}: a field's type is not known here")
+    args: list[exp.Expression] = []
+    for item in node.expressions:
+        args += [exp.Literal.string(item.this.name), item.expression]
+    return _fn("named_struct", *args)
+
+
+def _rule_dot(t: Translation, node: exp.Dot) -> exp.Expression:
+    """``s.a`` of a struct expression: ``get_field(s, 'a')`` (the name as the struct spells it)."""
+    base = t.type_of(node.this)
+    if not _is(base, T.STRUCT) or t.type_of(node) is None:
+        raise SparkSemanticsError(f"{unsupported(node)}: not a field of a struct of known type")
+    return _get_field(node.this, base, node.name)
+
+
+def _get_field(this: exp.Expression, struct: exp.DataType, name: str) -> exp.Expression:
+    spelled = next(n for n, _ in _fields(struct) if n.lower() == name.lower())
+    return _fn("get_field", this, exp.Literal.string(spelled))
+
+
+def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expression:
+    """``s['a']``, ``m[k]``, ``element_at(m, k)``: a struct's field or a map's value.
+
+    A missing key is NULL (Spark 4.3, with ANSI mode on and off), as
+    DataFusion's ``m[k]``. Arrays' ``a[i]`` and ``element_at(a, i)`` are
+    not translated (Spark's ANSI mode fails an index out of range).
+    """
+    base = t.type_of(node.this)
+    if len(node.expressions) != 1 or t.type_of(node) is None:
+        raise SparkSemanticsError(f"{unsupported(node)}: not translated")
+    key = node.expressions[0]
+    if _is(base, T.STRUCT):
+        return _get_field(node.this, base, _key_name(key))
+    parts = _map_parts(base)
+    if parts is None:
+        raise SparkSemanticsError(f"{unsupported(node)}: not translated")
+    if isinstance(key, exp.Null):
+        return cast_to(exp.Null(), parts[1])
+    return exp.Bracket(this=paren(node.this), expressions=[_key_as(t, node, key, parts[0])])
+
+
+def _key_as(t: Translation, node: exp.Expression, key: exp.Expression, to: exp.DataType):
+    """``key`` as a map's key type ``to``, as Spark casts it; another kind of type stops."""
+    kt = t.need(key, "map key")
+    if kt == to:
+        return key
+    both = (kt, to)
+    if all(st.is_integral(x) for x in both) or all(
+        _is(x, T.TEXT) or _is(x, T.VARCHAR) for x in both
+    ):
+        return cast_to(key, to)
+    msg = f"{unsupported(node)}: a {kt.sql('spark')} key of a map of {to.sql('spark')} keys"
+    raise SparkSemanticsError(msg)
+
+
+# ----------------------------------------------------------------------------- maps
+
+
+def _failing_when(cond: exp.Expression, value: exp.Expression, to: exp.DataType) -> exp.Expression:
+    """``value``, or where ``cond`` holds a division by zero (reruns the query on Spark SQL).
+
+    ``1 / (CAST(cond AS INT) - 1)`` divides by zero just where ``cond`` is
+    true, and DataFusion cannot fold it away while planning.
+    """
+    zero = exp.Sub(this=cast_to(paren(cond.copy()), "INT"), expression=exp.Literal.number(1))
+    failing = cast_to(exp.Div(this=exp.Literal.number(1), expression=exp.Paren(this=zero)), to)
+    return exp.Case(ifs=[exp.If(this=cond, true=failing)], default=value)
+
+
+def _elements(node: exp.Expression) -> list[exp.Expression]:
+    """The elements of ``map()``'s keys or values: an ``array()``, or its ``make_array`` rewrite."""
+    return list(node.expressions)
+
+
+def _bare(node: exp.Expression) -> exp.Expression:
+    """``node`` without the casts the array rule put around it."""
+    while isinstance(node, exp.Cast):
+        node = node.this
+    return node
+
+
+def _rule_var_map(t: Translation, node: exp.VarMap) -> exp.Expression:
+    """``map(k1, v1, ...)``: ``map([k1, ...], [v1, ...])``, keys and values of Spark's common types.
+
+    A NULL key or a key twice fails as Spark does (this module's docstring).
+    """
+    out = t.type_of(node)
+    if out is None:
+        raise SparkSemanticsError("map() without entries, or of keys or values without a type")
+    kt, vt = _map_parts(out)
+    keys = [k if t.type_of(k) == kt else cast_to(k, kt) for k in _elements(node.args["keys"])]
+    values = [v if t.type_of(v) == vt else cast_to(v, vt) for v in _elements(node.args["values"])]
+    bare = [_bare(k) for k in keys]
+    if any(isinstance(k, exp.Null) for k in bare):
+        raise SparkSemanticsError("map() with a NULL key: Spark fails (NULL_MAP_KEY)")
+    literals = [k.this for k in bare if isinstance(k, exp.Literal)]
+    if len(set(literals)) < len(literals):
+        raise SparkSemanticsError("map() with a key twice: Spark fails (DUPLICATED_MAP_KEY)")
+    guarded = []
+    for i, key in enumerate(keys):
+        if all(isinstance(k, exp.Literal) for k in bare[: i + 1]):
+            guarded.append(key)  # literal keys, distinct: checked above
+            continue
+        cond: exp.Expression = exp.Is(this=paren(key.copy()), expression=exp.Null())
+        for earlier in keys[:i]:
+            same = exp.EQ(this=paren(key.copy()), expression=paren(earlier.copy()))
+            cond = exp.Or(this=cond, expression=same)
+        guarded.append(_failing_when(cond, key, kt))
+    return _fn("map", _fn("make_array", *guarded), _fn("make_array", *values))
+
+
+def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
+    """``array(...)`` of structs or maps of one type: ``make_array``; else the array rule's."""
+    types = [t.type_of(e) for e in node.expressions]
+    nested = [x for x in types if _is(x, T.STRUCT) or _is(x, T.MAP)]
+    if not nested:
+        return COLLECTION_RULES[exp.Array](t, node)
+    if any(x != types[0] for x in types):
+        raise SparkSemanticsError("array() of structs or maps of several types: not translated")
+    return _fn("make_array", *node.expressions)
+
+
+def _rule_map_from_arrays(t: Translation, node: exp.Map) -> exp.Expression:
+    """``map_from_arrays(k, v)``: DataFusion's ``map(k, v)``.
+
+    A NULL key, a key twice or arrays of two lengths fail the row with a
+    division by zero (the query runs again on Spark SQL, which raises its
+    error); a NULL array gives a NULL map in both.
+    """
+    if t.type_of(node) is None:
+        raise SparkSemanticsError(f"{unsupported(node)}: arrays of unknown elements")
+    keys, values = node.args["keys"], node.args["values"]
+    n = _fn("cardinality", paren(keys.copy()))
+    bad = exp.Or(
+        this=exp.NEQ(
+            this=_fn("cardinality", _fn("array_distinct", paren(keys.copy()))), expression=n
+        ),
+        expression=exp.Or(
+            this=exp.NEQ(this=_fn("cardinality", paren(values.copy())), expression=n.copy()),
+            expression=_fn("array_has", paren(keys.copy()), exp.Null()),
+        ),
+    )
+    guarded = _failing_when(bad, keys, t.type_of(keys))
+    return _fn("map", guarded, values)
+
+
+def _rule_map_keys(t: Translation, node: exp.Expression) -> exp.Expression:
+    """``map_keys(m)`` / ``map_values(m)``: DataFusion's functions of those names."""
+    arg = node.this if isinstance(node, exp.MapKeys) else _arg(node)
+    if t.type_of(node) is None:
+        raise SparkSemanticsError(f"{unsupported(node)} of anything but a map")
+    return _fn("map_keys" if isinstance(node, exp.MapKeys) else "map_values", arg)
+
+
+def _rule_map_contains_key(t: Translation, node: exp.MapContainsKey) -> exp.Expression:
+    """``map_contains_key(m, k)``: ``array_has(map_keys(m), k)`` (NULL for a NULL map)."""
+    parts = _map_parts(t.type_of(node.this))
+    key = node.args.get("key")
+    if parts is None or key is None or isinstance(key, exp.Null):
+        raise SparkSemanticsError(f"{unsupported(node)} other than of a map and a key")
+    return _fn("array_has", _fn("map_keys", node.this), _key_as(t, node, key, parts[0]))
+
+
+def size_of_map(t: Translation, arg: exp.Expression) -> exp.Expression:
+    """``size(m)`` / ``cardinality(m)`` (INT): NULL for a NULL map with ANSI mode, else -1."""
+    size = cast_to(_fn("cardinality", arg), "INT")
+    if t.settings.ansi:
+        return size
+    return exp.Coalesce(this=size, expressions=[exp.Literal.number(-1)])
+
+
+def _rule_cardinality(t: Translation, node: exp.Anonymous) -> exp.Expression:
+    """``cardinality(x)``: Spark's ``size`` of a map or an array."""
+    arg = _arg(node)
+    at = t.type_of(arg) if arg is not None else None
+    if not (_is(at, T.MAP) or _is(at, T.ARRAY)):
+        raise SparkSemanticsError(f"{unsupported(node)} of anything but a map or an array")
+    return size_of_map(t, arg)
+
+
+def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
+    """``size(m)`` of a map (:func:`size_of_map`); of an array, the array rule's."""
+    if _is(t.type_of(node.this), T.MAP):
+        return size_of_map(t, node.this)
+    return COLLECTION_RULES[exp.ArraySize](t, node)
+
+
+def _rule_ordered(t: Translation, node: exp.Ordered) -> exp.Expression:
+    """A sort key (``ORDER BY``, a window's order) that is not a struct or a map.
+
+    Spark orders a struct's NULL fields first whatever the key's NULL
+    order; DataFusion follows the key's (``NULLS LAST``: last).
+    """
+    if (k := t.type_of(node.this)) is not None and k.this in (T.STRUCT, T.MAP):
+        raise SparkSemanticsError(
+            f"ORDER BY a {k.this.name.lower()}: Spark orders its NULL fields first"
+        )
+    return node
+
+
+STRUCT_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
+    exp.Struct: _rule_struct,
+    exp.PropertyEQ: lambda t, n: n,  # a field of a struct(...): its rule reads it
+    exp.Dot: _rule_dot,
+    exp.Bracket: _rule_bracket,
+    exp.VarMap: _rule_var_map,
+    exp.Map: _rule_map_from_arrays,
+    exp.MapKeys: _rule_map_keys,
+    exp.MapContainsKey: _rule_map_contains_key,
+    exp.ArraySize: _rule_size,
+    exp.Array: _rule_array,
+    exp.Ordered: _rule_ordered,
+    exp.ColumnDef: lambda t, n: n,  # a field of a STRUCT<...> type
+}
+"""The node classes of structs and maps -> their rules (part of ``translate.RULES``)."""
+
+NAMED_STRUCT_RULES: dict[str, Callable[[Translation, exp.Expression], exp.Expression]] = {
+    "map_values": _rule_map_keys,
+    "cardinality": _rule_cardinality,
+}
+"""Functions sqlglot reads as ``Anonymous`` (lower-case name -> rule)."""
