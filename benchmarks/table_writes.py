@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -69,11 +71,124 @@ def _files(root: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+_SAMPLER: MemorySampler | None = None
+"""Samples memory while a job runs (set by :func:`run`)."""
+
+
 def _timed(fn):
-    """``(seconds, fn())``."""
+    """``(seconds, fn())``; the memory peaks are measured from here."""
+    if _SAMPLER is not None:
+        _SAMPLER.start()
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
+
+
+class MemorySampler:
+    """Peak RSS of this process's descendants and the outputs the executors' workers hold.
+
+    A thread reads ``/proc`` every ``interval_s`` seconds: the resident set
+    (``VmRSS``) of every process below this one, split into the JVM and the
+    Python workers (PySpark's daemon and its forks: the executors' Python
+    workers, which host distfusion's Flight workers and their stage outputs),
+    and, with ``runtime``, ``bytes_held`` of every executor worker
+    (``SparkRuntime.stats()``: stage outputs kept, in memory and on disk).
+    :meth:`start` resets the peaks of a job; :meth:`peaks` reads them, in bytes.
+    ``timeline`` keeps ``(seconds, python RSS, held)`` of every sample of the job.
+    """
+
+    def __init__(self, runtime=None, interval_s: float = 0.25) -> None:
+        self.runtime = runtime
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.start()
+        threading.Thread(target=self._run, name="memory-sampler", daemon=True).start()
+
+    def start(self) -> None:
+        """Reset the peaks (a new job starts)."""
+        with self._lock:
+            self._t0 = time.perf_counter()
+            names = ("driver_rss", "python_rss", "python_max_rss", "jvm_rss", "held")
+            self._peak = dict.fromkeys(names, 0)
+            self.timeline: list[tuple[float, int, int]] = []
+
+    def peaks(self) -> dict[str, int]:
+        """Peaks since :meth:`start`, bytes.
+
+        This process's RSS, the Python workers' RSS summed and the largest one,
+        the JVM's, the outputs held by the executors' workers summed.
+        """
+        with self._lock:
+            return dict(self._peak)
+
+    def close(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            python, largest, jvm = _descendants_rss(os.getpid())
+            driver = _rss(os.getpid())
+            held = 0
+            if self.runtime is not None:
+                try:
+                    stats = self.runtime.stats()
+                    master = self.runtime.sc.master
+                    held = sum(s.get("bytes_held", 0) for u, s in stats.items() if u != master)
+                except Exception:  # stopping, or a worker exiting: skip the sample
+                    held = 0
+            with self._lock:
+                p = self._peak
+                p["driver_rss"] = max(p["driver_rss"], driver)
+                p["python_rss"] = max(p["python_rss"], python)
+                p["python_max_rss"] = max(p["python_max_rss"], largest)
+                p["jvm_rss"] = max(p["jvm_rss"], jvm)
+                p["held"] = max(p["held"], held)
+                self.timeline.append((time.perf_counter() - self._t0, python, held))
+
+
+def _rss(pid: int) -> int:
+    """``VmRSS`` of process ``pid``, bytes (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants_rss(root: int) -> tuple[int, int, int]:
+    """``(Python RSS summed, largest Python RSS, JVM RSS)`` of ``root``'s descendants, bytes."""
+    parent: dict[int, int] = {}
+    info: dict[int, tuple[str, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        pid = int(name)
+        parent[pid] = int(fields.get("PPid", "0").strip())
+        rss = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        info[pid] = (fields.get("Name", "").strip(), rss)
+    python = largest = jvm = 0
+    for pid, (name, rss) in info.items():
+        p = parent.get(pid, 0)
+        while p and p != root:
+            p = parent.get(p, 0)
+        if p != root:
+            continue
+        if name == "java":
+            jvm += rss
+        elif name.startswith("python"):
+            python += rss
+            largest = max(largest, rss)
+    return python, largest, jvm
 
 
 def _iceberg_catalog(root: Path):
@@ -101,11 +216,14 @@ def run(args: argparse.Namespace) -> dict:
     from distfusion import DistributedConfig, DistributedContext, tpch
     from distfusion.runtime.spark import SparkRuntime
 
+    global _SAMPLER
+    jobs = set(args.jobs.split(","))
     out: dict = {"data": args.data, "workers": args.workers, "rows": []}
     tmp = Path(tempfile.mkdtemp(prefix="distfusion-bench-writes-", dir=args.tmp))
     runtime = SparkRuntime(master=f"local[{args.workers}]")
     config = DistributedConfig(memory_per_task_bytes=args.memory_per_task)
     ctx = DistributedContext(runtime=runtime, config=config)
+    _SAMPLER = MemorySampler(runtime)
     try:
         tpch.register_tpch(ctx, args.data)
         single = SessionContext()
@@ -116,12 +234,24 @@ def run(args: argparse.Namespace) -> dict:
             files, size = (now - then for now, then in zip(_files(root), before, strict=True))
             row = {"job": job, "engine": engine, "seconds": round(seconds, 2)}
             row |= {"files": files, "bytes": size, "rows_read_back": rows}
+            peaks = _SAMPLER.peaks()
+            row |= {f"peak_{k}": v for k, v in peaks.items()}
             out["rows"].append(row)
+            gib = {k: v / 2**30 for k, v in peaks.items()}
             print(
                 f"{job:6} {engine:28} {seconds:8.2f} s  {files:5} files  "
-                f"{size / 2**20:9.1f} MiB  {rows:,} rows",
+                f"{size / 2**20:9.1f} MiB  {rows:,} rows  peak GiB: driver "
+                f"{gib['driver_rss']:.2f}, Python workers {gib['python_rss']:.2f} "
+                f"(largest {gib['python_max_rss']:.2f}), JVM {gib['jvm_rss']:.2f}, "
+                f"outputs held {gib['held']:.2f}",
                 flush=True,
             )
+            if args.timeline:
+                for t, python, held in _SAMPLER.timeline[:: max(1, len(_SAMPLER.timeline) // 60)]:
+                    print(
+                        f"    {t:7.2f} s  workers {python / 2**30:6.2f} GiB  held "
+                        f"{held / 2**30:6.2f} GiB"
+                    )
 
         # A first query starts the executors' Python workers and their Flight workers;
         # a tiny write warms the write path (its cost reported apart, not in the rows).
@@ -131,51 +261,74 @@ def run(args: argparse.Namespace) -> dict:
 
         # ---- write: the join as a new partitioned table. distfusion first, while
         # this process holds nothing; then the libraries, from one Arrow table.
-        root = tmp / "delta-distfusion"
-        seconds, _ = _timed(lambda: ctx.sql(JOIN).write_delta(str(root), partition_by="ship_year"))
-        record("write", "distfusion write_delta", seconds, root, _delta_rows(root))
         catalog = _iceberg_catalog(tmp / "iceberg")
-        schema = _plain(ctx.sql(JOIN).schema())
-        table = _iceberg_table(catalog, "ours", schema)
-        seconds, _ = _timed(lambda: ctx.sql(JOIN).write_iceberg(table))
-        rows = catalog.load_table("db.ours").scan().count()
-        record("write", "distfusion write_iceberg", seconds, tmp / "iceberg" / "db" / "ours", rows)
-
-        seconds, data = _timed(lambda: _arrow(single.sql(JOIN)))
-        out["single_node_query_s"] = round(seconds, 2)
-        print(f"single-node DataFusion computes the {data.num_rows:,} rows: {seconds:.2f} s")
-        root = tmp / "delta-deltalake"
-        seconds, _ = _timed(lambda: write_deltalake(str(root), data, partition_by=["ship_year"]))
-        record("write", "deltalake.write_deltalake", seconds, root, _delta_rows(root))
-        table = _iceberg_table(catalog, "theirs", data.schema)
-        seconds, _ = _timed(lambda: table.append(data))
-        rows = catalog.load_table("db.theirs").scan().count()
-        record("write", "pyiceberg Table.append", seconds, tmp / "iceberg" / "db" / "theirs", rows)
-        data = None  # free it before the merge job
+        for run_ in range(args.runs):
+            if "write_delta" in jobs:
+                root = tmp / f"delta-distfusion-{run_}"
+                seconds, _ = _timed(
+                    lambda root=root: ctx.sql(JOIN).write_delta(str(root), partition_by="ship_year")
+                )
+                record("write", "distfusion write_delta", seconds, root, _delta_rows(root))
+                shutil.rmtree(root, ignore_errors=True)
+            if "write_iceberg" in jobs:
+                schema = _plain(ctx.sql(JOIN).schema())
+                table = _iceberg_table(catalog, f"ours{run_}", schema)
+                seconds, _ = _timed(lambda table=table: ctx.sql(JOIN).write_iceberg(table))
+                rows = catalog.load_table(f"db.ours{run_}").scan().count()
+                where = tmp / "iceberg" / "db" / f"ours{run_}"
+                record("write", "distfusion write_iceberg", seconds, where, rows)
+                shutil.rmtree(where, ignore_errors=True)
+        if "libraries" in jobs:
+            seconds, data = _timed(lambda: _arrow(single.sql(JOIN)))
+            out["single_node_query_s"] = round(seconds, 2)
+            print(f"single-node DataFusion computes the {data.num_rows:,} rows: {seconds:.2f} s")
+            for run_ in range(args.runs):
+                root = tmp / f"delta-deltalake-{run_}"
+                seconds, _ = _timed(
+                    lambda root=root: write_deltalake(str(root), data, partition_by=["ship_year"])
+                )
+                record("write", "deltalake.write_deltalake", seconds, root, _delta_rows(root))
+                shutil.rmtree(root, ignore_errors=True)
+                table = _iceberg_table(catalog, f"theirs{run_}", data.schema)
+                seconds, _ = _timed(lambda table=table: table.append(data))
+                rows = catalog.load_table(f"db.theirs{run_}").scan().count()
+                where = tmp / "iceberg" / "db" / f"theirs{run_}"
+                record("write", "pyiceberg Table.append", seconds, where, rows)
+                shutil.rmtree(where, ignore_errors=True)
+            data = None  # free it before the merge job
 
         # ---- merge: 1% changed and 1% new orders into a Delta table of orders
-        orders = _arrow(single.sql("SELECT * FROM orders"))
-        changes = _arrow(single.sql(CHANGES)).cast(orders.schema)
-        out["merge_source_rows"] = changes.num_rows
-        for engine in ("distfusion MERGE INTO", "deltalake DeltaTable.merge"):
-            root = tmp / f"merge-{engine.split()[0]}"
-            write_deltalake(str(root), orders)
-            before = _files(root)
-            if engine.startswith("distfusion"):
-                ctx.register_delta("target", str(root))
-                ctx.register_record_batches("changes", [changes.to_batches()])
-                seconds, _ = _timed(lambda: ctx.sql(MERGE).collect())
-            else:
-                merge = DeltaTable(str(root)).merge(
-                    changes, "t.o_orderkey = s.o_orderkey", source_alias="s", target_alias="t"
-                )
-                seconds, _ = _timed(
-                    lambda m=merge: (
-                        m.when_matched_update_all().when_not_matched_insert_all().execute()
-                    )
-                )
-            record("merge", engine, seconds, root, _delta_rows(root), before)
+        if "merge" in jobs:
+            orders = _arrow(single.sql("SELECT * FROM orders"))
+            changes = _arrow(single.sql(CHANGES)).cast(orders.schema)
+            out["merge_source_rows"] = changes.num_rows
+            ctx.register_record_batches("changes", [changes.to_batches()])
+            for run_ in range(args.runs):
+                for engine in ("distfusion MERGE INTO", "deltalake DeltaTable.merge"):
+                    root = tmp / f"merge-{engine.split()[0]}-{run_}"
+                    write_deltalake(str(root), orders)
+                    before = _files(root)
+                    if engine.startswith("distfusion"):
+                        if run_:
+                            ctx.deregister_table("target")
+                        ctx.register_delta("target", str(root))
+                        seconds, _ = _timed(lambda: ctx.sql(MERGE).collect())
+                    else:
+                        merge = DeltaTable(str(root)).merge(
+                            changes,
+                            "t.o_orderkey = s.o_orderkey",
+                            source_alias="s",
+                            target_alias="t",
+                        )
+                        seconds, _ = _timed(
+                            lambda m=merge: (
+                                m.when_matched_update_all().when_not_matched_insert_all().execute()
+                            )
+                        )
+                    record("merge", engine, seconds, root, _delta_rows(root), before)
+                    shutil.rmtree(root, ignore_errors=True)
     finally:
+        _SAMPLER.close()
         ctx.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -216,6 +369,13 @@ def main() -> None:
         default=None,
         help="DistributedConfig.memory_per_task_bytes, bytes (default: the runtime's)",
     )
+    p.add_argument("--runs", type=int, default=1, help="runs of each job (default 1)")
+    p.add_argument(
+        "--jobs",
+        default="write_delta,write_iceberg,libraries,merge",
+        help="comma-separated: write_delta, write_iceberg, libraries, merge (default: all)",
+    )
+    p.add_argument("--timeline", action="store_true", help="print the memory samples of each job")
     p.add_argument("--tmp", default=None, help="where the tables are written (then removed)")
     p.add_argument("--json", default=None, help="write the measures here")
     args = p.parse_args()

@@ -38,7 +38,7 @@ from distfusion.coordinator.in_place import (
     run_in_place,
     runs_in_place,
 )
-from distfusion.coordinator.query_run import QueryRun, WritesHeadParts
+from distfusion.coordinator.query_run import MapsHeadParts, QueryRun, WritesHeadParts
 from distfusion.coordinator.results import map_head_parts, named, write_head_part
 from distfusion.coordinator.statements import writes
 from distfusion.display import with_progress
@@ -51,6 +51,7 @@ from distfusion.metrics.render import format_bytes
 from distfusion.planner.config import PlannerConfig, RuntimeProfile
 from distfusion.planner.fragment import MaterializedStage
 from distfusion.planner.plan import plan_stages, prepare_substrait, rewrite_joins
+from distfusion.planner.write_from_producer import write_from_producer
 from distfusion.session import SessionSettings
 from distfusion.stages import StageGraph
 from distfusion.substrait_plan.decode import consume_plan, fits_decoder
@@ -357,12 +358,32 @@ class QueryExecution:
         run = self.context.runtime.start_query(spec.query_id)
         try:
             graph = self._prepare(run, spec.query_id)
+            graph = self._written_by_producer(run, graph)
             if isinstance(run, WritesHeadParts):
                 return run.write_head_parts(graph, spec)
             # a run that cannot cut its head: the head whole, here
             return map_head_parts(run, graph, functools.partial(write_head_part, spec))
         finally:
             run.close()
+
+    def _written_by_producer(self, run: QueryRun, graph: StageGraph) -> StageGraph:
+        """``graph`` with its head fused into the stage producing its rows, where it can be.
+
+        The producer's tasks then write (:mod:`distfusion.planner.write_from_producer`):
+        no stage holds the whole result for the writers. Only for a run that
+        writes or maps head parts where the data is (a head of several tasks
+        cannot run whole here).
+        """
+        if not isinstance(run, (WritesHeadParts, MapsHeadParts)):
+            return graph
+        report = self.last_run if self.context.config.adaptive else None
+        ran = set(report.stats) if report is not None else set()
+        fused = write_from_producer(graph, ran)
+        if fused is None:
+            return graph
+        if report is not None and report.graphs:
+            report.graphs[-1] = fused
+        return fused
 
     def _observed(
         self,

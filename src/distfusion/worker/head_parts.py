@@ -21,6 +21,15 @@ union of their inputs). Any other head (a final aggregate without keys, a
 global ``ORDER BY``, a ``LIMIT``) is one part over every input: its order and
 its all-rows semantics are kept, and it still runs where the caller runs it
 (on an executor, not necessarily the coordinator).
+
+A head of more than one task is a write's head fused into the stage that
+produces its rows (:mod:`distfusion.planner.write_from_producer`): each of
+its tasks is a part, reading that task's share of the inputs (its shuffle
+partitions, broadcasts whole) and the task's work units, as the stage's task
+would::
+
+    Stage 4 [head, 4 tasks]  <- shuffle from stages 1, 2
+      part j = task j: partition j of every task of stages 1 and 2 ─> files
 """
 
 from __future__ import annotations
@@ -152,9 +161,27 @@ def head_parts(plan: TaskPlan, head: Stage, split: bool = True) -> list[HeadPart
             one part over every input.
 
     Returns:
-        One part per producer task of every input, inputs in order, when
+        One part per task of a head of several tasks (whatever ``split``);
+        else one part per producer task of every input, inputs in order, when
         ``split`` and :func:`row_wise`; else one part reading everything.
     """
+    if head.num_tasks > 1:
+        return [
+            HeadPart(
+                j,
+                TaskPlan.for_task(
+                    plan.key.query_id,
+                    head,
+                    j,
+                    plan.input_workers,
+                    plan.target_partitions,
+                    plan.keep_output,
+                    plan.memory_per_task_bytes,
+                ),
+                (None,) * len(head.inputs),
+            )
+            for j in range(head.num_tasks)
+        ]
     if not (split and row_wise(head)):
         return [HeadPart(0, plan, (None,) * len(head.inputs))]
     parts: list[HeadPart] = []
