@@ -65,6 +65,21 @@ SEM_ROWS = pa.table(
             pa.timestamp("us"),
         ),
         "ai": pa.array([[1, 2], [3, None], None, [], [2, 2, 1], [5]], pa.list_(pa.int32())),
+        "st": pa.array(
+            [
+                {"a": 1, "b": "x"},
+                None,
+                {"a": None, "b": "z"},
+                {"a": 4, "b": None},
+                {"a": 7, "b": "q"},
+                {"a": -4, "b": "x"},
+            ],
+            pa.struct([("a", pa.int32()), ("b", pa.string())]),
+        ),
+        "m": pa.array(
+            [[("k", 1)], None, [], [("k", None), ("j", 2)], [("j", 7)], [("k", -4), ("z", 0)]],
+            pa.map_(pa.string(), pa.int32()),
+        ),
     }
 )
 
@@ -584,8 +599,56 @@ CASES = [
         "native",
     ),
     Case(
-        "maps, structs",
-        "SELECT named_struct('a', i).a, map('k', s)['k'] FROM sem",
+        "named_struct, struct",
+        "SELECT i, named_struct('a', i, 'b', s) AS x, struct(i, s), struct(i AS p, d), "
+        "struct(i + 1, 'q') FROM sem ORDER BY i",
+        "native",
+        "Spark's field names (the columns', else `col1`, `col2`, ...)",
+    ),
+    Case(
+        "struct fields: `s.a`, `s['a']`, of an expression or a column",
+        "SELECT i, named_struct('a', i, 'b', s).b AS x, st, st.a, st['b'], sem.st.a + 1 AS y "
+        "FROM sem WHERE st.a IS NOT NULL OR st IS NULL ORDER BY i",
+        "native",
+    ),
+    Case(
+        "structs in arrays, arrays in structs",
+        "SELECT i, array(named_struct('a', i), named_struct('a', 2)) AS x, "
+        "named_struct('x', ai, 'y', st) AS y, size(array(st, st)) AS n FROM sem ORDER BY i",
+        "native",
+    ),
+    Case(
+        "map(), `m[k]`, element_at of a map",
+        "SELECT i, map('k', s, 'j', 'z') AS m1, map('k', i)['k'] AS x, m['k'] AS y, "
+        "element_at(m, 'j') AS z, m['none'] AS w, map(s, d) AS m2 FROM sem "
+        "WHERE s IS NOT NULL ORDER BY i",
+        "native",
+        "a missing key: NULL (Spark 4.3, ANSI mode on or off); a NULL or repeated key fails "
+        "the query with Spark's error (`NULL_MAP_KEY`, `DUPLICATED_MAP_KEY`)",
+    ),
+    Case(
+        "map_keys, map_values, size and cardinality of a map, map_contains_key",
+        "SELECT i, m, map_keys(m), map_values(m), size(m), cardinality(m), "
+        "map_contains_key(m, 'k') FROM sem ORDER BY i",
+        "native",
+        "NULL and empty maps; size of a NULL map: NULL with ANSI mode, -1 without",
+    ),
+    Case(
+        "map_from_arrays",
+        "SELECT i, map_from_arrays(array(i, 10), array(s, 'x')) AS x, map_from_arrays(ai, ai) AS y "
+        "FROM sem WHERE i IN (1, 3, -4) ORDER BY i",
+        "native",
+        "arrays of two lengths, a NULL or repeated key: Spark's error",
+    ),
+    Case(
+        "structs or maps compared or sorted",
+        "SELECT i FROM sem WHERE st = named_struct('a', 1, 'b', 'x') ORDER BY st",
+        "spark",
+        "Spark sorts a struct's NULL fields first, whatever the key's NULL order",
+    ),
+    Case(
+        "map_from_entries, explode of a map",
+        "SELECT i, map_from_entries(array(struct(1, s))), explode(m) FROM sem",
         "spark",
     ),
     Case(

@@ -96,9 +96,8 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
             raise SparkSemanticsError(msg)
         name = want.name if want.name not in seen else f"{want.name}#{len(columns)}"
         seen.add(name)
-        columns.append(
-            col(qualified[len(columns)]).cast(plan_type(have.type, want.type)).alias(name)
-        )
+        column, to = col(qualified[len(columns)]), plan_type(have.type, want.type)
+        columns.append((column if to == have.type else column.cast(to)).alias(name))
     return df.select(*columns)
 
 
@@ -106,23 +105,18 @@ def plan_type(got: pa.DataType, spark: pa.DataType) -> pa.DataType:
     """The type a column of type ``got`` is cast to in the plan, to give Spark's ``spark``.
 
     Spark's type, except a timestamp's zone (Substrait carries no zone but
-    UTC), the name of a list's element (Substrait carries none) and the
-    nullability of a struct's fields: the plan keeps its own, and the result
-    is relabeled with Spark's, the same values
+    UTC), the name of a list's element (Substrait carries none) and structs
+    and maps (a struct's field names do not survive Substrait as a cast's
+    type): the plan keeps its own, and the result is relabeled with Spark's,
+    the same values
     (:class:`distfusion.spark.SparkDataFrame`).
     """
     if pa.types.is_timestamp(got) and pa.types.is_timestamp(spark) and got.tz and spark.tz:
         return pa.timestamp(spark.unit, got.tz)
     if _is_list(got) and _is_list(spark):  # the element's name and nullability: at the result
         return pa.list_(plan_type(got.value_type, spark.value_type))
-    if pa.types.is_struct(got) and pa.types.is_struct(spark):  # nullability: at the result
-        return pa.struct(
-            [pa.field(s.name, plan_type(g.type, s.type)) for g, s in zip(got, spark, strict=True)]
-        )
-    if pa.types.is_map(got) and pa.types.is_map(spark):
-        return pa.map_(
-            plan_type(got.key_type, spark.key_type), plan_type(got.item_type, spark.item_type)
-        )
+    if pa.types.is_struct(got) or pa.types.is_map(got):  # at the result: a Substrait cast
+        return got  # to a struct loses its field names (the consumer names them c0, c1, ...)
     return spark
 
 

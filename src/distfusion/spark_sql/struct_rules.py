@@ -157,7 +157,10 @@ def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expression:
         raise SparkSemanticsError(f"{unsupported(node)}: a field's type is not known here")
     args: list[exp.Expression] = []
     for item in node.expressions:
-        args += [exp.Literal.string(item.this.name), item.expression]
+        value, spark_type = item.expression, t.type_of(item.expression)
+        if spark_type.this not in (T.STRUCT, T.MAP, T.ARRAY):  # a literal 2: an INT, not Int64
+            value = cast_to(value, spark_type)
+        args += [exp.Literal.string(item.this.name), value]
     return _fn("named_struct", *args)
 
 
@@ -178,7 +181,7 @@ def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expression:
     """``s['a']``, ``m[k]``, ``element_at(m, k)``: a struct's field or a map's value.
 
     A missing key is NULL (Spark 4.3, with ANSI mode on and off), as
-    DataFusion's ``m[k]``. Arrays' ``a[i]`` and ``element_at(a, i)`` are
+    DataFusion's ``map_extract(m, k)[1]``. Arrays' ``a[i]`` and ``element_at(a, i)`` are
     not translated (Spark's ANSI mode fails an index out of range).
     """
     base = t.type_of(node.this)
@@ -192,7 +195,9 @@ def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expression:
         raise SparkSemanticsError(f"{unsupported(node)}: not translated")
     if isinstance(key, exp.Null):
         return cast_to(exp.Null(), parts[1])
-    return exp.Bracket(this=paren(node.this), expressions=[_key_as(t, node, key, parts[0])])
+    # map_extract coerces the key to the map's key type (``m[k]`` compares Utf8 with Utf8View)
+    found = _fn("map_extract", node.this, _key_as(t, node, key, parts[0]))
+    return exp.Bracket(this=found, expressions=[exp.Literal.number(1)])
 
 
 def _key_as(t: Translation, node: exp.Expression, key: exp.Expression, to: exp.DataType):
