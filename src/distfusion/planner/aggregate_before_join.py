@@ -153,6 +153,7 @@ class _Eager(RelRewrite):
             ]
         )
         joined = join_rel(join.join.left, partial, condition, join.join.type)
+        joined.join.advanced_extension.CopyFrom(join.join.advanced_extension)  # a join hint
         # The measures again over the partial ones: counts add up.
         final = Rel()
         final.aggregate.input.CopyFrom(joined)
