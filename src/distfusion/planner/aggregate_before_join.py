@@ -153,7 +153,8 @@ class _Eager(RelRewrite):
             ]
         )
         joined = join_rel(join.join.left, partial, condition, join.join.type)
-        joined.join.advanced_extension.CopyFrom(join.join.advanced_extension)  # a join hint
+        if join.join.HasField("advanced_extension"):  # a join hint (planner/join_hints.py)
+            joined.join.advanced_extension.CopyFrom(join.join.advanced_extension)
         # The measures again over the partial ones: counts add up.
         final = Rel()
         final.aggregate.input.CopyFrom(joined)
