@@ -22,8 +22,12 @@ against Spark 4.3 in tests/spark_sql_cases.py):
 - Structs and maps are not compared nor sorted here: Spark orders a
   struct's NULL fields first, DataFusion last, and Spark rejects maps there.
 
+``explode(m)`` in a select list gives ``key`` and ``value`` columns
+(:func:`_rule_explode`).
+
 Not translated (run on Spark SQL): ``map()`` without entries,
-``map_from_entries``, ``explode`` of a map, struct comparison.
+``map_from_entries``, a named or outer ``explode`` of a map, a map in a
+``LATERAL VIEW``, structs and maps compared or sorted.
 """
 
 from __future__ import annotations
@@ -346,6 +350,32 @@ def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
     return COLLECTION_RULES[exp.ArraySize](t, node)
 
 
+def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
+    """``explode(m)`` of a map, an item of a select list: columns ``key`` and ``value``.
+
+    Two unnests in one select list, of ``map_keys(m)`` and ``map_values(m)``,
+    which DataFusion zips row by row; no row for a NULL or empty map, as
+    Spark. Of an array: the array rule's. Named (``AS (k, v)``), outer or
+    in a ``LATERAL VIEW``: not translated.
+    """
+    if not _is(t.type_of(node.this), T.MAP):
+        return COLLECTION_RULES[exp.Explode](t, node)
+    item = node.parent if isinstance(node.parent, exp.Alias) else node  # qualify's alias
+    select = item.parent
+    if not isinstance(select, exp.Select) or node.meta.get("outer") or node.expressions:
+        raise SparkSemanticsError("explode() of a map other than as an unnamed select item")
+    at = next(i for i, e in enumerate(select.expressions) if e is item)
+    others = [e for e in select.expressions if e is not item]
+    if any(e.find(exp.Explode) or any(_named(f, "unnest") for f in e.walk()) for e in others):
+        raise SparkSemanticsError("explode() of a map beside another generator: not translated")
+    keys = exp.alias_(_fn("unnest", _fn("map_keys", node.this.copy())), "key")
+    values = exp.alias_(_fn("unnest", _fn("map_values", node.this.copy())), "value")
+    select.set(
+        "expressions", [*select.expressions[:at], keys, values, *select.expressions[at + 1 :]]
+    )
+    return keys  # in its place already (where the translator puts it: the same spot)
+
+
 def _rule_ordered(t: Translation, node: exp.Ordered) -> exp.Expression:
     """A sort key (``ORDER BY``, a window's order) that is not a struct or a map.
 
@@ -371,6 +401,7 @@ STRUCT_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]
     exp.ArraySize: _rule_size,
     exp.Array: _rule_array,
     exp.Ordered: _rule_ordered,
+    exp.Explode: _rule_explode,
     exp.ColumnDef: lambda t, n: n,  # a field of a STRUCT<...> type
 }
 """The node classes of structs and maps -> their rules (part of ``translate.RULES``)."""
