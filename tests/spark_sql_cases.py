@@ -312,10 +312,20 @@ CASES = [
         "native",
     ),
     Case(
-        "hints",
-        "SELECT /*+ BROADCAST(b) */ count(*) FROM sem a JOIN sem b ON a.i = b.i",
+        "join hints (BROADCAST, MERGE, SHUFFLE_HASH, SHUFFLE_REPLICATE_NL)",
+        "SELECT /*+ BROADCAST(b), MERGE(c) */ count(*) FROM sem a JOIN sem b ON a.i = b.i "
+        "JOIN sem c ON a.s = c.s",
         "native",
-        "accepted, not followed",
+        "followed where the join type allows, by Spark's rules (alias or table name in the "
+        "hint's query block, BROADCAST > MERGE > SHUFFLE_HASH); SHUFFLE_REPLICATE_NL changes "
+        "nothing",
+    ),
+    Case(
+        "partitioning hints (REPARTITION, COALESCE, REBALANCE)",
+        "SELECT /*+ REPARTITION(3, s), COALESCE(2), REBALANCE */ s, count(*) FROM sem "
+        "GROUP BY s ORDER BY s",
+        "native",
+        "accepted, not followed: the planner sizes the stages",
     ),
     Case(
         "date_format of a DATE",
