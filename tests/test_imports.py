@@ -31,6 +31,8 @@ LAZY_IMPORTS = {
     ("distfusion.runtime.spark.dataframes", "pyspark.sql.pandas.types"),
     ("distfusion.runtime.spark.jobs", "pyspark.traceback_utils"),
     ("distfusion.runtime.spark.runtime", "pyspark.sql"),
+    ("distfusion.runtime.spark.session_udfs", "pyspark.sql.conversion"),  # PySpark 4.3's
+    ("distfusion.runtime.spark.session_udfs", "pyspark.sql.types"),
     ("distfusion.runtime.spark.shuffle_plane", "pyspark.accumulators"),
     ("distfusion.worker.spark_tasks", "pyspark"),
     # The executor side imports itself inside the task (an executor without

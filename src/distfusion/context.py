@@ -531,9 +531,7 @@ class DistributedContext(
         return DistributedDataFrame(self, df, label)
 
     def _from_spark_sql(self, query: str) -> str:
-        """``query`` (Spark SQL) as DataFusion SQL with Spark's semantics.
-
-        See :mod:`distfusion.spark_sql`.
+        """``query`` (Spark SQL) as DataFusion SQL with Spark's semantics (:mod:`.spark_sql`).
 
         Raises:
             SparkSemanticsError: no Spark-equal translation, or SQL sqlglot's
@@ -544,7 +542,8 @@ class DistributedContext(
             return self.ctx.table(name).schema() if self.ctx.table_exist(name) else None
 
         substrait_functions.add_to(self.ctx)  # what the translation calls by name
-        return translate_spark_sql(query, schema_of, self.config.spark, self.functions.names())
+        udfs = self.functions.return_types()
+        return translate_spark_sql(query, schema_of, self.config.spark, udfs)
 
     def _frame(self, df: DataFrame, label: str) -> DistributedDataFrame:
         """A distributed DataFrame of this context around DataFusion's ``df``."""

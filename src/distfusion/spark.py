@@ -107,6 +107,7 @@ from distfusion.runtime.spark import (
 from distfusion.runtime.spark.connect_frames import file_scan, is_connect_dataframe
 from distfusion.runtime.spark.dataframes import spark_statistics
 from distfusion.runtime.spark.files import native_path
+from distfusion.runtime.spark.session_udfs import SPARK_UDF_ERROR, called_functions, session_udfs
 from distfusion.spark_sql import SparkSettings, table_names
 from distfusion.spark_sql import parse as parse_spark_sql
 from distfusion.spark_sql.schema import as_spark_schema, spark_schema
@@ -127,7 +128,9 @@ _LITERAL = re.compile(r"'(?:[^']|'')*'")
 _FORMATS = {"parquet": "parquet", "csv": "csv"}
 _log = logging.getLogger("distfusion.spark")
 _logged_fallbacks: set[str] = set()
-_VALUE_ERROR = re.compile(r"overflow|Cast error|Can't cast|Cannot cast|Divide by zero", re.I)
+_VALUE_ERROR = re.compile(
+    rf"overflow|Cast error|Can't cast|Cannot cast|Divide by zero|{SPARK_UDF_ERROR}", re.I
+)
 FALLBACKS = ("spark", "error")
 """What :func:`sql`'s ``fallback`` takes."""
 _runtimes: dict[int, SparkRuntime] = {}
@@ -154,12 +157,7 @@ class SparkDataFrame(DistributedDataFrame):
     """
 
     def __init__(
-        self,
-        context: DistributedContext,
-        df,
-        spark,
-        query: str | None = None,
-        spark_struct=None,
+        self, context: DistributedContext, df, spark, query: str | None = None, spark_struct=None
     ) -> None:
         label = df.label if isinstance(df, DistributedDataFrame) else ""
         super().__init__(context, df.df if isinstance(df, DistributedDataFrame) else df, label)
@@ -454,9 +452,8 @@ def from_spark(
         df: a ``pyspark.sql.DataFrame``, classic or Spark Connect's.
         name: the table's name in the context (default: a generated
             ``spark_df_<hex>``); case-insensitive, as in :func:`sql`.
-        context: the context to register into (default: the session's);
-            its runtime must be a
-            :class:`~distfusion.runtime.spark.SparkRuntime` on ``df``'s
+        context: the context to register into (default: the session's); its runtime
+            must be a :class:`~distfusion.runtime.spark.SparkRuntime` on ``df``'s
             session when a table is read through Spark.
 
     Returns:
@@ -549,7 +546,10 @@ def sql(
             query reading one is not checked against Spark's analysis and
             cannot run on Spark SQL.
         udfs: Python UDFs the query calls (``distfusion.udf``, ``udaf``,
-            ``udwf``); they travel to the executors with the tasks.
+            ``udwf``); they travel to the executors with the tasks. The
+            session's own (``spark.udf.register``, ``@udf``, ``@pandas_udf``,
+            ``@arrow_udf``) are found in Spark's analysis of the query and run in
+            the tasks with Spark's conversions (:mod:`.runtime.spark.session_udfs`).
         fallback: ``"spark"`` (default): run on Spark SQL what distfusion
             cannot run with Spark's semantics; ``"error"``: raise
             :class:`~distfusion.errors.SparkSemanticsError` instead.
@@ -604,8 +604,10 @@ def sql(
     # tables= and udfs= are the caller's: Spark's catalog lacks them, Spark cannot analyze them
     own = {n.lower() for n in tables or ()} | {f.name.lower() for f in udfs or ()}
     uses_own = bool(_referenced_names(query) & own)
-    try:  # no table is registered, and Spark analyzes nothing, for what cannot be translated
+    try:  # nothing is registered, and Spark analyzes nothing, for what cannot be parsed
         parsed = parse_spark_sql(query)
+        for f in session_udfs(spark, query, called_functions(parsed) - own):  # Spark's analysis
+            ctx.register_udf(f.datafusion_udf())
     except SparkSemanticsError as exc:
         if fallback == "error" or uses_own:
             raise

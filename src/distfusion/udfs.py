@@ -452,6 +452,16 @@ class Functions:
         """Names of the UDFs registered here (companions included), lower-cased."""
         return frozenset(name.lower() for _, name in self._udfs)
 
+    def return_types(self) -> dict[str, pa.DataType | None]:
+        """:meth:`names`, each with its Arrow return type where known (scalar UDFs with a spec)."""
+        specs = self._specs
+        return {
+            name.lower(): specs[kind, name].return_type
+            if kind == "scalar" and (kind, name) in specs
+            else None
+            for kind, name in self._udfs
+        }
+
     def merge_functions(self, name: str) -> tuple[str, str] | None:
         """``(partial, final)`` companion names of the mergeable UDAF ``name``; None otherwise.
 

@@ -229,15 +229,14 @@ def test_local_times_across_dst_changes_run_natively_in_any_zone(sem, zone):
             assert df.fallback is None, (sql, df.fallback)
 
 
-def test_session_python_udf_runs_on_spark_and_a_given_one_natively(sem):
+def test_a_given_python_udf_runs_natively(sem):
+    # The session's own Python UDFs: tests/runtime/test_spark_session_udfs.py
     import pyarrow as pa
     import pyarrow.compute as pc
     from datafusion import udf
 
     sem.udf.register("triple", lambda x: None if x is None else 3 * x, "int")
     sql = "SELECT i, triple(i) AS t FROM sem ORDER BY i"
-    df = _same_as_spark(sem, sql)  # the session's own function: Spark runs the query
-    assert df.fallback and "triple()" in df.fallback
     native = udf(
         lambda a: pc.multiply(a, pa.scalar(3, pa.int32())),
         [pa.int32()],

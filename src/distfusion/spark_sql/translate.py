@@ -30,7 +30,7 @@ The output is SQL for DataFusion's Databricks parser dialect.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -136,7 +136,7 @@ def translate(
     query: str,
     schema_of: Callable[[str], pa.Schema | None],
     settings: SparkSettings | None = None,
-    functions: frozenset[str] = frozenset(),
+    functions: Collection[str] = frozenset(),
 ) -> str:
     """DataFusion SQL that answers Spark SQL ``query`` as Spark does.
 
@@ -150,7 +150,9 @@ def translate(
             per table the query names.
         settings: the session's Spark settings (default: Spark 4's).
         functions: names (lower case) of the context's Python UDFs: calls
-            to them pass as written (they are the user's own functions).
+            to them pass as written (they are the user's own functions). A
+            mapping gives their Arrow return types too (None: not known),
+            which the types of the expressions around a call need.
 
     Returns:
         The SQL text; its output columns are the query's, in order.
@@ -175,11 +177,35 @@ def translate(
         catalog[name] = {f.name: st.arrow_to_sql_type(f.type) for f in schema}
     try:
         ast = qualify(ast, schema=catalog, dialect="spark", identify=False)
-        ast = annotate_types(ast, schema=catalog, dialect="spark")
+        ast = annotate_types(
+            ast, schema=catalog, dialect="spark", expression_metadata=_typed_udfs(functions)
+        )
     except OptimizeError as exc:
         msg = f"its columns do not resolve against the tables distfusion reads: {exc}"
         raise SparkSemanticsError(msg) from exc
     return _Translator(settings, functions).run(ast).sql(dialect=_Writer, comments=False)
+
+
+def _typed_udfs(functions: Collection[str]) -> dict | None:
+    """Spark's type rules in sqlglot, with the return types of ``functions`` (a mapping)."""
+    returns = functions if isinstance(functions, Mapping) else {}
+    returns = {name: t for name, t in returns.items() if t is not None}
+    if not returns:
+        return None
+    metadata = dict(Spark.EXPRESSION_METADATA)
+    known = metadata.get(exp.Anonymous, {}).get("annotator")
+
+    def annotate(annotator, node: exp.Anonymous) -> None:
+        returned = returns.get(node.name.lower())
+        if returned is not None:
+            node.type = exp.DataType.build(st.arrow_to_sql_type(returned), dialect="spark")
+        elif known is not None:
+            known(annotator, node)
+        else:
+            node.type = exp.DataType.build("UNKNOWN")
+
+    metadata[exp.Anonymous] = {"annotator": annotate}
+    return metadata
 
 
 # ----------------------------------------------------------------------------- types
@@ -314,7 +340,7 @@ _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 class _Translator:
     """One query's rewrite: Spark types of the nodes, then each node by its rule."""
 
-    def __init__(self, settings: SparkSettings, functions: frozenset[str]) -> None:
+    def __init__(self, settings: SparkSettings, functions: Collection[str]) -> None:
         self.settings = settings
         self.functions = functions
         self.types: dict[int, exp.DataType] = {}
