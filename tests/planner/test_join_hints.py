@@ -84,6 +84,18 @@ def test_shuffle_hint_shuffles_a_join_the_size_rule_broadcasts(small, hint):
     assert _both_shuffled(g) and BROADCAST not in {b for _, b, _ in edges(g)}
 
 
+def test_adaptive_execution_keeps_a_hinted_shuffle(runtimes):
+    # Shuffles run before their consumers are planned; u's side, estimated non-empty,
+    # is measured empty, and planning again reads it as a broadcast; with MERGE(u)
+    # both sides stay shuffled (Spark's AQE keeps a hinted join's strategy too).
+    ctx = _context(runtimes, adaptive_shuffle_bytes=0, **LARGE)
+    q = "SELECT {hint} t.k, t.v, u.w FROM t JOIN u ON t.k = u.k WHERE u.w = 'none'"
+    plain = _run(ctx, q.format(hint=""), q.format(hint=""), ran=True)
+    assert not _both_shuffled(plain), "the adaptive broadcast this test is about"
+    g = _run(ctx, q.format(hint="/*+ MERGE(u) */"), q.format(hint=""), ran=True)
+    assert _both_shuffled(g) and BROADCAST not in {b for _, b, _ in edges(g)}
+
+
 @pytest.mark.parametrize("hint", ["BROADCAST(t)", "BROADCASTJOIN(t)", "MAPJOIN(t)", "broadcast(T)"])
 def test_broadcast_hint_broadcasts_a_join_the_size_rule_shuffles(large, hint):
     assert _both_shuffled(large.sql(JOIN.format(hint="")).stage_graph())
