@@ -262,22 +262,29 @@ def run(args: argparse.Namespace) -> dict:
         # ---- write: the join as a new partitioned table. distfusion first, while
         # this process holds nothing; then the libraries, from one Arrow table.
         catalog = _iceberg_catalog(tmp / "iceberg")
+        variants = [("", True)] + ([(" (coalesce stage)", False)] if args.baseline else [])
         for run_ in range(args.runs):
-            if "write_delta" in jobs:
-                root = tmp / f"delta-distfusion-{run_}"
-                seconds, _ = _timed(
-                    lambda root=root: ctx.sql(JOIN).write_delta(str(root), partition_by="ship_year")
-                )
-                record("write", "distfusion write_delta", seconds, root, _delta_rows(root))
-                shutil.rmtree(root, ignore_errors=True)
-            if "write_iceberg" in jobs:
-                schema = _plain(ctx.sql(JOIN).schema())
-                table = _iceberg_table(catalog, f"ours{run_}", schema)
-                seconds, _ = _timed(lambda table=table: ctx.sql(JOIN).write_iceberg(table))
-                rows = catalog.load_table(f"db.ours{run_}").scan().count()
-                where = tmp / "iceberg" / "db" / f"ours{run_}"
-                record("write", "distfusion write_iceberg", seconds, where, rows)
-                shutil.rmtree(where, ignore_errors=True)
+            for suffix, fused in variants:
+                _fuse_writes(fused)
+                if "write_delta" in jobs:
+                    root = tmp / f"delta-distfusion-{run_}"
+                    seconds, _ = _timed(
+                        lambda root=root: ctx.sql(JOIN).write_delta(
+                            str(root), partition_by="ship_year"
+                        )
+                    )
+                    engine = f"distfusion write_delta{suffix}"
+                    record("write", engine, seconds, root, _delta_rows(root))
+                    shutil.rmtree(root, ignore_errors=True)
+                if "write_iceberg" in jobs:
+                    name = f"ours{run_}{'' if fused else 'c'}"
+                    table = _iceberg_table(catalog, name, _plain(ctx.sql(JOIN).schema()))
+                    seconds, _ = _timed(lambda table=table: ctx.sql(JOIN).write_iceberg(table))
+                    rows = catalog.load_table(f"db.{name}").scan().count()
+                    where = tmp / "iceberg" / "db" / name
+                    record("write", f"distfusion write_iceberg{suffix}", seconds, where, rows)
+                    shutil.rmtree(where, ignore_errors=True)
+        _fuse_writes(True)
         if "libraries" in jobs:
             seconds, data = _timed(lambda: _arrow(single.sql(JOIN)))
             out["single_node_query_s"] = round(seconds, 2)
@@ -327,11 +334,47 @@ def run(args: argparse.Namespace) -> dict:
                         )
                     record("merge", engine, seconds, root, _delta_rows(root), before)
                     shutil.rmtree(root, ignore_errors=True)
+        _summary(out)
     finally:
         _SAMPLER.close()
         ctx.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _summary(out: dict) -> None:
+    """Medians by job and engine: seconds and the peaks, into ``out["medians"]`` (printed)."""
+    import statistics
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in out["rows"]:
+        groups.setdefault((row["job"], row["engine"]), []).append(row)
+    out["medians"] = []
+    print("medians:")
+    for (job, engine), rows in groups.items():
+        med = {"job": job, "engine": engine, "runs": len(rows)}
+        for k in rows[0]:
+            if k.startswith("peak_") or k in ("seconds", "files", "bytes"):
+                med[k] = statistics.median(r[k] for r in rows)
+        out["medians"].append(med)
+        print(
+            f"  {job:6} {engine:42} {med['seconds']:8.2f} s  {med['files']:5} files  "
+            f"{med['bytes'] / 2**20:9.1f} MiB  Python workers {med['peak_python_rss'] / 2**30:.2f}"
+            f" GiB, driver {med['peak_driver_rss'] / 2**30:.2f} GiB, held "
+            f"{med['peak_held'] / 2**30:.2f} GiB  ({len(rows)} runs)"
+        )
+
+
+def _fuse_writes(on: bool) -> None:
+    """Writes from the producing stage's tasks (on, the default), or through a coalesce stage.
+
+    Off: the plan before :mod:`distfusion.planner.write_from_producer` (the
+    join stage's output coalesced into writing parts), for ``--baseline``.
+    """
+    from distfusion.coordinator import execution
+    from distfusion.planner.write_from_producer import write_from_producer
+
+    execution.write_from_producer = write_from_producer if on else (lambda graph, ran: None)
 
 
 def _arrow(df):
@@ -376,6 +419,12 @@ def main() -> None:
         help="comma-separated: write_delta, write_iceberg, libraries, merge (default: all)",
     )
     p.add_argument("--timeline", action="store_true", help="print the memory samples of each job")
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run each distfusion write through a coalesce stage (the plan before), "
+        "alternating with the default",
+    )
     p.add_argument("--tmp", default=None, help="where the tables are written (then removed)")
     p.add_argument("--json", default=None, help="write the measures here")
     args = p.parse_args()
