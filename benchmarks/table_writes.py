@@ -17,9 +17,12 @@ Issue 39's benchmark. Two jobs over TPC-H Parquet (``distfusion datagen tpch``):
     distfusion  ``MERGE INTO`` through ``ctx.sql``;
     library     ``DeltaTable.merge(...).when_matched_update_all().when_not_matched_insert_all()``.
 
-Each engine writes its own fresh table; reported per job and engine: seconds (one run
-each: a write cannot be repeated on the same table), files written, bytes written, and
-the rows read back through the table's own library (checked equal across engines).
+Each run of an engine writes its own fresh table (``--runs``, medians at the end);
+reported per job and engine: seconds, files written, bytes written, the rows read back
+through the table's own library, and the memory peaks while it ran
+(:class:`MemorySampler`: the driver, the executors' Python workers, the JVM, the stage
+outputs the workers hold). ``--baseline`` also runs each distfusion write through a
+coalesce stage, the plan before writes from the producing stage's tasks.
 
 Run (docs/benchmarks.md, "Writing Delta and Iceberg tables")::
 
