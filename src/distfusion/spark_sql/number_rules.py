@@ -55,6 +55,7 @@ from distfusion.spark_sql.nodes import Translation, cast_to
 
 __all__ = [
     "MAX_ROUND_DIGITS",
+    "NAMED_NUMBER_RULES",
     "NUMBER_RULES",
     "check_percentile_arguments",
     "narrow_bound",
@@ -139,10 +140,56 @@ def _fails(x: exp.Expression, digits: int) -> exp.Expression:
     return cast_to(why, "DOUBLE")
 
 
-def round_double(x: exp.Expression, digits: int) -> exp.Expression:
-    """Spark's ``round(x, digits)`` of a DOUBLE ``x`` (``0 <= digits <= 21``), as DataFusion SQL.
+def _unit(digits: int) -> exp.Expression:
+    """``10^-digits`` (``digits`` may be negative) as an exact DECIMAL literal."""
+    if digits >= 0:
+        text = "1" if digits == 0 else "0." + "0" * (digits - 1) + "1"
+        return cast_to(exp.Literal.string(text), f"DECIMAL({digits + 1}, {digits})")
+    return cast_to(exp.Literal.string("1" + "0" * -digits), f"DECIMAL({1 - digits}, 0)")
 
-    The reasoning is the module's. ``x`` is copied into every branch (an
+
+def _half_even(up: exp.Expression, x: exp.Expression, digits: int, out: str) -> exp.Expression:
+    """HALF_EVEN from ``up``, the DECIMAL ``x`` rounded half up to ``digits >= 0`` (type ``out``).
+
+    A tie (``|up - x|`` is half a unit) whose half-up answer ends in an odd
+    digit goes one unit back toward zero; DECIMAL arithmetic is exact.
+    """
+    half = cast_to(
+        exp.Literal.string("0." + "0" * digits + "5"), f"DECIMAL({digits + 2}, {digits + 1})"
+    )
+    gap = exp.Abs(this=exp.Paren(this=exp.Sub(this=up.copy(), expression=x.copy())))
+    tie = exp.EQ(this=gap, expression=half)
+    last = _fn("right", cast_to(up.copy(), "STRING"), exp.Literal.number(1))
+    odd = exp.In(this=last, expressions=[exp.Literal.string(c) for c in "13579"])
+    back = exp.Case(
+        ifs=[
+            exp.If(
+                this=exp.GT(this=x.copy(), expression=exp.Literal.number(0)),
+                true=exp.Sub(this=up.copy(), expression=_unit(digits)),
+            )
+        ],
+        default=exp.Add(this=up.copy(), expression=_unit(digits)),
+    )
+    return exp.Case(
+        ifs=[exp.If(this=exp.And(this=tie, expression=odd), true=cast_to(back, out))],
+        default=up,
+    )
+
+
+def _rounded(x: exp.Expression, digits: int, out: str, even: bool) -> exp.Expression:
+    """A DECIMAL ``x`` rounded to ``digits >= 0`` as the DECIMAL ``out``: half up, or half even.
+
+    DataFusion's cast to a smaller scale rounds half up (away from zero), as Java's HALF_UP.
+    """
+    up = cast_to(x.copy(), out)
+    return _half_even(up, x, digits, out) if even else up
+
+
+def round_double(x: exp.Expression, digits: int, even: bool = False) -> exp.Expression:
+    """Spark's ``round(x, digits)`` (``bround`` if ``even``) of a DOUBLE ``x``, digits 0..21.
+
+    The reasoning is the module's (it holds for HALF_EVEN too: both modes
+    are constant between two ties). ``x`` is copied into every branch (an
     aggregate or window in it is computed once by DataFusion).
 
     Raises:
@@ -153,7 +200,7 @@ def round_double(x: exp.Expression, digits: int) -> exp.Expression:
         raise SparkSemanticsError(msg)
     size = exp.Abs(this=x.copy())
     decimal = cast_to(_plain_text(x, digits), f"DECIMAL(38, {_SCALE})")
-    rounded = cast_to(decimal.copy(), f"DECIMAL(38, {digits})")
+    rounded = _rounded(decimal, digits, f"DECIMAL(38, {digits})", even)
     branches = [
         (
             exp.Or(
@@ -175,44 +222,103 @@ def round_double(x: exp.Expression, digits: int) -> exp.Expression:
     return exp.Case(ifs=ifs, default=x.copy())  # NULL too
 
 
-def _digits(node: exp.Round) -> int:
+def _digits(arg: exp.Expression | None) -> int:
     """``round``'s digits: an integer literal (0 when omitted)."""
-    digits = node.args.get("decimals")
-    if digits is None:
+    if arg is None:
         return 0
-    negative = isinstance(digits, exp.Neg)
-    literal = digits.this if negative else digits
+    negative = isinstance(arg, exp.Neg)
+    literal = arg.this if negative else arg
     if not (isinstance(literal, exp.Literal) and not literal.is_string and literal.this.isdigit()):
         raise SparkSemanticsError("round() with digits that are not an integer literal")
     return -int(literal.this) if negative else int(literal.this)
 
 
-def _rule_round(t: Translation, node: exp.Round) -> exp.Expression:
-    """``round(x, d)``: decimals (half up in both), integers, doubles (:func:`round_double`).
+_INTEGER_DIGITS = {
+    exp.DataType.Type.TINYINT: 3,
+    exp.DataType.Type.SMALLINT: 5,
+    exp.DataType.Type.INT: 10,
+    exp.DataType.Type.BIGINT: 19,
+}
 
-    A FLOAT and negative digits are not translated.
+
+def _round_negative(
+    x: exp.Expression, dec: st.Decimal, digits: int, out: str, even: bool
+) -> exp.Expression:
+    """A DECIMAL ``x`` of type ``dec`` rounded at ``10^-digits`` (``digits < 0``), as ``out``.
+
+    ``x * 10^digits`` is exact (a DECIMAL product), rounded to an integer,
+    then times ``10^-digits``; a value past ``out`` fails the cast (Spark SQL
+    answers: an error under ANSI mode, a wrapped integer without).
     """
-    xt = t.need(node.this, "round")
-    d = _digits(node)
-    if d < 0:
-        raise SparkSemanticsError("round() to negative digits has no Spark-equal translation")
+    if dec.precision + 1 - digits + 1 > st.MAX_PRECISION:
+        raise SparkSemanticsError(
+            f"round() of a DECIMAL({dec.precision}, {dec.scale}) to {digits} digits: "
+            "past 38 digits, not translated"
+        )
+    scaled = exp.Mul(this=exp.Paren(this=x.copy()), expression=_unit(-digits))
+    whole = _rounded(scaled, 0, f"DECIMAL({st.MAX_PRECISION}, 0)", even)
+    return cast_to(exp.Mul(this=exp.Paren(this=whole), expression=_unit(digits)), out)
+
+
+def _rule_round(t: Translation, node: exp.Expression) -> exp.Expression:
+    """``round(x, d)`` (HALF_UP) and ``bround(x, d)`` (HALF_EVEN) with Spark's types and answers.
+
+    Integers and DECIMALs to any digits (negative: at ``10^-d``; an integer
+    keeps its type, a DECIMAL becomes ``DECIMAL(max(p - s + 1, 1 - d), 0)``),
+    DOUBLEs to 0..21 digits (:func:`round_double`). A FLOAT is not translated:
+    Spark rounds JDK 17's ``Float.toString``, which is not always the
+    shortest text DataFusion writes.
+    """
+    even = isinstance(node, exp.Anonymous)
+    name = "bround" if even else "round"
+    if even:
+        if not 1 <= len(node.expressions) <= 2:
+            raise SparkSemanticsError("bround() takes one or two arguments")
+        this = node.expressions[0]
+        d = _digits(node.expressions[1] if len(node.expressions) > 1 else None)
+    else:
+        this = node.this
+        d = _digits(node.args.get("decimals"))
+    xt = t.need(this, name)
     if st.is_integral(xt):
-        return node.this
+        t.types[id(node)] = xt
+        if d >= 0:
+            return this
+        dec = st.Decimal(_INTEGER_DIGITS[xt.this], 0)
+        wide = cast_to(this, f"DECIMAL({dec.precision}, 0)")
+        return _round_negative(wide, dec, d, xt.sql("spark"), even)
     if xt.this == exp.DataType.Type.DOUBLE:
-        if node.this.find(exp.Column) is None:  # DataFusion would fold its failing branches
-            raise SparkSemanticsError("round() of a constant double: not translated")
+        if d < 0:
+            raise SparkSemanticsError(
+                f"{name}() of a double to negative digits has no Spark-equal translation"
+            )
+        if this.find(exp.Column) is None:  # DataFusion would fold its failing branches
+            raise SparkSemanticsError(f"{name}() of a constant double: not translated")
         t.types[id(node)] = exp.DataType.build("DOUBLE")
-        return round_double(node.this, d)
+        return round_double(this, d, even)
     dec = st.decimal_of(xt)
     if dec is None:
         msg = (
-            f"round() of a {xt.sql('spark')}: Spark rounds its decimal text, "
-            "DataFusion the binary value"
+            f"{name}() of a {xt.sql('spark')}: Spark rounds its decimal text "
+            "(JDK 17's Float.toString for a FLOAT), DataFusion the binary value"
         )
         raise SparkSemanticsError(msg)
+    if d < 0:
+        out = exp.DataType.build(
+            f"DECIMAL({min(st.MAX_PRECISION, max(dec.precision - dec.scale + 1, 1 - d))}, 0)"
+        )
+        t.types[id(node)] = out
+        return _round_negative(this, dec, d, out.sql("spark"), even)
     out = st.round_type(dec, d).sql_type()
     t.types[id(node)] = out
-    return cast_to(node.this, out)  # DataFusion's cast to a smaller scale rounds half up
+    if d >= dec.scale:
+        return cast_to(this, out)
+    return _rounded(this, d, out.sql("spark"), even)
+
+
+def _rule_bround(t: Translation, node: exp.Anonymous) -> exp.Expression:
+    """``bround(x, d)``: :func:`_rule_round` with HALF_EVEN."""
+    return _rule_round(t, node)
 
 
 def check_percentile_arguments(query: str) -> None:
@@ -405,3 +511,8 @@ NUMBER_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]
     exp.Quantile: _rule_percentile,
 }
 """The node classes of numbers -> their rules (part of ``translate.RULES``)."""
+
+NAMED_NUMBER_RULES: dict[str, Callable[[Translation, exp.Expression], exp.Expression]] = {
+    "bround": _rule_bround,
+}
+"""Functions of numbers sqlglot reads as ``Anonymous`` (lower-case name -> rule)."""
