@@ -47,7 +47,11 @@ from distfusion.spark_sql import types as st
 from distfusion.spark_sql.collection_rules import COLLECTION_RULES, without_generators
 from distfusion.spark_sql.hints import apply_hints
 from distfusion.spark_sql.nodes import T, cast_to, is_iso_date, paren, unsupported
-from distfusion.spark_sql.number_rules import NUMBER_RULES, check_percentile_arguments
+from distfusion.spark_sql.number_rules import (
+    NAMED_NUMBER_RULES,
+    NUMBER_RULES,
+    check_percentile_arguments,
+)
 from distfusion.spark_sql.parsing import JavaPatterns
 from distfusion.spark_sql.struct_rules import NAMED_STRUCT_RULES, STRUCT_RULES, struct_type
 from distfusion.spark_sql.time_rules import TIME_RULES, compared, rule_cast, shifted_date
@@ -357,6 +361,7 @@ class _Translator:
             rule = RULES.get(type(node))
             if isinstance(node, exp.Anonymous):  # functions sqlglot does not know, by name
                 rule = NAMED_STRUCT_RULES.get(node.name.lower(), rule)
+                rule = NAMED_NUMBER_RULES.get(node.name.lower(), rule)
             if rule is None:
                 continue
             parent, key, index = node.parent, node.arg_key, node.index
