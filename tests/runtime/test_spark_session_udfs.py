@@ -3,7 +3,7 @@
 Oracle: ``spark.sql(query)`` on the same session, with the same registered
 function. On a classic session the functions run natively (no fallback); a
 Spark Connect session keeps its functions on the server, so the query runs
-on Spark SQL there, with the reason.
+on Spark SQL there, with the reason (one test).
 """
 
 from __future__ import annotations
@@ -20,14 +20,11 @@ from tests.compare import assert_same_result, is_ordered
 from tests.spark_sql_cases import SEM_ROWS
 
 
-@pytest.fixture(scope="module")
-def udfs(any_spark, tmp_path_factory):
-    """``any_spark`` with the view ``sem`` (NULLs in every column) and the UDFs of these tests."""
+def _register(spark, folder) -> None:
+    """The view ``sem`` (NULLs in every column) and the UDFs of these tests, in ``spark``."""
     from pyspark.sql.functions import arrow_udf, pandas_udf, udf
 
-    folder = tmp_path_factory.mktemp("session_udfs")
     pq.write_table(SEM_ROWS, folder / "sem.parquet")
-    spark = any_spark
     spark.read.parquet(str(folder / "sem.parquet")).createOrReplaceTempView("sem")
     register = spark.udf.register
     register("triple", lambda x: None if x is None else 3 * x, "int")
@@ -50,8 +47,14 @@ def udfs(any_spark, tmp_path_factory):
 
     register("halve", halve)
     register("plus_one", plus_one)
-    yield spark
-    spark.catalog.dropTempView("sem")
+
+
+@pytest.fixture(scope="module")
+def udfs(spark_session, tmp_path_factory):
+    """The classic session with :func:`_register`'s view and UDFs."""
+    _register(spark_session, tmp_path_factory.mktemp("session_udfs"))
+    yield spark_session
+    spark_session.catalog.dropTempView("sem")
 
 
 def _same_as_spark(spark, sql: str) -> distfusion.spark.SparkDataFrame:
@@ -61,10 +64,6 @@ def _same_as_spark(spark, sql: str) -> distfusion.spark.SparkDataFrame:
     assert got.schema == expected.schema, (got.schema, expected.schema)
     assert_same_result(got, expected, ordered=is_ordered(sql))
     return df
-
-
-def _is_connect(spark) -> bool:
-    return getattr(spark, "_jsparkSession", None) is None
 
 
 NATIVE = [
@@ -85,18 +84,13 @@ NATIVE = [
 @pytest.mark.parametrize("sql", NATIVE)
 def test_session_udf_runs_in_the_tasks_with_sparks_values(udfs, sql):
     df = _same_as_spark(udfs, sql)
-    if _is_connect(udfs):  # the function is on the Connect server
-        assert df.fallback and "Spark Connect session's Python UDF" in df.fallback
-    else:
-        assert df.fallback is None, df.fallback
+    assert df.fallback is None, df.fallback
 
 
 def test_a_returned_value_spark_converts_its_own_way_runs_on_spark_sql(udfs):
     # as_double returns Python ints for a DOUBLE result: Spark gives its own answer
     df = _same_as_spark(udfs, "SELECT i, as_double(i) AS x FROM sem ORDER BY i")
-    assert df.fallback
-    if not _is_connect(udfs):
-        assert "as_double returned int" in df.fallback
+    assert df.fallback and "as_double returned int" in df.fallback
 
 
 def test_a_udf_that_raises_gives_sparks_own_error(udfs):
@@ -110,15 +104,22 @@ def test_a_udf_that_raises_gives_sparks_own_error(udfs):
 
 def test_a_udf_of_a_type_without_spark_equal_conversion_runs_on_spark_sql(udfs):
     df = _same_as_spark(udfs, "SELECT seen(ts) AS args FROM sem ORDER BY args")
-    assert df.fallback
-    if not _is_connect(udfs):
-        assert "argument 1 of seen is of Spark type" in df.fallback
+    assert df.fallback and "argument 1 of seen is of Spark type" in df.fallback
 
 
-def test_fallback_error_names_the_connect_udf(udfs):
-    if not _is_connect(udfs):
-        df = distfusion.spark.sql(udfs, "SELECT triple(i) AS t FROM sem", fallback="error")
-        assert df.to_arrow_table().column("t").type == pa.int32()
-        return
-    with pytest.raises(distfusion.spark.SparkSemanticsError, match="triple"):
-        distfusion.spark.sql(udfs, "SELECT triple(i) AS t FROM sem", fallback="error")
+def test_a_spark_connect_sessions_udf_runs_on_spark_sql_with_the_reason(
+    connect_session, tmp_path_factory
+):
+    _register(connect_session, tmp_path_factory.mktemp("connect_udfs"))
+    try:
+        df = _same_as_spark(connect_session, NATIVE[0])  # its function is on the server
+        assert df.fallback and "Spark Connect session's Python UDF" in df.fallback
+        with pytest.raises(distfusion.spark.SparkSemanticsError, match="triple"):
+            distfusion.spark.sql(connect_session, NATIVE[0], fallback="error")
+    finally:
+        connect_session.catalog.dropTempView("sem")
+
+
+def test_fallback_error_is_not_raised_for_a_udf_that_runs_natively(udfs):
+    df = distfusion.spark.sql(udfs, "SELECT triple(i) AS t FROM sem", fallback="error")
+    assert df.to_arrow_table().column("t").type == pa.int32()

@@ -284,6 +284,8 @@ def session_udfs(spark, query: str, names: set[str]) -> list[SessionUdf]:
     except Exception:  # Spark rejects the query: its own error comes from the schema check
         return []
     jvm = spark._jvm  # noqa: SLF001 - the analyzed plan's classes
+    if not plan.containsPattern(jvm.org.apache.spark.sql.catalyst.trees.TreePattern.PYTHON_UDF()):
+        return []  # one call: the tree's pattern bits, subqueries included
     found: dict[str, SessionUdf] = {}
     for node in _python_udfs(plan, jvm):
         name = str(node.name()).lower()
