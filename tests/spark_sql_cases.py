@@ -564,9 +564,40 @@ CASES = [
         "digits 0..21; a value the translation cannot round exactly runs the query on Spark SQL",
     ),
     Case(
-        "round of a FLOAT, to negative digits",
-        "SELECT round(CAST(f AS FLOAT), 2), round(f, -1) FROM sem",
+        "bround of a double",
+        "SELECT f, bround(f, 2), bround(f), bround(-f), bround(f / 3, 12), bround(f * 10, 0) "
+        "FROM sem ORDER BY f",
+        "native",
+        "HALF_EVEN of the decimal text (2.675 to 2.68, 0.5 to 0), as round",
+    ),
+    Case(
+        "bround of a decimal, of an integer",
+        "SELECT d, bround(d, 1), bround(d), bround(d * 10, 0), bround(-d, 1), bround(d, 3), "
+        "bround(i, 2) FROM sem ORDER BY d",
+        "native",
+        "half even",
+    ),
+    Case(
+        "round, bround of integers to negative digits",
+        "SELECT i, round(i * 5, -1), bround(i * 5, -1), bround(-5 * i, -1), round(b, -2), "
+        "bround(b * 5, -2), round(b, -12), bround(CAST(i * 15 AS SMALLINT), -1), "
+        "round(CAST(i * 15 AS TINYINT), -1), round(i, -11), round(1234, -2), bround(-1250, -2) "
+        "FROM sem ORDER BY i",
+        "native",
+        "the input's type; a value past it fails with ANSI mode, wraps without (Spark SQL answers)",
+    ),
+    Case(
+        "round, bround of decimals to negative digits",
+        "SELECT d, round(d, -2), bround(d, -2), round(-d, -1), bround(d * 2, -1), round(d, -6), "
+        "bround(d, -4) FROM sem ORDER BY d",
+        "native",
+        "decimal(max(p - s + 1, 1 - d), 0)",
+    ),
+    Case(
+        "round of a FLOAT, of a double to negative digits",
+        "SELECT round(CAST(f AS FLOAT), 2), bround(CAST(f AS FLOAT)), round(f, -1) FROM sem",
         "spark",
+        "Spark rounds JDK 17's Float.toString, not always the shortest text",
     ),
     Case(
         "ARRAY columns, array(), size, sort_array",
