@@ -85,6 +85,36 @@ def narrow_bound(digits: int) -> int:
     return m
 
 
+def _cut(x: exp.Expression) -> exp.Expression:
+    """Whether :func:`_plain_text` of ``x`` cut digits (its exact text is past the 22nd decimal).
+
+    Rounding half up reads alike; a text cut to ``...5000`` would be a false
+    tie for HALF_EVEN (the exact text is above it: its last digit is not 0).
+    """
+    text = cast_to(x.copy(), "STRING")
+    power = cast_to(
+        _fn("split_part", text.copy(), exp.Literal.string("e"), exp.Literal.number(2)), "INT"
+    )
+    mantissa = _fn("split_part", text.copy(), exp.Literal.string("e"), exp.Literal.number(1))
+    figures = _fn(
+        "length",
+        _fn(
+            "replace",
+            _fn("replace", mantissa, exp.Literal.string("-"), exp.Literal.string("")),
+            exp.Literal.string("."),
+            exp.Literal.string(""),
+        ),
+    )
+    point = exp.Paren(this=exp.Add(this=power, expression=exp.Literal.number(1)))
+    decimals = exp.Sub(this=figures, expression=point)
+    has_power = exp.GT(
+        this=_fn("strpos", text.copy(), exp.Literal.string("e")), expression=exp.Literal.number(0)
+    )
+    # a CASE of numbers: DataFusion would make one of booleans an AND, computing both sides
+    written = exp.Case(ifs=[exp.If(this=has_power, true=decimals)], default=exp.Literal.number(0))
+    return exp.GT(this=written, expression=exp.Literal.number(_SCALE))
+
+
 def _plain_text(x: exp.Expression, digits: int) -> exp.Expression:
     """The shortest text of DOUBLE ``x``, ``|x| < 2^52``, without an exponent.
 
@@ -148,7 +178,9 @@ def _unit(digits: int) -> exp.Expression:
     return cast_to(exp.Literal.string("1" + "0" * -digits), f"DECIMAL({1 - digits}, 0)")
 
 
-def _half_even(up: exp.Expression, x: exp.Expression, digits: int, out: str) -> exp.Expression:
+def _half_even(
+    up: exp.Expression, x: exp.Expression, digits: int, out: str, cut: exp.Expression | None
+) -> exp.Expression:
     """HALF_EVEN from ``up``, the DECIMAL ``x`` rounded half up to ``digits >= 0`` (type ``out``).
 
     A tie (``|up - x|`` is half a unit) whose half-up answer ends in an odd
@@ -158,7 +190,9 @@ def _half_even(up: exp.Expression, x: exp.Expression, digits: int, out: str) -> 
         exp.Literal.string("0." + "0" * digits + "5"), f"DECIMAL({digits + 2}, {digits + 1})"
     )
     gap = exp.Abs(this=exp.Paren(this=exp.Sub(this=up.copy(), expression=x.copy())))
-    tie = exp.EQ(this=gap, expression=half)
+    tie: exp.Expression = exp.EQ(this=gap, expression=half)
+    if cut is not None:  # x's text was cut after a 5: above the tie
+        tie = exp.And(this=tie, expression=exp.Not(this=cut))
     last = _fn("right", cast_to(up.copy(), "STRING"), exp.Literal.number(1))
     odd = exp.In(this=last, expressions=[exp.Literal.string(c) for c in "13579"])
     back = exp.Case(
@@ -176,13 +210,15 @@ def _half_even(up: exp.Expression, x: exp.Expression, digits: int, out: str) -> 
     )
 
 
-def _rounded(x: exp.Expression, digits: int, out: str, even: bool) -> exp.Expression:
+def _rounded(
+    x: exp.Expression, digits: int, out: str, even: bool, cut: exp.Expression | None = None
+) -> exp.Expression:
     """A DECIMAL ``x`` rounded to ``digits >= 0`` as the DECIMAL ``out``: half up, or half even.
 
     DataFusion's cast to a smaller scale rounds half up (away from zero), as Java's HALF_UP.
     """
     up = cast_to(x.copy(), out)
-    return _half_even(up, x, digits, out) if even else up
+    return _half_even(up, x, digits, out, cut) if even else up
 
 
 def round_double(x: exp.Expression, digits: int, even: bool = False) -> exp.Expression:
@@ -200,7 +236,8 @@ def round_double(x: exp.Expression, digits: int, even: bool = False) -> exp.Expr
         raise SparkSemanticsError(msg)
     size = exp.Abs(this=x.copy())
     decimal = cast_to(_plain_text(x, digits), f"DECIMAL(38, {_SCALE})")
-    rounded = _rounded(decimal, digits, f"DECIMAL(38, {digits})", even)
+    cut = _cut(x) if even and digits >= 5 else None
+    rounded = _rounded(decimal, digits, f"DECIMAL(38, {digits})", even, cut)
     branches = [
         (
             exp.Or(
