@@ -60,6 +60,7 @@ def _register(spark) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the comparison; print one line per UDF kind."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="TPC-H Parquet directory")
     p.add_argument("--runs", type=int, default=3, help="timed rounds (default: %(default)s)")
