@@ -475,10 +475,10 @@ def _print_baseline(
         table.add_row(
             f"Q{r.query}", f"{r.baseline_s:.3f}", f"{r.now_s:.3f}", f"{r.ratio:.2f}x", flag
         )
-    compared = [r for r in rows if r.baseline_s is not None]
+    compared = [(r.now_s, r.baseline_s) for r in rows if r.baseline_s is not None]
     if compared:
-        now = sum(r.now_s for r in compared)
-        base = sum(r.baseline_s for r in compared)
+        now = sum(n for n, _ in compared)
+        base = sum(b for _, b in compared)
         table.add_row("total", f"{base:.3f}", f"{now:.3f}", f"{now / base:.2f}x", "", style="bold")
     console.print(table)
     slower = [r.query for r in rows if r.slower]
@@ -703,6 +703,8 @@ def _s3_server_class() -> type:
         )
         raise ImportError(msg)
     spec = importlib.util.spec_from_file_location("distfusion_tests_s3_server", _S3_SERVER)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {_S3_SERVER} as a module (the tests' S3 server)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -972,7 +974,7 @@ def run_tpch_bench(args, queries: list[int], console: Console | None = None) -> 
         "ratios": {p: totals["distfusion"] / totals[p] for p in peers if totals[p]},
     }
     _print_results(doc, list(engines), peers, console)
-    if baseline is not None:
+    if baseline is not None and baseline_path:
         medians = {q: per_query[str(q)]["engines"]["distfusion"]["median_s"] for q in queries}
         rows = compare_to_baseline(medians, baseline)
         _print_baseline(rows, baseline, baseline_path, settings, console)

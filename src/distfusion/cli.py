@@ -231,13 +231,14 @@ def _write(table, path: str) -> None:
     if not path.endswith((".parquet", ".csv")):
         msg = f"--output must end in .parquet or .csv, got {path!r}"
         raise DistfusionError(msg)
-    sink = pa.BufferOutputStream() if object_store.is_url(path) else path
+    buffer = pa.BufferOutputStream() if object_store.is_url(path) else None
+    sink = path if buffer is None else buffer
     if path.endswith(".parquet"):
         pq.write_table(table, sink)
     else:
         pcsv.write_csv(table, sink)
-    if object_store.is_url(path):  # one object, written whole
-        object_store.put_bytes(path, sink.getvalue().to_pybytes())
+    if buffer is not None:  # an object store URL: one object, written whole
+        object_store.put_bytes(path, buffer.getvalue().to_pybytes())
 
 
 def cmd_datagen(args) -> int:

@@ -142,12 +142,12 @@ class DistributedContext(
         runtime: Runtime | Callable[[], Runtime] | None = None,
         config: DistributedConfig | None = None,
     ):
-        if runtime is None:
-            runtime = _default_runtime
-        self._runtime: Runtime | None = (
-            None if callable(runtime) and not isinstance(runtime, Runtime) else runtime
-        )
-        self._runtime_factory = runtime
+        self._runtime: Runtime | None = None  # None: made by the factory on first use
+        self._runtime_factory: Callable[[], Runtime] = _default_runtime
+        if isinstance(runtime, Runtime) or not callable(runtime):
+            self._runtime = runtime
+        else:
+            self._runtime_factory = runtime
         self.closed = False
         """Whether :meth:`close` ran: the context runs no more queries."""
         self.config = config or DistributedConfig()
@@ -606,7 +606,7 @@ class DistributedDataFrame(ExplainRendering, QueryExecution, Transformations, Ta
         self.last_run: AdaptiveReport | None = None
         """What adaptive execution did in the last run (None before a run)."""
         self._ran: list[str] | None = None  # feed tables of the last run
-        self._small: tuple[bool, list[str]] | None = None  # see _small_in_place
+        self._small: tuple[bool, list[str], int, int] | None = None  # see _small_in_place
         self._in_place: DataFrame | None = None  # see _in_place_df
 
     def schema(self) -> pa.Schema:
@@ -947,7 +947,7 @@ class _ExplainDataFrame(DistributedDataFrame):
         """``plan_type``, ``plan`` (both strings)."""
         return EXPLAIN_SCHEMA
 
-    def _transformed(self, method: str, build: Callable[[], DataFrame]) -> DistributedDataFrame:
+    def _transformed(self, method: str, build: Callable[[], DataFrame]) -> _ExplainDataFrame:
         """Refused: the rows of an EXPLAIN are made on collect, they have no plan to extend.
 
         Raises:

@@ -878,10 +878,9 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
     """Register ``df`` as a native source if it is a plain scan of local Parquet or CSV files.
 
     Returns:
-        False when it is not (distfusion then reads it through Spark): not a
-        ``LogicalRelation`` over a ``HadoopFsRelation``, neither Parquet nor
-        CSV, CSV partitioned by directory, several roots or files not on a
-        local file system, no file, or a type the native path does not map.
+        False when it is not (distfusion then reads it through Spark): not a ``LogicalRelation``
+        over a ``HadoopFsRelation``, neither Parquet nor CSV, CSV partitioned by directory, several
+        roots or files not on a local file system, no file, or a type the native path does not map.
     """
     from pyspark.sql.pandas.types import to_arrow_schema  # optional dependency
     from pyspark.sql.types import StructType, _parse_datatype_json_string  # optional dependency
@@ -892,6 +891,7 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
             return False
         relation, fmt = None, "parquet"
         if scan.partition_columns:
+            assert scan.root is not None  # a partitioned scan names its root (FileScan)
             fields = df.schema.fields
             data = StructType([f for f in fields if f.name not in scan.partition_columns])
             parts = StructType([f for f in fields if f.name in scan.partition_columns])
@@ -909,23 +909,22 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
         ):
             return False
         relation = plan.relation()
-        fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower())
-        if fmt is None:
+        fmt = _FORMATS.get(str(relation.fileFormat().toString()).lower(), "")
+        if not fmt:
             return False
         if relation.partitionSchema().nonEmpty():
             roots = relation.location().rootPaths()
             if fmt != "parquet" or roots.size() != 1:
                 return False
             root = str(roots.apply(0).toUri().toString())
-            data = _parse_datatype_json_string(relation.dataSchema().json())
-            parts = _parse_datatype_json_string(relation.partitionSchema().json())
-            return _register_partitioned(ctx, df.sparkSession, root, data, parts, as_name)
+            data_t = _parse_datatype_json_string(relation.dataSchema().json())
+            parts_t = _parse_datatype_json_string(relation.partitionSchema().json())
+            return _register_partitioned(ctx, df.sparkSession, root, data_t, parts_t, as_name)
     files = []
     for uri in df.inputFiles():
-        path = native_path(df.sparkSession, uri)
-        if path is None:
+        if (native := native_path(df.sparkSession, uri)) is None:
             return False
-        files.append(path)
+        files.append(native)
     if not files:
         return False
     try:  # Parquet holds instants (UTC); CSV's times are text read in the session's zone
@@ -936,6 +935,7 @@ def _register_native(ctx: DistributedContext, df, name: str, as_name: str) -> bo
     if fmt == "parquet":
         ctx.register_parquet(as_name, path, schema=schema)
     else:
+        assert relation is not None  # CSV: only a classic DataFrame's relation says so
         options = relation.options()
 
         def option(key: str, default: str) -> str:

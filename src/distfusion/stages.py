@@ -246,7 +246,7 @@ class StageGraph:
                     f"({producer.num_tasks} tasks) as {inp.table}"
                 )
             for scan in s.scans:
-                n = len(scan.source.units)
+                n: int | str = len(scan.source.units)
                 if "all_units" in scan.source.options:  # a read pruned (partitions, statistics)
                     n = f"{n} of {scan.source.options['all_units']}"
                 if scan.source.is_feed:

@@ -122,7 +122,7 @@ class UdfSpec:
         made = datafusion_udf(
             self.func, list(self.input_types), self.return_type, self.volatility, self.name
         )
-        made.distfusion_spec = self
+        made.distfusion_spec = self  # type: ignore[attr-defined]  # ours, on datafusion's object
         return made
 
 
@@ -159,7 +159,7 @@ class UdafSpec:
     def build(self) -> AggregateUDF:
         """The DataFusion UDAF."""
         made = self._make(self.name, self.accumulator, self.input_types, self.return_type)
-        made.distfusion_spec = self
+        made.distfusion_spec = self  # type: ignore[attr-defined]  # ours, on datafusion's object
         return made
 
     def companions(self) -> tuple[AggregateUDF, AggregateUDF]:
@@ -214,7 +214,7 @@ class UdwfSpec:
         made = WindowUDF(
             self.name, self.evaluator, list(self.input_types), self.return_type, self.volatility
         )
-        made.distfusion_spec = self
+        made.distfusion_spec = self  # type: ignore[attr-defined]  # ours, on datafusion's object
         return made
 
 
@@ -488,10 +488,10 @@ class Functions:
 
     def add_to(self, ctx: SessionContext) -> None:
         """Register every UDF here in ``ctx`` (a task's or the planner's session)."""
-        for (kind, _), u in self._udfs.items():
-            if kind == "scalar":
+        for u in self._udfs.values():  # keyed by kind: ("scalar" | "aggregate" | "window", name)
+            if isinstance(u, ScalarUDF):
                 ctx.register_udf(u)
-            elif kind == "aggregate":
+            elif isinstance(u, AggregateUDF):
                 ctx.register_udaf(u)
             else:
                 ctx.register_udwf(u)

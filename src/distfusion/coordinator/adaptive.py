@@ -198,7 +198,7 @@ def coalesce_partitions(
             sum(stats[sid].partition_bytes[p] for sid in producers) for p in range(s.num_tasks)
         ]
         total = sum(sizes)
-        want = max(1, min(s.num_tasks, config.estimator.shuffle_tasks(total, config.workers)))
+        want = max(1, min(s.num_tasks, config.tasks.shuffle_tasks(total, config.workers)))
         if want >= s.num_tasks:
             stages.append(s)
             continue
@@ -319,7 +319,7 @@ def plan_final(
     graph = plan(materialized, 1)
     report.graphs.append(graph)
     for _ in range(MAX_WAVES):
-        wave = next_wave(graph, ran, config.max_broadcast_bytes, shuffle_bytes)
+        wave = next_wave(graph, ran, config.broadcast_limit, shuffle_bytes)
         if not wave:
             break
         graph, notes = coalesce_partitions(graph, report.stats, config, ran)

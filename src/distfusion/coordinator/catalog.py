@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from distfusion.coordinator.hosts import ContextHost
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
 from distfusion.io import delta, object_store
@@ -113,7 +114,7 @@ def parquet_register_error(name: str, path: str | list[str], exc: Exception) -> 
     return PlanningError(msg)
 
 
-class TableCatalog:
+class TableCatalog(ContextHost):
     """The tables of a :class:`~distfusion.context.DistributedContext` (a mixin).
 
     Keeps its DataFusion ``ctx`` and its ``sources`` in step (with

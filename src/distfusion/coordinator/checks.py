@@ -186,12 +186,13 @@ def check_coordinator_reads(
                 "query so it is distributed"
             )
         raise PlanningError(msg)
-    unreadable = tables_read(df, not_on_coordinator or {})
+    task_only = not_on_coordinator or {}
+    unreadable = tables_read(df, task_only)
     if unreadable:
         table = unreadable[0]
         msg = (
             f"table {table!r} is read only by tasks, but this query runs on the "
-            f"coordinator only ({reason}): {not_on_coordinator[table]}; write the query so "
+            f"coordinator only ({reason}): {task_only[table]}; write the query so "
             "that it distributes, or read the table's result first (ctx.sql(...).to_arrow_table())"
         )
         raise PlanningError(msg)

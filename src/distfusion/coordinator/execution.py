@@ -33,6 +33,7 @@ from distfusion.coordinator.checks import (
     scanned_bytes,
 )
 from distfusion.coordinator.explain import coordinator_graph
+from distfusion.coordinator.hosts import FrameHost
 from distfusion.coordinator.in_place import (
     on_coordinator,
     run_in_place,
@@ -59,7 +60,7 @@ from distfusion.substrait_plan.decode import consume_plan, fits_decoder
 log = logging.getLogger(__name__)
 
 
-class QueryExecution:
+class QueryExecution(FrameHost):
     """The runs of a :class:`~distfusion.context.DistributedDataFrame`'s query (a mixin).
 
     Reads and sets the frame's ``df``, ``context``, ``label``, ``last_run``
@@ -159,9 +160,10 @@ class QueryExecution:
             read = scanned_bytes(self.df, sources) if sources and fits else {}
             limit = 0
             if fits:
-                limit = config.in_place_bytes
-                if limit is None:
-                    limit = RuntimeProfile.of(self.context.runtime).in_place_bytes
+                bound = config.in_place_bytes
+                if bound is None:
+                    bound = RuntimeProfile.of(self.context.runtime).in_place_bytes
+                limit = bound
                 fits = (
                     not any(sources[n].streamed for n in read)
                     and not any(n in self.context._not_on_coordinator for n in read)
@@ -169,8 +171,8 @@ class QueryExecution:
                     and sum(read.values()) <= limit
                 )
             self._small = (fits, list(read), sum(read.values()), limit)
-        fits, read, _, _ = self._small
-        return read if fits else None
+        in_place, tables, _, _ = self._small
+        return tables if in_place else None
 
     def _in_place_df(self) -> DataFrame:
         """What a query run in place runs: its plan after the planner's join rules.
@@ -195,6 +197,7 @@ class QueryExecution:
     def _rewritten(self) -> DataFrame | None:
         """The query over the join rules' plan, or None (see :meth:`_in_place_df`)."""
         bound = self.context.config.in_place_rewrite_bytes
+        assert self._small is not None  # _small_in_place decided first (its callers)
         _, _, nbytes, _ = self._small
         if bound is None or nbytes < bound:
             return None
@@ -234,6 +237,7 @@ class QueryExecution:
         """
         if self._small_in_place() is None:
             return None
+        assert self._small is not None  # set by _small_in_place
         _, _, nbytes, limit = self._small
         rules = ", its plan rewritten by the planner's join rules"
         return (

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from distfusion.coordinator.checks import first_line
+from distfusion.coordinator.hosts import FrameHost
 from distfusion.metrics.render import analyzed_text, to_dot, to_html
 from distfusion.planner.config import RuntimeProfile
 from distfusion.protocol.task_plan import TaskPlan
@@ -72,7 +73,7 @@ def explain_rows(df: Any, analyze: bool, verbose: bool, format: str) -> list[tup
     ]
 
 
-class ExplainRendering:
+class ExplainRendering(FrameHost):
     """The plan renderings of a :class:`~distfusion.context.DistributedDataFrame` (a mixin).
 
     Reads the frame's ``df``, ``context``, ``last_run``, ``_metrics``,

@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -144,7 +144,7 @@ class QueryRun(Protocol):
         """
         ...
 
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+    def stream_head(self, graph: StageGraph) -> Generator[pa.RecordBatch, None, None]:
         """Run the stages of ``graph`` that have not run yet, then the head stage.
 
         Yields the head stage's batches. Raises as :meth:`run_stages`.
@@ -445,7 +445,7 @@ class WorkerQueryRun:
                 self._stats[stage.stage_id] = self._measure(stage)
         return {sid: self._stats[sid] for sid in wanted}
 
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+    def stream_head(self, graph: StageGraph) -> Generator[pa.RecordBatch, None, None]:
         """See :meth:`QueryRun.stream_head`.
 
         Delivers the stages not run yet (producers first) without waiting for
@@ -784,9 +784,11 @@ class WorkerQueryRun:
                 )
                 self.transport.set_plan(self.placement[(stage.stage_id, t)], plan)
             if has_feeds(stage):  # stream each feed partition to its task
-                self.feeds.push(
-                    self.transport, stage, lambda t, sid=stage.stage_id: self.placement[(sid, t)]
-                )
+
+                def url(t: int, sid: int = stage.stage_id) -> str:
+                    return self.placement[(sid, t)]
+
+                self.feeds.push(self.transport, stage, url)
             self._delivered[stage.stage_id] = stage.num_tasks
         if stages:
             self._watch_failures()

@@ -20,6 +20,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
 from distfusion.coordinator.ddl import Statement, fold_identifier, parse_statement, sql_tokens
+from distfusion.coordinator.hosts import ContextHost
 from distfusion.errors import PlanningError
 from distfusion.io.sources import memory_source, parquet_source, sql_name
 
@@ -52,7 +53,7 @@ def split_statements(sql: str) -> list[str]:
     first = last = None
     for tok in [*tokens, None]:
         if tok is None or tok.token_type == TokenType.SEMICOLON:
-            if first is not None:
+            if first is not None and last is not None:  # set together
                 out.append(sql[first.start : last.end + 1])
             first = last = None
         else:
@@ -105,6 +106,7 @@ def plan_statements(
             df.collect()
         if result is None or len(df.schema()) > 0:
             result = df
+    assert result is not None  # statements is not empty (checked above)
     return result
 
 
@@ -119,7 +121,7 @@ def table_name(name: str) -> str:
     return fold_identifier(name, quoted=False)
 
 
-class StatementRouting:
+class StatementRouting(ContextHost):
     """The statements of a :class:`~distfusion.context.DistributedContext` (a mixin).
 
     It plans one statement on the context's DataFusion ``ctx`` and keeps

@@ -53,7 +53,12 @@ def _stat(name: str, column: Expr, t: pa.DataType) -> Expr | None:
     if name == "null_count":
         return F.sum(F.when(column.is_null(), lit(1)).otherwise(lit(0)))
     if name in ("mean", "std", "median") and numeric:
-        return {"mean": F.avg, "std": F.stddev, "median": F.median}[name](column)
+        numeric_stats: dict[str, Callable[..., Expr]] = {
+            "mean": F.avg,
+            "std": F.stddev,
+            "median": F.median,
+        }
+        return numeric_stats[name](column)
     if name in ("min", "max") and not (
         pa.types.is_binary(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
     ):
@@ -88,7 +93,8 @@ def describe_table(df: DataFrame, run: Callable[[DataFrame], pa.Table]) -> pa.Ta
     columns = [col('"' + f.name.replace('"', '""') + '"') for f in schema]
     values: dict[tuple[str, int], Any] = {}
     for stats in (DESCRIBE_STATS[:-1], DESCRIBE_STATS[-1:]):
-        exprs, keys = [], []
+        exprs: list[Expr] = []
+        keys: list[tuple[str, int]] = []
         for i, (f, column) in enumerate(zip(schema, columns, strict=True)):
             for name in stats:
                 expr = _stat(name, column, f.type)

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from datafusion import DataFrame, SessionContext
 
+from distfusion.coordinator.hosts import ContextHost
 from distfusion.dataframe.sessions import check_session, plan_label
 from distfusion.errors import PlanningError
 
@@ -59,7 +60,7 @@ def _refuse_options(method: str, **options: tuple[Any, Any]) -> None:
         raise ValueError(msg)
 
 
-class Readers:
+class Readers(ContextHost):
     """The first DataFrames of a :class:`~distfusion.context.DistributedContext` (a mixin).
 
     The class using it has ``ctx`` (its DataFusion ``SessionContext``),

@@ -19,6 +19,7 @@ from datafusion import functions as F
 from datafusion.catalog import Table
 from datafusion.plan import ExecutionPlan, LogicalPlan
 
+from distfusion.coordinator.hosts import FrameHost
 from distfusion.coordinator.statements import table_name as sql_table_name
 from distfusion.dataframe.actions import arrow_stream, describe_table, registered
 from distfusion.errors import DistfusionError, PlanningError
@@ -28,7 +29,7 @@ __all__ = ["JoinHow", "Transformations"]
 JoinHow = Literal["inner", "left", "right", "full", "semi", "anti"]
 
 
-class Transformations:
+class Transformations(FrameHost):
     """DataFusion's DataFrame transformations for a distributed DataFrame (a mixin).
 
     The class using it has ``df`` (the DataFusion ``DataFrame`` it wraps, made
@@ -389,9 +390,10 @@ class Transformations:
             TypeError: ``right`` is no DataFrame.
         """
         other = self._other(right, "join")
+        join: Callable[..., DataFrame] = self.df.join  # its overloads split what is forwarded
         return self._transformed(
             "join",
-            lambda: self.df.join(
+            lambda: join(
                 other,
                 on,
                 how,

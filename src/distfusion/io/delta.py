@@ -61,6 +61,7 @@ import datetime
 import json
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -216,7 +217,7 @@ def storage_options_for(url: str) -> dict[str, str]:
     return out
 
 
-def _pick(options: dict[str, str], names: dict[str, tuple[str, ...]]) -> dict[str, str]:
+def _pick(options: dict[str, str], names: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
     lowered = {k.lower(): v for k, v in options.items()}
     out = {}
     for arg, keys in names.items():
@@ -365,7 +366,7 @@ def load_delta(
     where = uri if object_store.is_url(uri) else _local(uri)
     if object_store.is_url(uri) and options is None:
         options = storage_options_for(uri)
-    elif object_store.is_url(uri):
+    elif object_store.is_url(uri) and options is not None:  # None: the branch above
         options = {**COORDINATOR_STORAGE_OPTIONS, **options}
     at = ""
     if version is not None:

@@ -54,6 +54,7 @@ import inspect
 import io
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -218,7 +219,7 @@ class LocalFileSystem(_Remembers, _df_store.LocalFileSystem):
     _base = _df_store.LocalFileSystem
 
 
-_CLASSES: dict[str, type] = {
+_CLASSES: dict[str, type[_Remembers]] = {
     c.kind: c for c in (AmazonS3, GoogleCloud, MicrosoftAzure, Http, LocalFileSystem)
 }
 
@@ -251,7 +252,7 @@ class StoreSpec:
 
     def secrets(self) -> list[str]:
         """The values of the credential arguments given (as text), to keep out of messages."""
-        out = []
+        out: list[str] = []
         for name, value in self.arguments:
             if name not in self.secret_arguments or value is None:
                 continue
@@ -435,7 +436,7 @@ class Stores:
             scheme, _, host = key.partition("://")
             ctx.register_object_store(scheme + "://", store, host or None)
 
-    def install(self, shipped: tuple[tuple[str, StoreSpec], ...]) -> None:
+    def install(self, shipped: Iterable[tuple[str, StoreSpec]]) -> None:
         """Register the stores of ``shipped`` specs (each built once per process).
 
         A store whose spec equals the one registered under its key is not built again.
@@ -485,7 +486,7 @@ def specs() -> tuple[tuple[str, StoreSpec], ...]:
     return PROCESS.specs()
 
 
-def install(shipped: tuple[tuple[str, StoreSpec], ...]) -> None:
+def install(shipped: Iterable[tuple[str, StoreSpec]]) -> None:
     """:meth:`Stores.install` on :data:`PROCESS` (an executor's own reads and writes).
 
     Raises:
@@ -621,15 +622,18 @@ def _obstore(spec: StoreSpec, key: str, timeout_s: float | None = None) -> Any:
     if cached is not None:
         return cached
     a = {k: v for k, v in spec.arguments if v is not None}
-    client = dict(_CLIENT)
-    retry = COORDINATOR_RETRY
+    client: dict[str, Any] = dict(_CLIENT)
+    retry: dict[str, Any] = COORDINATOR_RETRY
     if timeout_s is not None:
         bound = timedelta(seconds=timeout_s)
         client = {"connect_timeout": min(client["connect_timeout"], bound), "timeout": bound}
         retry = {**COORDINATOR_RETRY, "retry_timeout": bound}
     if a.get("allow_http"):
         client["allow_http"] = True
-    common = {"client_options": client, "retry_config": retry}
+    # obstore's ClientConfig and RetryConfig (typed dicts, checked by obstore).
+    common: dict[str, Any] = {"client_options": client, "retry_config": retry}
+    store: S3Store | GCSStore | AzureStore | HTTPStore | LocalStore
+    config: Any  # the store's config: built from the spec's arguments, checked by obstore
     if spec.kind == "s3":
         config = {
             name: a[arg]

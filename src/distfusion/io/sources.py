@@ -300,8 +300,8 @@ def parquet_source(
         path = ""
     else:
         files = list_sized(os.fspath(path), ".parquet")
-    for f, md in zip(files, read_footers(name, files), strict=True):
-        f = f[0]
+    for sized, md in zip(files, read_footers(name, files), strict=True):
+        f = sized[0]
         size = 0
         for rg in range(md.num_row_groups):
             rgm = md.row_group(rg)
@@ -321,7 +321,7 @@ def parquet_source(
                 partition_values=values,
             )
         )
-    rows = sum(u.num_rows for u in units)
+    rows = sum(u.num_rows or 0 for u in units)  # every unit's is known here
     for f in schema:
         column_bytes[f.name] = max(column_bytes.get(f.name, 0), rows * arrow_width(f.type))
     options = {"partition_cols": list(partition_cols)} if partition_cols else {}
@@ -348,13 +348,13 @@ def _integer_ranges(
                 columns[top] = c
     out: dict[str, tuple] = {}
     for name in wanted:
-        c = columns.get(name)
+        index = columns.get(name)
         lo = hi = None
         nulls = 0
-        known = c is not None or md.num_rows == 0
-        for rg in range(md.num_row_groups if c is not None else 0):
+        known = index is not None or md.num_rows == 0
+        for rg in range(md.num_row_groups if index is not None else 0):
             rgm = md.row_group(rg)
-            st = rgm.column(c).statistics
+            st = rgm.column(index).statistics
             if st is None or not st.has_null_count:
                 known = False
                 break

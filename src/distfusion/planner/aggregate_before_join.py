@@ -72,9 +72,10 @@ class _Eager(RelRewrite):
     def _rows(self, rel: Rel) -> float | None:
         """Rows of the largest source table ``rel`` reads; None when one is unknown."""
         rows = [self.sources[n].num_rows for n in source_tables(rel, self.sources)]
-        if not rows or any(r is None for r in rows):
+        known = [r for r in rows if r is not None]
+        if not rows or len(known) < len(rows):
             return None
-        return float(max(rows))
+        return float(max(known))
 
     def _match(self, rel: Rel):
         """``(join, grouping columns, measure columns, key pairs)``, or None."""
@@ -86,8 +87,8 @@ class _Eager(RelRewrite):
             or [list(g.expression_references) for g in agg.groupings] != [list(range(width))]
         ):
             return None
-        groups = [is_field_ref(e) for e in agg.grouping_expressions]
-        args = []
+        group_refs = [is_field_ref(e) for e in agg.grouping_expressions]
+        arg_refs = []
         for m in agg.measures:
             f = m.measure
             if (
@@ -98,9 +99,10 @@ class _Eager(RelRewrite):
                 or len(f.arguments) != 1
             ):
                 return None
-            args.append(is_field_ref(f.arguments[0].value))
-        columns = groups + args
-        if not agg.measures or any(c is None for c in columns):
+            arg_refs.append(is_field_ref(f.arguments[0].value))
+        refs = group_refs + arg_refs
+        columns = [c for c in refs if c is not None]
+        if not agg.measures or len(columns) < len(refs):
             return None
         inp = agg.input
         while rel_kind(inp) == "project":
@@ -116,7 +118,7 @@ class _Eager(RelRewrite):
             return None
         left_width = self.arity(join.left)
         columns = [before_emit(inp, c) for c in columns]
-        groups, args = columns[: len(groups)], columns[len(groups) :]
+        groups, args = columns[: len(group_refs)], columns[len(group_refs) :]
         if any(c >= left_width for c in groups) or any(c < left_width for c in args):
             return None
         pairs = self.key_pairs(inp)

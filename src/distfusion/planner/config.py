@@ -167,6 +167,14 @@ class RuntimeProfile:
         return runtime.profile() if isinstance(runtime, ProfiledRuntime) else cls()
 
 
+class CountsWorkers(Protocol):
+    """What :meth:`PlannerConfig.for_runtime` needs of a runtime besides its profile."""
+
+    def num_workers(self) -> int:
+        """The runtime's worker count."""
+        ...
+
+
 @runtime_checkable
 class ProfiledRuntime(Protocol):
     """A runtime that declares its :class:`RuntimeProfile` (every built-in one does)."""
@@ -402,6 +410,18 @@ class PlannerConfig(DistributedConfig):
     remote_workers: bool = False
     session: SessionSettings | None = dataclasses.field(default=None, compare=False, repr=False)
 
+    @property
+    def tasks(self) -> TaskEstimator:
+        """``estimator``: always set on a PlannerConfig (see the class)."""
+        assert self.estimator is not None  # __post_init__ sets it
+        return self.estimator
+
+    @property
+    def broadcast_limit(self) -> int:
+        """``max_broadcast_bytes``: always set on a PlannerConfig (see the class)."""
+        assert self.max_broadcast_bytes is not None  # __post_init__ sets it
+        return self.max_broadcast_bytes
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.estimator is None:
@@ -413,7 +433,7 @@ class PlannerConfig(DistributedConfig):
     def for_runtime(
         cls,
         settings: DistributedConfig,
-        runtime: object,
+        runtime: CountsWorkers,
         session: SessionSettings | None = None,
     ) -> PlannerConfig:
         """``settings`` completed with ``runtime``'s workers and :class:`RuntimeProfile`.
@@ -476,7 +496,7 @@ class PlannerConfig(DistributedConfig):
             probe_bytes * LARGE_BROADCAST_SHARE
         ):
             return False
-        return build_bytes <= self.max_broadcast_bytes and replicated <= probe_bytes
+        return build_bytes <= self.broadcast_limit and replicated <= probe_bytes
 
     def reduction_fits(
         self,

@@ -138,9 +138,9 @@ def substrait_losses(plan: LogicalPlan, ctx: SessionContext, substrait: Plan) ->
                     found.setdefault(loss)
         if type(variant).__name__ == "WindowExpr":
             for expr in variant.get_window_expr():
-                loss = _range_offset(variant, _unalias(expr))
-                if loss:
-                    found.setdefault(loss)
+                offset = _range_offset(variant, _unalias(expr))
+                if offset:
+                    found.setdefault(offset)
     if subqueries:
         for loss in _subquery_losses(substrait):
             found.setdefault(loss)

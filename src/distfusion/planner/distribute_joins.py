@@ -150,14 +150,13 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
         ran, or ``tasks_per_stage``.
         """
         estimator = self.config.estimator
-        sized = isinstance(estimator, SizesTasksByBytes)
-        wave = estimator.wave_bytes_per_task if sized else None
+        wave = estimator.wave_bytes_per_task if isinstance(estimator, SizesTasksByBytes) else None
         if (
             probe.tasks <= self.config.workers
             or wave is None
             or any(n in self.aligned_units for n in source_tables(probe.rel, self.sources))
             or broadcast_bytes * 16 < wave
-            or (sized and estimator.tasks_per_stage)
+            or (isinstance(estimator, SizesTasksByBytes) and estimator.tasks_per_stage)
             or probe.partitioning is not None
             or probe.passthrough is not None
             or probe.chunkable
@@ -224,11 +223,12 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
         if join_type not in _KEEPS_LEFT_KEYS:
             return None
         left_arity = len(self.oracle.schema(rel.join.left))
-        candidates = []
+        candidates: list[list[int]] = []
         for lk, rk in pairs:
-            cands = [] if is_field_ref(lk) is None else [is_field_ref(lk)]
-            if join_type == _J.JOIN_TYPE_INNER and is_field_ref(rk) is not None:
-                cands.append(left_arity + is_field_ref(rk))
+            left_col, right_col = is_field_ref(lk), is_field_ref(rk)
+            cands = [] if left_col is None else [left_col]
+            if join_type == _J.JOIN_TYPE_INNER and right_col is not None:
+                cands.append(left_arity + right_col)
             if not cands:
                 return None
             candidates.append(cands)
@@ -288,11 +288,11 @@ class JoinDistribution(RuntimeFilters, StoragePartitionedJoins):
         if co is not None:
             # Broadcast only if copying the build side to every other probe task
             # moves fewer bytes than shuffling the side that is not partitioned.
-            moved = (right if co[0] == "left" else left).est.bytes
+            moved_bytes = (right if co[0] == "left" else left).est.bytes
             candidates = [
                 (b, side)
                 for b, side in candidates
-                if b * ((left if side == "right" else right).tasks - 1) < moved
+                if b * ((left if side == "right" else right).tasks - 1) < moved_bytes
             ]
         if candidates:
             side = min(candidates)[1]

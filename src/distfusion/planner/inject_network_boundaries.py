@@ -311,7 +311,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
         return self.gather(frag) if self.spark_tables(frag) else frag
 
     def shuffle_tasks(self, est: Estimate) -> int:
-        n = self.config.estimator.shuffle_tasks(int(est.bytes), self.config.workers)
+        n = self.config.tasks.shuffle_tasks(int(est.bytes), self.config.workers)
         return max(1, min(n, self.config.task_cap))
 
     def exchange(
@@ -390,7 +390,7 @@ class _Planner(SubqueryPlanning, JoinDistribution, ExchangeReuse):
             tasks = _spark_tasks(self.config, scan_bytes, source.options.get("partitions"))
             est = Estimate(rows, scan_bytes)
             return Fragment(unproject_read(rel), tasks, est, chunkable=frozenset([name]))
-        tasks = self.config.estimator.leaf_tasks(scan_bytes, len(source.units), self.config.workers)
+        tasks = self.config.tasks.leaf_tasks(scan_bytes, len(source.units), self.config.workers)
         tasks = max(1, min(tasks, self.config.task_cap, len(source.units)))
         return Fragment(unproject_read(rel), tasks, Estimate(rows, scan_bytes))
 
@@ -592,21 +592,22 @@ def _spark_columns(plan: Plan, sources: dict[str, TableSource]) -> dict[str, lis
         source = sources.get(name)
         if source is None or not source.is_spark:
             continue
-        if not m.read.HasField("projection") or found.get(name, set()) is None:
+        before = found.get(name, set())
+        if not m.read.HasField("projection") or before is None:
             found[name] = None
             continue
         cols = {i.field for i in m.read.projection.select.struct_items}
         for f in ("filter", "best_effort_filter"):
             if m.read.HasField(f):
                 cols |= field_refs(getattr(m.read, f))
-        found[name] = found.get(name, set()) | cols
+        found[name] = before | cols
     out: dict[str, list[int] | None] = {}
-    for name, cols in found.items():
+    for name, read in found.items():
         width = len(sources[name].schema)
-        if cols is None or len(cols) >= width:
+        if read is None or len(read) >= width:
             out[name] = None
         else:
-            out[name] = sorted(cols) or [0]
+            out[name] = sorted(read) or [0]
     return out
 
 
@@ -622,7 +623,7 @@ def _spark_tasks(config: PlannerConfig, scan_bytes: int, partitions: int | None)
     partitions (``DataFrame.coalesce``, no shuffle).
     """
     units = partitions if partitions else config.workers
-    tasks = config.estimator.leaf_tasks(scan_bytes, units, config.workers)
+    tasks = config.tasks.leaf_tasks(scan_bytes, units, config.workers)
     if not getattr(config.estimator, "tasks_per_stage", None):
         tasks = max(tasks, config.workers)
     return max(1, min(tasks, config.task_cap, units))
@@ -647,7 +648,7 @@ def _fetch_limit(fetch) -> int | None:
     return offset + count if count >= 0 else None
 
 
-def _keys_first(final: Rel, g: int) -> tuple[int, ...]:
+def _keys_first(final: Rel, g: int) -> tuple[int, ...] | None:
     """Output columns of :func:`decompose_aggregate.final_aggregate`'s ``g`` keys."""
     candidates = [[i] for i in range(g)]
     if rel_kind(final.project.input) == "project":  # the original aggregate's emit on top

@@ -28,6 +28,7 @@ from distfusion.planner.estimate import (
     key_share,
 )
 from distfusion.planner.fragment import Fragment, KeySource
+from distfusion.planner.walk_host import WalkHost
 from distfusion.protocol.hashing import hash_type
 from distfusion.stages import BROADCAST, COALESCE, Stage, StageInput
 from distfusion.substrait_plan.build import (
@@ -63,7 +64,7 @@ REDUCE_LEFT = {
 }
 
 
-class RuntimeFilters:
+class RuntimeFilters(WalkHost):
     """The planner's runtime filters (a mixin of the planner's walk).
 
     Uses the planner's ``config``, ``oracle``, ``registry``, ``stages``,
@@ -74,8 +75,9 @@ class RuntimeFilters:
         self, frag: Fragment, inp: StageInput, keys: list[Expression]
     ) -> KeySource | None:
         """``frag``, sealed as ``inp`` hashing ``keys``, as a source of its key values."""
-        columns = [is_field_ref(k) for k in keys]
-        if any(c is None for c in columns):  # computed keys are not kept in the output
+        refs = [is_field_ref(k) for k in keys]
+        columns = [c for c in refs if c is not None]
+        if len(columns) < len(refs):  # computed keys are not kept in the output
             return None
         return KeySource(inp, tuple(columns), frag.est)
 
@@ -103,18 +105,20 @@ class RuntimeFilters:
         None when a key is computed, or the keys come from different reads or
         from a source table.
         """
-        columns = [is_field_ref(k) for k in keys]
-        if any(c is None for c in columns):
+        refs = [is_field_ref(k) for k in keys]
+        columns = [c for c in refs if c is not None]
+        if len(columns) < len(refs):
             return None
         best = None
         rel, inputs = frag.rel, list(frag.inputs)
         while True:
             traced = [read_column(rel, c) for c in columns]
+            reads = [t for t in traced if t is not None]
             tables = {found[0] if found else None for found in traced}
             inp = next((i for i in inputs if i.table in tables), None)
-            if len(tables) != 1 or inp is None:
+            if len(tables) != 1 or inp is None or len(reads) < len(traced):  # the last: implied
                 return best
-            columns = [c for _, c in traced]
+            columns = [c for _, c in reads]
             found = self._key_stage(inp.stage_id)
             if found is None:
                 return best

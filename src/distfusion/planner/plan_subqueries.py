@@ -14,6 +14,7 @@ from __future__ import annotations
 from substrait.proto import Expression, Rel
 
 from distfusion.planner.fragment import Fragment
+from distfusion.planner.walk_host import WalkHost
 from distfusion.stages import BROADCAST, StageInput
 from distfusion.substrait_plan.walk import (
     contains,
@@ -25,7 +26,7 @@ from distfusion.substrait_plan.walk import (
 __all__ = ["SubqueryPlanning", "pipelines_subqueries"]
 
 
-class SubqueryPlanning:
+class SubqueryPlanning(WalkHost):
     """The planner's subquery planning (a mixin of the planner's walk).
 
     Uses the planner's ``visit``, ``gather`` and ``seal``.

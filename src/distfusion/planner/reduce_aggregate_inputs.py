@@ -178,14 +178,15 @@ class _Reducer(RelRewrite):
         if kind != "aggregate" or len(rel.aggregate.groupings) != 1:
             return None
         groups = rel.aggregate.grouping_expressions
-        if pre >= len(groups) or is_field_ref(groups[pre]) is None:
+        group_column = is_field_ref(groups[pre]) if pre < len(groups) else None
+        if group_column is None:
             return None
         agg_input = rel.aggregate.input
         if not self._pays(agg_input, creation):
             return None
         equal = self.registry.call(
             "equal",
-            field_ref(is_field_ref(groups[pre])),
+            field_ref(group_column),
             field_ref(self.arity(agg_input) + key),
             output_type=boolean_type(),
         )

@@ -26,13 +26,14 @@ from substrait.proto import Expression, Rel
 
 from distfusion.planner.estimate import Estimate
 from distfusion.planner.fragment import Fragment, KeySource, MaterializedStage, canonical_reads
+from distfusion.planner.walk_host import WalkHost
 from distfusion.stages import BROADCAST, COALESCE, RESULT, SHUFFLE, Stage, StageInput
 from distfusion.substrait_plan.build import named_struct, stage_read
 
 __all__ = ["ExchangeReuse"]
 
 
-class ExchangeReuse:
+class ExchangeReuse(WalkHost):
     """The planner's exchange reuse (a mixin of the planner's walk).
 
     Uses the planner's ``stages``, ``computed`` (what a stage computes -> its
@@ -129,13 +130,17 @@ class ExchangeReuse:
         est = Estimate(m.rows, m.bytes, kept)
         num_columns = out.num_columns if out.num_columns is not None else len(m.stage.output_schema)
         if out.kind == SHUFFLE and out.num_partitions > 1:
-            read, inp = self._read_ran(m, SHUFFLE, out.num_partitions, out.key_columns)
+            ran = self._read_ran(m, SHUFFLE, out.num_partitions, out.key_columns)
+            assert ran is not None  # read as it was cut: always served
+            read, inp = ran
             keys = out.key_columns
             part = keys if keys and all(k < num_columns for k in keys) else None
             tasks = out.num_partitions
             source = None if part is None else KeySource(inp, tuple(part), est)
         else:
-            read, inp = self._read_ran(m, BROADCAST, 1, ())
+            ran = self._read_ran(m, BROADCAST, 1, ())
+            assert ran is not None  # every row: always served
+            read, inp = ran
             part, tasks, source = None, 1, None
         return Fragment(
             read,

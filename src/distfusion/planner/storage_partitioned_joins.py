@@ -44,6 +44,7 @@ from substrait.proto import Expression, JoinRel, Rel
 from distfusion.io.sources import TableSource
 from distfusion.planner.estimate import Estimate
 from distfusion.planner.fragment import Fragment
+from distfusion.planner.walk_host import WalkHost
 from distfusion.substrait_plan.build import is_field_ref
 from distfusion.substrait_plan.lineage import read_column
 from distfusion.substrait_plan.walk import (
@@ -139,7 +140,7 @@ def group_units(
     return [(g[0], g[1], g[2]) for g in groups]
 
 
-class StoragePartitionedJoins:
+class StoragePartitionedJoins(WalkHost):
     """The planner's storage-partitioned joins (a mixin of the planner's walk).
 
     Uses the planner's ``config``, ``oracle``, ``sources`` and ``aligned_units``
@@ -165,15 +166,18 @@ class StoragePartitionedJoins:
             return None
         if not keys or not reducible:
             return None
-        scans = {"left": self._plain_scan(left), "right": self._plain_scan(right)}
-        if None in scans.values() or scans["left"] == scans["right"]:
+        left_scan, right_scan = self._plain_scan(left), self._plain_scan(right)
+        if left_scan is None or right_scan is None or left_scan == right_scan:
             return None
+        scans = {"left": left_scan, "right": right_scan}
         frags = {"left": left, "right": right}
         for lk, rk in keys:
-            columns = {}
-            for side, key in (("left", lk), ("right", rk)):
-                columns[side] = self._scan_column(frags[side], scans[side], key)
-            if None in columns.values():
+            found = {
+                side: self._scan_column(frags[side], scans[side], key)
+                for side, key in (("left", lk), ("right", rk))
+            }
+            columns = {side: c for side, c in found.items() if c is not None}
+            if len(columns) < len(found):
                 continue
             # The larger side is grouped (its files are read once), where the join allows.
             order = sorted(sides, key=lambda s: -self.sources[scans[s]].size_bytes)

@@ -18,6 +18,7 @@ returns None for it and the receiver decides what it means there.
 
 from __future__ import annotations
 
+import json
 import traceback
 
 from distfusion import errors
@@ -28,6 +29,7 @@ __all__ = [
     "KIND",
     "error_from_dict",
     "error_to_dict",
+    "task_error_from_json",
     "is_native_panic",
     "is_task_failure",
     "task_error",
@@ -73,6 +75,18 @@ def error_from_dict(d: dict) -> DistfusionError | None:
         return cls(d.get("message", ""))
     except (KeyError, TypeError):
         return None
+
+
+def task_error_from_json(report: str) -> TaskError:
+    """The TaskError a task's JSON failure ``report`` holds (:func:`error_to_dict`'s encoding).
+
+    Raises:
+        TypeError: the report holds no TaskError (a task reports TaskErrors only).
+    """
+    err = error_from_dict(json.loads(report))
+    if not isinstance(err, TaskError):
+        raise TypeError(f"a task reported no TaskError: {report[:500]}")
+    return err
 
 
 def is_native_panic(exc: BaseException) -> bool:

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pyarrow as pa
 
@@ -356,7 +356,7 @@ class FlightRuntime:
             self._heartbeat.join(timeout=5)
         self.transport.close()
         stop_local_workers(getattr(self, "_processes", []))
-        self._processes = []
+        self._processes: list[subprocess.Popen] = []
 
     def __repr__(self) -> str:
         return f"FlightRuntime({self.resolver!r})"
@@ -413,7 +413,7 @@ class _RetryingQueryRun:
             self._calls.append((graph, list(stage_ids)))
             return stats
 
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+    def stream_head(self, graph: StageGraph) -> Generator[pa.RecordBatch, None, None]:
         """See :meth:`QueryRun.stream_head` (lost workers: see the class)."""
         try:
             while True:
@@ -513,7 +513,7 @@ def start_local_workers(
     started: list[tuple[subprocess.Popen, str]] = []
     try:
         for i in range(n):
-            stderr = open(log_paths[i], "ab") if log_paths else subprocess.DEVNULL  # noqa: SIM115
+            log_file = open(log_paths[i], "ab") if log_paths else None  # noqa: SIM115
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -526,18 +526,20 @@ def start_local_workers(
                 ],
                 stdin=subprocess.PIPE,  # closes with this process: the worker then stops
                 stdout=subprocess.PIPE,
-                stderr=stderr,
+                stderr=subprocess.DEVNULL if log_file is None else log_file,
                 env={**os.environ, **(env or {})},
                 text=True,
             )
-            if log_paths:
-                stderr.close()  # the child has its own descriptor
+            if log_file is not None:
+                log_file.close()  # the child has its own descriptor
             started.append((proc, ""))
             deadline = time.monotonic() + timeout_s
             line = ""
+            out = proc.stdout
+            assert out is not None  # stdout=PIPE
             while not line and time.monotonic() < deadline and proc.poll() is None:
-                if select.select([proc.stdout], [], [], 0.2)[0]:
-                    line = proc.stdout.readline()
+                if select.select([out], [], [], 0.2)[0]:
+                    line = out.readline()
             if not line.startswith(_READY):
                 msg = f"a Flight worker did not start (exit code {proc.poll()}): {line!r}"
                 raise RuntimeError(msg)

@@ -26,6 +26,7 @@ Differences each rule covers (checked against Spark in tests/spark_sql_cases.py)
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypeGuard, TypeVar
 
 from sqlglot import exp
 
@@ -48,11 +49,13 @@ _ARROW_NAMES = {
     T.DATE: "Date32",
 }
 
+Q = TypeVar("Q", bound=exp.Expr)  # without_generators gives back what it is given
+
 
 def _arrow_name(t: exp.DataType, what: str) -> str:
     """DataFusion's name of the Arrow type of Spark type ``t`` (for ``arrow_cast``)."""
     if st.is_decimal(t):
-        d = st.decimal_of(t)
+        d = st.known_decimal(t)
         return f"Decimal128({d.precision}, {d.scale})"
     name = _ARROW_NAMES.get(t.this)
     if name is None:
@@ -60,15 +63,15 @@ def _arrow_name(t: exp.DataType, what: str) -> str:
     return name
 
 
-def _is_array(t: exp.DataType | None) -> bool:
+def _is_array(t: exp.DataType | None) -> TypeGuard[exp.DataType]:
     return t is not None and t.this == T.ARRAY
 
 
-def _fn(name: str, *args: exp.Expression) -> exp.Anonymous:
+def _fn(name: str, *args: exp.Expr) -> exp.Anonymous:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
-def _rule_collect(t: Translation, node: exp.Expression) -> exp.Expression:
+def _rule_collect(t: Translation, node: exp.Expr) -> exp.Expr:
     """``collect_list(x)`` / ``collect_set(x)``: ``array_agg`` of the non-NULL values, or ``[]``."""
     what = "collect_set" if isinstance(node, exp.ArrayUniqueAgg) else "collect_list"
     if isinstance(node.parent, exp.Window):
@@ -82,7 +85,7 @@ def _rule_collect(t: Translation, node: exp.Expression) -> exp.Expression:
     return exp.Coalesce(this=filtered, expressions=[empty])
 
 
-def _rule_sort_array(t: Translation, node: exp.ArraySort) -> exp.Expression:
+def _rule_sort_array(t: Translation, node: exp.ArraySort) -> exp.Expr:
     """``sort_array(a[, asc])``: NULLs first ascending, last descending (Spark's order)."""
     asc = node.args.get("asc")
     if asc is not None and not isinstance(asc, exp.Boolean):
@@ -93,7 +96,7 @@ def _rule_sort_array(t: Translation, node: exp.ArraySort) -> exp.Expression:
     return _fn("array_sort", node.this, exp.Literal.string(order), exp.Literal.string(nulls))
 
 
-def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
+def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expr:
     """``size(a)`` of an array (INT): NULL for a NULL array with ANSI mode, else -1."""
     if not _is_array(t.type_of(node.this)):
         raise SparkSemanticsError(f"{unsupported(node)} of anything but an array")
@@ -103,7 +106,7 @@ def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
     return exp.Coalesce(this=size, expressions=[exp.Literal.number(-1)])
 
 
-def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
+def _rule_array(t: Translation, node: exp.Array) -> exp.Expr:
     """``array(a, b, ...)``: its elements cast to Spark's common type."""
     if not node.expressions:
         raise SparkSemanticsError("array() without elements: not translated")
@@ -114,7 +117,7 @@ def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
     return _fn("make_array", *(cast_to(e, common) for e in node.expressions))
 
 
-def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
+def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expr:
     """``explode(a)`` as an item of a select list: ``unnest(a)``, the column ``col``.
 
     The node :func:`without_generators` marks ``positions`` unnests ``a``'s
@@ -148,7 +151,7 @@ def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
     return unnest if isinstance(parent, exp.Alias) else exp.Alias(this=unnest, alias="col")
 
 
-def _generated(gen: exp.Expression, names: list[str], outer: bool) -> list[exp.Expression]:
+def _generated(gen: exp.Expr, names: list[str], outer: bool) -> list[exp.Expr]:
     """The select items of generator ``gen`` (``explode`` or ``posexplode``) named ``names``.
 
     Raises:
@@ -172,7 +175,7 @@ def _generated(gen: exp.Expression, names: list[str], outer: bool) -> list[exp.E
     return items
 
 
-def without_generators(ast: exp.Expression) -> exp.Expression:
+def without_generators(ast: Q) -> Q:
     """``ast`` with generators as explodes of one column each, lateral views as subqueries.
 
     ``posexplode(a) [AS (p, c)]`` in a select list becomes two items, its
@@ -224,7 +227,7 @@ def without_generators(ast: exp.Expression) -> exp.Expression:
     return ast
 
 
-def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expression:
+def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expr:
     """``concat_ws(sep, s, ...)`` of strings (Spark also joins arrays' elements: not translated)."""
     for e in node.expressions:
         et = t.type_of(e)
@@ -233,7 +236,7 @@ def _rule_concat_ws(t: Translation, node: exp.ConcatWs) -> exp.Expression:
     return node
 
 
-COLLECTION_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
+COLLECTION_RULES: dict[type[exp.Expr], Callable[[Translation, Any], exp.Expr]] = {
     exp.ArrayAgg: _rule_collect,
     exp.ArrayUniqueAgg: _rule_collect,
     exp.ArraySort: _rule_sort_array,

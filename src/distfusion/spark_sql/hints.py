@@ -37,6 +37,8 @@ join), the planner decides.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from sqlglot import exp
 
 __all__ = [
@@ -70,17 +72,22 @@ HINT_ALIAS_PREFIX = "__distfusion_hint_"
 """The alias of a hinted relation's marker is this prefix and its strategy."""
 
 # The arguments a relation may have for its wrapping to keep its meaning.
-_PLAIN = {exp.Table: {"this", "db", "catalog", "alias"}, exp.Subquery: {"this", "alias"}}
+_PLAIN: dict[type[exp.Expr], set[str]] = {
+    exp.Table: {"this", "db", "catalog", "alias"},
+    exp.Subquery: {"this", "alias"},
+}
+
+Q = TypeVar("Q", bound=exp.Expr)  # apply_hints gives back what it is given
 
 
-def apply_hints(ast: exp.Expression) -> exp.Expression:
+def apply_hints(ast: Q) -> Q:
     """``ast`` without hints, its join-hinted relations wrapped in marker aliases.
 
     Called by :func:`~distfusion.spark_sql.translate.parse` on sqlglot's
     tree of a Spark SQL query, before its columns are resolved. Modifies
     ``ast`` in place and returns it.
     """
-    strategies: dict[int, tuple[exp.Expression, str]] = {}
+    strategies: dict[int, tuple[exp.Expr, str]] = {}
     for select in list(ast.find_all(exp.Select)):  # breadth first: outer blocks first
         hint = select.args.get("hint")
         if hint is None:
@@ -109,13 +116,13 @@ def apply_hints(ast: exp.Expression) -> exp.Expression:
     return ast
 
 
-def _hint_name(entry: exp.Expression) -> str:
+def _hint_name(entry: exp.Expr) -> str:
     if isinstance(entry, exp.JoinHint | exp.Anonymous):
         return str(entry.this).upper()
     return entry.name.upper() if isinstance(entry, exp.Var) else ""
 
 
-def _name_parts(arg: exp.Expression) -> list[str]:
+def _name_parts(arg: exp.Expr) -> list[str]:
     """A hint parameter's name, lower case, qualifiers first; [] for a non-name."""
     if isinstance(arg, exp.Table | exp.Column):
         return [p.name.lower() for p in arg.parts]
@@ -124,7 +131,7 @@ def _name_parts(arg: exp.Expression) -> list[str]:
     return []
 
 
-def _is_relation(node: exp.Expression) -> bool:
+def _is_relation(node: exp.Expr) -> bool:
     return isinstance(node.parent, exp.From | exp.Join)
 
 
@@ -138,7 +145,7 @@ def _reaches_a_join(select: exp.Select) -> bool:
     """
     if select.args.get("joins") or any(isinstance(r.parent, exp.Join) for r in _relations(select)):
         return True
-    node = select
+    node: exp.Expr = select
     while isinstance(node.parent, exp.Union | exp.Subquery):
         node = node.parent
     return isinstance(node.parent, exp.CTE) or (
@@ -146,9 +153,9 @@ def _reaches_a_join(select: exp.Select) -> bool:
     )
 
 
-def _relations(select: exp.Select) -> list[exp.Expression]:
+def _relations(select: exp.Select) -> list[exp.Expr]:
     """The relations of ``select``'s own block: its FROM and JOINs, into parenthesised joins."""
-    found: list[exp.Expression] = []
+    found: list[exp.Expr] = []
     tops = []
     if select.args.get("from_") is not None:
         tops.append(select.args["from_"].this)
@@ -170,7 +177,7 @@ def _relations(select: exp.Select) -> list[exp.Expression]:
     return found
 
 
-def _identifier(relation: exp.Expression) -> list[str]:
+def _identifier(relation: exp.Expr) -> list[str]:
     """A relation's name in its block, lower case: its alias, else its qualified table name."""
     if relation.alias:
         return [relation.alias.lower()]
@@ -184,14 +191,14 @@ def _matches(hint: list[str], ident: list[str]) -> bool:
     return 0 < len(hint) <= len(ident) and ident[-len(hint) :] == hint
 
 
-def _hint_cte_references(ast: exp.Expression, name: str, strategy: str, strategies: dict) -> None:
+def _hint_cte_references(ast: exp.Expr, name: str, strategy: str, strategies: dict) -> None:
     """Hint every relation reading CTE ``name`` (a parameterless hint in its body)."""
     for table in ast.find_all(exp.Table):
         if _is_relation(table) and not table.db and table.name.lower() == name.lower():
             strategies.setdefault(id(table), (table, strategy))
 
 
-def _wrap(relation: exp.Expression, strategy: str) -> None:
+def _wrap(relation: exp.Expr, strategy: str) -> None:
     """Write ``relation AS x`` as ``(SELECT * FROM relation AS <marker>) AS x``.
 
     A relation with more than a name and an alias (a sample, a pivot,
@@ -210,4 +217,5 @@ def _wrap(relation: exp.Expression, strategy: str) -> None:
         outer.pop()
     relation.set("alias", exp.TableAlias(this=exp.to_identifier(HINT_ALIAS_PREFIX + strategy)))
     wrapper = exp.Subquery(this=exp.select("*").from_(relation, copy=False), alias=outer)
+    assert parent is not None and key is not None  # a relation: a FROM's or a JOIN's
     parent.set(key, wrapper, index)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from fractions import Fraction
+from typing import Any
 
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
@@ -68,11 +69,11 @@ keeps one more digit of a value below ``2^52``."""
 _SCALE = MAX_ROUND_DIGITS + 1
 
 
-def _fn(name: str, *args: exp.Expression) -> exp.Anonymous:
+def _fn(name: str, *args: exp.Expr) -> exp.Anonymous:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
-def _double(value: float | str) -> exp.Expression:
+def _double(value: float | str) -> exp.Expr:
     """A DOUBLE literal of ``value`` (its shortest text: the same double)."""
     return cast_to(exp.Literal.string(value if isinstance(value, str) else repr(value)), "DOUBLE")
 
@@ -85,7 +86,7 @@ def narrow_bound(digits: int) -> int:
     return m
 
 
-def _cut(x: exp.Expression) -> exp.Expression:
+def _cut(x: exp.Expr) -> exp.Expr:
     """Whether :func:`_plain_text` of ``x`` cut digits (its exact text is past the 22nd decimal).
 
     Rounding half up reads alike; a text cut to ``...5000`` would be a false
@@ -115,7 +116,7 @@ def _cut(x: exp.Expression) -> exp.Expression:
     return exp.GT(this=written, expression=exp.Literal.number(_SCALE))
 
 
-def _plain_text(x: exp.Expression, digits: int) -> exp.Expression:
+def _plain_text(x: exp.Expr, digits: int) -> exp.Expr:
     """The shortest text of DOUBLE ``x``, ``|x| < 2^52``, without an exponent.
 
     DataFusion writes ``|x| < 1e-5`` as ``1.5e-7``, which its cast to a
@@ -159,7 +160,7 @@ def _plain_text(x: exp.Expression, digits: int) -> exp.Expression:
     return exp.Case(ifs=[exp.If(this=has_power, true=written)], default=text)
 
 
-def _fails(x: exp.Expression, digits: int) -> exp.Expression:
+def _fails(x: exp.Expr, digits: int) -> exp.Expr:
     """A DOUBLE that fails to compute (Arrow's ``Cannot cast string``), naming ``x``."""
     why = _fn(
         "concat",
@@ -170,7 +171,7 @@ def _fails(x: exp.Expression, digits: int) -> exp.Expression:
     return cast_to(why, "DOUBLE")
 
 
-def _unit(digits: int) -> exp.Expression:
+def _unit(digits: int) -> exp.Expr:
     """``10^-digits`` (``digits`` may be negative) as an exact DECIMAL literal."""
     if digits >= 0:
         text = "1" if digits == 0 else "0." + "0" * (digits - 1) + "1"
@@ -179,8 +180,8 @@ def _unit(digits: int) -> exp.Expression:
 
 
 def _half_even(
-    up: exp.Expression, x: exp.Expression, digits: int, out: str, cut: exp.Expression | None
-) -> exp.Expression:
+    up: exp.Expr, x: exp.Expr, digits: int, out: str, cut: exp.Expr | None
+) -> exp.Expr:
     """HALF_EVEN from ``up``, the DECIMAL ``x`` rounded half up to ``digits >= 0`` (type ``out``).
 
     A tie (``|up - x|`` is half a unit) whose half-up answer ends in an odd
@@ -190,7 +191,7 @@ def _half_even(
         exp.Literal.string("0." + "0" * digits + "5"), f"DECIMAL({digits + 2}, {digits + 1})"
     )
     gap = exp.Abs(this=exp.Paren(this=exp.Sub(this=up.copy(), expression=x.copy())))
-    tie: exp.Expression = exp.EQ(this=gap, expression=half)
+    tie: exp.Expr = exp.EQ(this=gap, expression=half)
     if cut is not None:  # x's text was cut after a 5: above the tie
         tie = exp.And(this=tie, expression=exp.Not(this=cut))
     last = _fn("right", cast_to(up.copy(), "STRING"), exp.Literal.number(1))
@@ -211,8 +212,8 @@ def _half_even(
 
 
 def _rounded(
-    x: exp.Expression, digits: int, out: str, even: bool, cut: exp.Expression | None = None
-) -> exp.Expression:
+    x: exp.Expr, digits: int, out: str, even: bool, cut: exp.Expr | None = None
+) -> exp.Expr:
     """A DECIMAL ``x`` rounded to ``digits >= 0`` as the DECIMAL ``out``: half up, or half even.
 
     DataFusion's cast to a smaller scale rounds half up (away from zero), as Java's HALF_UP.
@@ -221,7 +222,7 @@ def _rounded(
     return _half_even(up, x, digits, out, cut) if even else up
 
 
-def round_double(x: exp.Expression, digits: int, even: bool = False) -> exp.Expression:
+def round_double(x: exp.Expr, digits: int, even: bool = False) -> exp.Expr:
     """Spark's ``round(x, digits)`` (``bround`` if ``even``) of a DOUBLE ``x``, digits 0..21.
 
     The reasoning is the module's (it holds for HALF_EVEN too: both modes
@@ -259,7 +260,7 @@ def round_double(x: exp.Expression, digits: int, even: bool = False) -> exp.Expr
     return exp.Case(ifs=ifs, default=x.copy())  # NULL too
 
 
-def _digits(arg: exp.Expression | None) -> int:
+def _digits(arg: exp.Expr | None) -> int:
     """``round``'s digits: an integer literal (0 when omitted)."""
     if arg is None:
         return 0
@@ -279,8 +280,8 @@ _INTEGER_DIGITS = {
 
 
 def _round_negative(
-    x: exp.Expression, dec: st.Decimal, digits: int, out: str, even: bool
-) -> exp.Expression:
+    x: exp.Expr, dec: st.Decimal, digits: int, out: str, even: bool
+) -> exp.Expr:
     """A DECIMAL ``x`` of type ``dec`` rounded at ``10^-digits`` (``digits < 0``), as ``out``.
 
     ``x * 10^digits`` is exact (a DECIMAL product), rounded to an integer,
@@ -297,7 +298,7 @@ def _round_negative(
     return cast_to(exp.Mul(this=exp.Paren(this=whole), expression=_unit(digits)), out)
 
 
-def _rule_round(t: Translation, node: exp.Expression) -> exp.Expression:
+def _rule_round(t: Translation, node: exp.Expr) -> exp.Expr:
     """``round(x, d)`` (HALF_UP) and ``bround(x, d)`` (HALF_EVEN) with Spark's types and answers.
 
     Integers and DECIMALs to any digits (negative: at ``10^-d``; an integer
@@ -321,9 +322,9 @@ def _rule_round(t: Translation, node: exp.Expression) -> exp.Expression:
         t.types[id(node)] = xt
         if d >= 0:
             return this
-        dec = st.Decimal(_INTEGER_DIGITS[xt.this], 0)
-        wide = cast_to(this, f"DECIMAL({dec.precision}, 0)")
-        return _round_negative(wide, dec, d, xt.sql("spark"), even)
+        as_decimal = st.Decimal(_INTEGER_DIGITS[xt.this], 0)
+        wide = cast_to(this, f"DECIMAL({as_decimal.precision}, 0)")
+        return _round_negative(wide, as_decimal, d, xt.sql("spark"), even)
     if xt.this == exp.DataType.Type.DOUBLE:
         if d < 0:
             raise SparkSemanticsError(
@@ -353,7 +354,7 @@ def _rule_round(t: Translation, node: exp.Expression) -> exp.Expression:
     return _rounded(this, d, out.sql("spark"), even)
 
 
-def _rule_bround(t: Translation, node: exp.Anonymous) -> exp.Expression:
+def _rule_bround(t: Translation, node: exp.Anonymous) -> exp.Expr:
     """``bround(x, d)``: :func:`_rule_round` with HALF_EVEN."""
     return _rule_round(t, node)
 
@@ -397,7 +398,7 @@ def _percentages(node: exp.Quantile) -> tuple[list[float], bool]:
     listed = isinstance(arg, exp.Array) or (
         isinstance(arg, exp.Anonymous) and arg.name.lower() == "make_array"  # array(), translated
     )
-    items = arg.expressions if listed else [arg]
+    items = arg.expressions if listed and arg is not None else [arg]
     values = []
     for item in items:
         while isinstance(item, exp.Cast):  # array()'s common type, 1e-1 as a DOUBLE
@@ -417,7 +418,7 @@ def _percentages(node: exp.Quantile) -> tuple[list[float], bool]:
     return values, listed
 
 
-def _same_key(a: exp.Expression, b: exp.Expression, fractional: bool) -> exp.Expression:
+def _same_key(a: exp.Expr, b: exp.Expr, fractional: bool) -> exp.Expr:
     """``a`` and ``b`` equal as Java's ``equals`` (doubles: NaN is NaN, -0.0 is not 0.0)."""
     if not fractional:
         return exp.EQ(this=a, expression=b)
@@ -440,8 +441,8 @@ def _same_key(a: exp.Expression, b: exp.Expression, fractional: bool) -> exp.Exp
 
 
 def _percentile_at(
-    keys: exp.Expression, count: exp.Expression, p: float, fractional: bool
-) -> exp.Expression:
+    keys: exp.Expr, count: exp.Expr, p: float, fractional: bool
+) -> exp.Expr:
     """Spark's ``Percentile.getPercentile`` of sorted ``keys`` at ``p``, its double operations.
 
     ``position = (n - 1) * p``; the key at ``floor`` when ``ceil`` is the
@@ -455,7 +456,7 @@ def _percentile_at(
     )
     low, high = _fn("floor", position.copy()), _fn("ceil", position.copy())
 
-    def key(at: exp.Expression) -> exp.Expression:
+    def key(at: exp.Expr) -> exp.Expr:
         index = exp.Add(this=cast_to(at.copy(), "BIGINT"), expression=exp.Literal.number(1))
         return _fn("array_element", keys.copy(), index)  # not a[i]: DataFusion's nth_value
 
@@ -476,7 +477,7 @@ def _percentile_at(
     )
 
 
-def _rule_percentile(t: Translation, node: exp.Quantile) -> exp.Expression:
+def _rule_percentile(t: Translation, node: exp.Quantile) -> exp.Expr:
     """``percentile(x, p)`` (exact, Spark's ``Percentile``): interpolated between sorted values.
 
     ``x`` an integer, a DECIMAL of at most 15 digits (its DOUBLE exact-
@@ -524,7 +525,7 @@ def _rule_percentile(t: Translation, node: exp.Quantile) -> exp.Expression:
             expression=exp.Literal.number(0),
         )
 
-        def zeros(sign: exp.Expression) -> exp.Expression:
+        def zeros(sign: exp.Expr) -> exp.Expr:
             counted = exp.Filter(
                 this=exp.Count(this=x.copy()),
                 expression=exp.Where(this=exp.And(this=zero.copy(), expression=sign)),
@@ -543,13 +544,13 @@ def _rule_percentile(t: Translation, node: exp.Quantile) -> exp.Expression:
     return exp.Case(ifs=ifs, default=value)
 
 
-NUMBER_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
+NUMBER_RULES: dict[type[exp.Expr], Callable[[Translation, Any], exp.Expr]] = {
     exp.Round: _rule_round,
     exp.Quantile: _rule_percentile,
 }
 """The node classes of numbers -> their rules (part of ``translate.RULES``)."""
 
-NAMED_NUMBER_RULES: dict[str, Callable[[Translation, exp.Expression], exp.Expression]] = {
+NAMED_NUMBER_RULES: dict[str, Callable[[Translation, Any], exp.Expr]] = {
     "bround": _rule_bround,
 }
 """Functions of numbers sqlglot reads as ``Anonymous`` (lower-case name -> rule)."""

@@ -206,21 +206,21 @@ def _tokens(pattern: str) -> list[tuple[str, int]]:
     return out
 
 
-def _call(name: str, *args: exp.Expression) -> exp.Expression:
+def _call(name: str, *args: exp.Expr) -> exp.Expr:
     return exp.Anonymous(this=name, expressions=[a.copy() for a in args])
 
 
-def _text(value: str) -> exp.Expression:
+def _text(value: str) -> exp.Expr:
     return exp.Literal.string(value)
 
 
-def _unreadable(s: exp.Expression, what: str) -> exp.Expression:
+def _unreadable(s: exp.Expr, what: str) -> exp.Expr:
     """``'not <what>: ' || s``: no cast reads it (it fails the run); NULL for NULL."""
     shown = what.replace("'", "")
     return exp.DPipe(this=_text(f"not {shown}: "), expression=s.copy())
 
 
-def _date_text(s: exp.Expression, layout: Layout) -> exp.Expression:
+def _date_text(s: exp.Expr, layout: Layout) -> exp.Expr:
     regex = _text(layout.regex)
     return exp.Case(
         ifs=[
@@ -233,7 +233,7 @@ def _date_text(s: exp.Expression, layout: Layout) -> exp.Expression:
     )
 
 
-def parsed_date(s: exp.Expression, layout: Layout) -> exp.Expression:
+def parsed_date(s: exp.Expr, layout: Layout) -> exp.Expr:
     """The DATE of string ``s`` read with ``layout`` (its time of day checked, then dropped).
 
     A string ``layout`` does not read, or a day its month lacks, fails the
@@ -242,7 +242,7 @@ def parsed_date(s: exp.Expression, layout: Layout) -> exp.Expression:
     return cast_to(_date_text(s, layout), "DATE")
 
 
-def parsed_wall(s: exp.Expression, layout: Layout) -> exp.Expression:
+def parsed_wall(s: exp.Expr, layout: Layout) -> exp.Expr:
     """The wall time (a timestamp without zone, microseconds) of string ``s`` read with ``layout``.
 
     Fails the run as :func:`parsed_date` does.
@@ -257,7 +257,7 @@ def parsed_wall(s: exp.Expression, layout: Layout) -> exp.Expression:
     return _call("arrow_cast", iso, _text(_TIMESTAMP))
 
 
-def lenient_date(s: exp.Expression) -> exp.Expression:
+def lenient_date(s: exp.Expr) -> exp.Expr:
     """Spark's ``CAST(s AS DATE)`` of a string: ``yyyy``, ``yyyy-[m]m``, ``yyyy-[m]m-[d]d[( |T)*]``.
 
     What else Spark reads (blanks around, a sign, a longer year) and what

@@ -84,7 +84,7 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
     if len(got) != len(expected):
         msg = f"the translation gives {len(got)} columns where Spark gives {len(expected)}"
         raise SparkSemanticsError(msg)
-    columns = []
+    columns: list[Any] = []  # datafusion Exprs
     seen: set[str] = set()
     qualified = _qualified_names(df, got)
     for have, want in zip(got, expected, strict=True):

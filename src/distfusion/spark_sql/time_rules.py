@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Callable
+from typing import Any, TypeGuard
 
 from sqlglot import exp
 
@@ -66,11 +67,11 @@ def is_instant(t: exp.DataType | None) -> bool:
     return t is not None and t.this in _INSTANTS
 
 
-def _is_time(t: exp.DataType | None) -> bool:
+def _is_time(t: exp.DataType | None) -> TypeGuard[exp.DataType]:
     return t is not None and (t.this in _INSTANTS or t.this == T.TIMESTAMPNTZ)
 
 
-def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expression | None:
+def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expr | None:
     """Spark's cast of the string ``text`` to a timestamp, as a DataFusion literal; None if unsure.
 
     ``yyyy-[m]m-[d]d[( |T)[h]h:[m]m[:[s]s[.ffffff]]]``: a wall time in
@@ -81,10 +82,10 @@ def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expressio
     m = _TIMESTAMP_TEXT.match(text)
     if m is None:
         return None
-    parts = [int(g) if g else 0 for g in m.groups()[:6]]
+    year, month, day, hour, minute, second = [int(g) if g else 0 for g in m.groups()[:6]]
     micros = int((m.group(7) or "").ljust(6, "0") or 0)
     try:
-        wall = datetime.datetime(*parts, micros)
+        wall = datetime.datetime(year, month, day, hour, minute, second, micros)
     except ValueError:  # Spark: NULL, or an error with ANSI mode
         return None
     if instant:
@@ -101,7 +102,7 @@ def instant_literal(text: str, zone: str, instant: bool = True) -> exp.Expressio
     )
 
 
-def compared(t: Translation, node: exp.Expression, other: exp.DataType) -> exp.Expression | None:
+def compared(t: Translation, node: exp.Expr, other: exp.DataType) -> exp.Expr | None:
     """``node`` (compared with a value of type ``other``) as Spark casts it, or None.
 
     A string literal compared with a timestamp is that timestamp's literal;
@@ -126,7 +127,7 @@ def _zone(t: Translation, what: str) -> str | None:
         raise SparkSemanticsError(f"{what}() of a timestamp: {exc}") from exc
 
 
-def _local(t: Translation, node: exp.Expression, what: str, ntz: bool = True) -> exp.Expression:
+def _local(t: Translation, node: exp.Expr, what: str, ntz: bool = True) -> exp.Expr:
     """``node``, a timestamp, as one whose UTC fields are its local time in Spark, or raise.
 
     A ``TIMESTAMP``'s wall time in the session's zone; a ``TIMESTAMP_NTZ``
@@ -146,7 +147,7 @@ def _local(t: Translation, node: exp.Expression, what: str, ntz: bool = True) ->
     return local_time(node, zone)
 
 
-def rule_cast(t: Translation, node: exp.Cast) -> exp.Expression | None:
+def rule_cast(t: Translation, node: exp.Cast) -> exp.Expr | None:
     """A cast to or from a timestamp Spark's way, or None when it is no such cast.
 
     ``CAST('...' AS TIMESTAMP)`` (and ``TIMESTAMP '...'``) of a literal; a
@@ -197,7 +198,7 @@ def _fixed_zone(t: Translation, what: str) -> str | None:
     return zone
 
 
-def _parsed_instant(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
+def _parsed_instant(t: Translation, node: exp.Expr, what: str) -> exp.Expr:
     """``node`` (``to_timestamp``, ``unix_timestamp`` of a string) read as Spark: an instant.
 
     The string's wall time in the session's zone (:func:`_fixed_zone`).
@@ -219,7 +220,7 @@ def _parsed_instant(t: Translation, node: exp.Expression, what: str) -> exp.Expr
     return exp.Paren(this=exp.Sub(this=instant, expression=offset))
 
 
-def _rule_to_timestamp(t: Translation, node: exp.StrToTime) -> exp.Expression:
+def _rule_to_timestamp(t: Translation, node: exp.StrToTime) -> exp.Expr:
     """``to_timestamp(s, pattern)`` of a string: a TIMESTAMP (:func:`_parsed_instant`)."""
     at = t.type_of(node.this)
     if at is None or at.this not in _STRINGS or t.settings.timestamp_ntz:
@@ -228,7 +229,7 @@ def _rule_to_timestamp(t: Translation, node: exp.StrToTime) -> exp.Expression:
     return _parsed_instant(t, node, "to_timestamp")
 
 
-def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expression:
+def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expr:
     """``to_date(x[, pattern])`` (and a date function's argument as sqlglot reads it).
 
     A DATE as it is, an ISO date literal, a timestamp's local date; a
@@ -252,7 +253,7 @@ def _rule_to_date(t: Translation, node: exp.TsOrDsToDate) -> exp.Expression:
     return node.this
 
 
-_DATE_PARTS = {
+_DATE_PARTS: dict[type[exp.Expr], str] = {
     exp.Year: "YEAR",
     exp.Month: "MONTH",
     exp.Day: "DAY",
@@ -264,7 +265,7 @@ _DATE_PARTS = {
 }
 
 
-def _rule_date_part(t: Translation, node: exp.Expression) -> exp.Expression:
+def _rule_date_part(t: Translation, node: exp.Expr) -> exp.Expr:
     """``year(d)``, ``dayofweek(d)``, ``EXTRACT(... FROM d)`` of a DATE (INT in both)."""
     arg = node.expression if isinstance(node, exp.Extract) else node.this
     at = t.type_of(arg)
@@ -280,21 +281,21 @@ def _rule_date_part(t: Translation, node: exp.Expression) -> exp.Expression:
     return exp.Add(this=part, expression=exp.Literal.number(1)) if unit == "DOW" else part
 
 
-def _days(node: exp.Expression) -> exp.Expression:
+def _days(node: exp.Expr) -> exp.Expr:
     """A DATE as its days since 1970-01-01 (INT)."""
     return exp.Anonymous(this="arrow_cast", expressions=[node, exp.Literal.string("Int32")])
 
 
 def shifted_date(
-    date: exp.Expression, days: exp.Expression, subtract: bool = False
-) -> exp.Expression:
+    date: exp.Expr, days: exp.Expr, subtract: bool = False
+) -> exp.Expr:
     """The DATE ``days`` (an integer) after ``date``, or before with ``subtract``."""
     kind = exp.Sub if subtract else exp.Add
     total = kind(this=_days(date), expression=cast_to(days, "INT"))
     return exp.Anonymous(this="arrow_cast", expressions=[total, exp.Literal.string("Date32")])
 
 
-def _date_arg(t: Translation, node: exp.Expression, what: str) -> exp.Expression:
+def _date_arg(t: Translation, node: exp.Expr, what: str) -> exp.Expr:
     """``node`` as a DATE: a DATE, or an ISO date literal cast (Spark casts it the same)."""
     if is_iso_date(node):
         return cast_to(node, "DATE")
@@ -305,7 +306,7 @@ def _date_arg(t: Translation, node: exp.Expression, what: str) -> exp.Expression
     return node
 
 
-def _rule_date_add(t: Translation, node: exp.TsOrDsAdd) -> exp.Expression:
+def _rule_date_add(t: Translation, node: exp.TsOrDsAdd) -> exp.Expr:
     """``date_add(d, n)`` / ``date_sub(d, n)`` on a DATE: the day number plus ``n``."""
     unit = node.args.get("unit")
     if unit is not None and unit.name.upper() != "DAY":
@@ -317,7 +318,7 @@ def _rule_date_add(t: Translation, node: exp.TsOrDsAdd) -> exp.Expression:
     return shifted_date(_date_arg(t, node.this, "date_add"), days)
 
 
-def _rule_datediff(t: Translation, node: exp.DateDiff) -> exp.Expression:
+def _rule_datediff(t: Translation, node: exp.DateDiff) -> exp.Expr:
     """``datediff(end, start)`` of DATEs: days from ``start`` to ``end`` (INT)."""
     if node.args.get("unit") is not None:
         raise SparkSemanticsError("datediff() with a unit has no Spark-equal translation")
@@ -326,14 +327,14 @@ def _rule_datediff(t: Translation, node: exp.DateDiff) -> exp.Expression:
     return exp.Paren(this=exp.Sub(this=_days(end), expression=_days(start)))
 
 
-def _java_pattern(node: exp.Expression, what: str) -> str:
+def _java_pattern(node: exp.Expr | None, what: str) -> str:
     """The Java pattern of a literal ``format`` argument, as written (``JavaPatterns``)."""
     if not (isinstance(node, exp.Literal) and node.is_string):
         raise SparkSemanticsError(f"{what}() with a pattern that is not a literal")
     return node.this
 
 
-def _rule_date_format(t: Translation, node: exp.TimeToStr) -> exp.Expression:
+def _rule_date_format(t: Translation, node: exp.TimeToStr) -> exp.Expr:
     """``date_format(x, pattern)`` with a literal pattern: chrono's ``to_char``.
 
     A DATE with the letters of a date; a timestamp's local time
@@ -350,14 +351,14 @@ def _rule_date_format(t: Translation, node: exp.TimeToStr) -> exp.Expression:
     return exp.Anonymous(this="to_char", expressions=[arg, exp.Literal.string(chrono)])
 
 
-def _rule_date_format_arg(t: Translation, node: exp.TimeStrToTime) -> exp.Expression:
+def _rule_date_format_arg(t: Translation, node: exp.TimeStrToTime) -> exp.Expr:
     # sqlglot wraps date_format's argument; _rule_date_format reads through it.
     if isinstance(node.parent, exp.TimeToStr) and node.arg_key == "this":
         return node
     raise SparkSemanticsError(unsupported(node))
 
 
-def _rule_interval(t: Translation, node: exp.Interval) -> exp.Expression:
+def _rule_interval(t: Translation, node: exp.Interval) -> exp.Expr:
     """``INTERVAL n DAY[S] | MONTH[S] | YEAR[S]`` added to or subtracted from a DATE."""
     unit = node.unit.name.upper() if node.unit else ""
     singular = unit.removesuffix("S")
@@ -368,10 +369,14 @@ def _rule_interval(t: Translation, node: exp.Interval) -> exp.Expression:
     return exp.Interval(this=node.this, unit=exp.var(singular))
 
 
-_TIME_PARTS = {exp.Hour: "HOUR", exp.Minute: "MINUTE", exp.Second: "SECOND"}
+_TIME_PARTS: dict[type[exp.Expr], str] = {
+    exp.Hour: "HOUR",
+    exp.Minute: "MINUTE",
+    exp.Second: "SECOND",
+}
 
 
-def _rule_time_part(t: Translation, node: exp.Expression) -> exp.Expression:
+def _rule_time_part(t: Translation, node: exp.Expr) -> exp.Expr:
     """``hour(ts)``, ``minute(ts)``, ``second(ts)``: the local time's field (INT)."""
     arg = _local(t, node.this, _TIME_PARTS[type(node)].lower())
     return cast_to(exp.Extract(this=exp.var(_TIME_PARTS[type(node)]), expression=arg), "INT")
@@ -394,11 +399,12 @@ _TRUNC_UNITS = {
 }
 
 
-def _rule_timestamp_trunc(t: Translation, node: exp.TimestampTrunc) -> exp.Expression:
+def _rule_timestamp_trunc(t: Translation, node: exp.TimestampTrunc) -> exp.Expr:
     """``date_trunc(unit, ts)``: the local time truncated (weeks start on Monday in both)."""
     unit = _TRUNC_UNITS.get(node.unit.name.upper() if node.unit else "")
     if unit is None:
-        raise SparkSemanticsError(f"date_trunc() to {node.unit.sql('spark')}: not translated")
+        shown = node.unit.sql("spark") if node.unit else "no unit"
+        raise SparkSemanticsError(f"date_trunc() to {shown}: not translated")
     if not is_instant(t.type_of(node.this)):  # Spark makes a TIMESTAMP_NTZ a TIMESTAMP first
         raise SparkSemanticsError("date_trunc() of anything but a TIMESTAMP: not translated")
     zone = _zone(t, "date_trunc")
@@ -407,7 +413,7 @@ def _rule_timestamp_trunc(t: Translation, node: exp.TimestampTrunc) -> exp.Expre
     return exp.Anonymous(this="date_trunc", expressions=[exp.Literal.string(unit), node.this])
 
 
-def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expression:
+def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expr:
     """``unix_timestamp(ts)``: whole seconds since the epoch, truncated toward zero (BIGINT).
 
     A string (with a pattern, ``yyyy-MM-dd HH:mm:ss`` by default) is read as
@@ -425,7 +431,7 @@ def _rule_unix_timestamp(t: Translation, node: exp.StrToUnix) -> exp.Expression:
     return exp.Anonymous(this="to_unixtime", expressions=[node.this])
 
 
-def _rule_from_unixtime(t: Translation, node: exp.UnixToStr) -> exp.Expression:
+def _rule_from_unixtime(t: Translation, node: exp.UnixToStr) -> exp.Expr:
     """``from_unixtime(seconds[, pattern])``: the local time as text."""
     zone = _zone(t, "from_unixtime")
     at = t.need(node.this, "from_unixtime")
@@ -433,14 +439,16 @@ def _rule_from_unixtime(t: Translation, node: exp.UnixToStr) -> exp.Expression:
         raise SparkSemanticsError(f"from_unixtime() of a {at.sql('spark')}: not translated")
     fmt = node.args.get("format")
     java = _java_pattern(fmt, "from_unixtime") if fmt is not None else "yyyy-MM-dd HH:mm:ss"
-    seconds = exp.Anonymous(this="to_timestamp_seconds", expressions=[cast_to(node.this, "BIGINT")])
+    seconds: exp.Expr = exp.Anonymous(
+        this="to_timestamp_seconds", expressions=[cast_to(node.this, "BIGINT")]
+    )
     if zone is not None:
         seconds = local_time(seconds, zone)
     chrono = exp.Literal.string(to_chrono(java, times=True))
     return exp.Anonymous(this="to_char", expressions=[seconds, chrono])
 
 
-TIME_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
+TIME_RULES: dict[type[exp.Expr], Callable[[Translation, Any], exp.Expr]] = {
     exp.TsOrDsToDate: _rule_to_date,
     exp.StrToTime: _rule_to_timestamp,
     exp.Extract: _rule_date_part,

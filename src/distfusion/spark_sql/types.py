@@ -23,6 +23,7 @@ Types are sqlglot ``DataType`` objects, the way the translator sees a query.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import pyarrow as pa
 from sqlglot import exp
@@ -62,17 +63,17 @@ class Decimal:
         return exp.DataType.build(f"DECIMAL({self.precision}, {self.scale})")
 
 
-def is_integral(t: exp.DataType | None) -> bool:
+def is_integral(t: exp.DataType | None) -> TypeGuard[exp.DataType]:
     """TINYINT, SMALLINT, INT or BIGINT."""
     return t is not None and t.this in _INTEGRAL
 
 
-def is_fractional(t: exp.DataType | None) -> bool:
+def is_fractional(t: exp.DataType | None) -> TypeGuard[exp.DataType]:
     """FLOAT or DOUBLE."""
     return t is not None and t.this in _FRACTIONAL
 
 
-def is_decimal(t: exp.DataType | None) -> bool:
+def is_decimal(t: exp.DataType | None) -> TypeGuard[exp.DataType]:
     """A DECIMAL with known precision and scale."""
     return t is not None and t.this == T.DECIMAL and decimal_of(t) is not None
 
@@ -94,6 +95,18 @@ def decimal_of(t: exp.DataType, literal: exp.Literal | None = None) -> Decimal |
     if len(params) != 2:
         return None
     return Decimal(int(params[0].this.this), int(params[1].this.this))
+
+
+def known_decimal(t: exp.DataType) -> Decimal:
+    """:func:`decimal_of` ``t``, a type :func:`is_decimal` or :func:`is_integral` accepts.
+
+    Raises:
+        ValueError: ``t`` is neither (the caller's mistake).
+    """
+    d = decimal_of(t)
+    if d is None:
+        raise ValueError(f"{t.sql('spark')} is not a decimal of known precision and scale")
+    return d
 
 
 def _adjust(precision: int, scale: int) -> Decimal:

@@ -158,32 +158,32 @@ def _changes_after_listed(zone: str) -> bool:
     return len(offsets) > 1
 
 
-def _timestamp(text: str) -> exp.Expression:
+def _timestamp(text: str) -> exp.Expr:
     return exp.Anonymous(
         this="arrow_cast", expressions=[exp.Literal.string(text), exp.Literal.string(_UTC_TYPE)]
     )
 
 
-def _wall(node: exp.Expression, zone: str) -> exp.Expression:
+def _wall(node: exp.Expr, zone: str) -> exp.Expr:
     """``from_utc_timestamp(node, zone)``: the wall time of instant ``node``, read as UTC."""
     return exp.Anonymous(
         this="from_utc_timestamp", expressions=[node.copy(), exp.Literal.string(zone)]
     )
 
 
-def _sub(a: exp.Expression, b: exp.Expression) -> exp.Expression:
+def _sub(a: exp.Expr, b: exp.Expr) -> exp.Expr:
     return exp.Paren(this=exp.Sub(this=a.copy(), expression=b.copy()))
 
 
-def _add(a: exp.Expression, b: exp.Expression) -> exp.Expression:
+def _add(a: exp.Expr, b: exp.Expr) -> exp.Expr:
     return exp.Paren(this=exp.Add(this=a.copy(), expression=b.copy()))
 
 
-def _hours(n: int) -> exp.Expression:
+def _hours(n: int) -> exp.Expr:
     return exp.Interval(this=exp.Literal.string(str(n)), unit=exp.var("HOUR"))
 
 
-def _case(*branches: tuple[exp.Expression, exp.Expression], default: exp.Expression):
+def _case(*branches: tuple[exp.Expr, exp.Expr], default: exp.Expr):
     return exp.Case(
         ifs=[exp.If(this=cond.copy(), true=value.copy()) for cond, value in branches],
         default=default.copy(),
@@ -204,7 +204,7 @@ def _calendar_days() -> tuple[int, ...]:
     return tuple(days)
 
 
-def _shift(instant: exp.Expression, zone: str) -> exp.Expression | None:
+def _shift(instant: exp.Expr, zone: str) -> exp.Expr | None:
     """How far (a duration, whole days) ``instant`` moves to a year chrono-tz lists; None: 0.
 
     From 2100 on, to the year of 2072..2099 whose calendar is its year's
@@ -222,7 +222,7 @@ def _shift(instant: exp.Expression, zone: str) -> exp.Expression | None:
         to=exp.DataType.build("BIGINT"),
     )
 
-    def divides(n: int) -> exp.Expression:
+    def divides(n: int) -> exp.Expr:
         return exp.EQ(
             this=exp.Mod(this=year.copy(), expression=exp.Literal.number(n)),
             expression=exp.Literal.number(0),
@@ -261,7 +261,7 @@ def _shift(instant: exp.Expression, zone: str) -> exp.Expression | None:
     )
 
 
-def local_time(instant: exp.Expression, zone: str) -> exp.Expression:
+def local_time(instant: exp.Expr, zone: str) -> exp.Expr:
     """The wall time of ``instant`` in ``zone`` (of :func:`session_zone`), as a UTC timestamp.
 
     Its fields (hour, date, text) are the local time's; ``instant`` is a
@@ -275,7 +275,7 @@ def local_time(instant: exp.Expression, zone: str) -> exp.Expression:
     return _add(_wall(_sub(instant, shift), zone), shift)
 
 
-def _resolved(wall: exp.Expression, zone: str) -> exp.Expression:
+def _resolved(wall: exp.Expr, zone: str) -> exp.Expr:
     """The instant of wall time ``wall`` in ``zone``, as ``ZonedDateTime.of`` resolves it.
 
     Every instant of a wall time lies within 18 hours of it (the widest
@@ -295,7 +295,7 @@ def _resolved(wall: exp.Expression, zone: str) -> exp.Expression:
     )
 
 
-def instant_of(wall: exp.Expression, zone: str) -> exp.Expression:
+def instant_of(wall: exp.Expr, zone: str) -> exp.Expr:
     """The instant of wall time ``wall`` (a ``TIMESTAMP_NTZ``) in ``zone``, as Spark casts it.
 
     ``LocalDateTime.atZone``: the earlier offset of an overlap, a gap's time
@@ -308,7 +308,7 @@ def instant_of(wall: exp.Expression, zone: str) -> exp.Expression:
     return _add(_resolved(_sub(wall, shift), zone), shift)
 
 
-def truncated_instant(unit: str, instant: exp.Expression, zone: str) -> exp.Expression:
+def truncated_instant(unit: str, instant: exp.Expr, zone: str) -> exp.Expr:
     """Spark's ``date_trunc(unit, instant)`` in session zone ``zone``: an instant.
 
     ``unit`` is DataFusion's (``second`` .. ``year``). Spark truncates a

@@ -50,9 +50,10 @@ def read_column(rel: Rel, column: int) -> tuple[str, int] | None:
             if width is None:
                 return None
             if column >= width:
-                column = is_field_ref(rel.project.expressions[column - width])
-                if column is None:
+                passed = is_field_ref(rel.project.expressions[column - width])
+                if passed is None:
                     return None
+                column = passed
             rel = child
         elif kind == "aggregate":
             agg = rel.aggregate
@@ -61,9 +62,10 @@ def read_column(rel: Rel, column: int) -> tuple[str, int] | None:
                 list(range(width))
             ]:
                 return None
-            column = is_field_ref(agg.grouping_expressions[column])
-            if column is None:
+            grouped = is_field_ref(agg.grouping_expressions[column])
+            if grouped is None:
                 return None
+            column = grouped
             rel = agg.input
         elif kind in ("join", "cross"):
             left, right = children(rel)

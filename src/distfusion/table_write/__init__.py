@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from distfusion.coordinator.hosts import FrameHost
 from distfusion.table_write.catalogs import CatalogMounts
 from distfusion.table_write.delta import TableCommit, write_delta
 from distfusion.table_write.delta_catalog import DeltaDirectoryCatalog
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class TableWrites:
+class TableWrites(FrameHost):
     """The table writes of a :class:`~distfusion.context.DistributedDataFrame` (a mixin)."""
 
     def write_delta(

@@ -96,13 +96,15 @@ def find_names(sql: str, catalogs: set[str] | dict) -> list[TableName]:
     while i + 4 < len(tokens):
         window = tokens[i : i + 5]
         catalog = _part(window[0])
+        namespace, table = _part(window[2]), _part(window[4])
         if (
-            catalog in catalogs
+            catalog is not None
+            and catalog in catalogs
             and window[1].token_type == TokenType.DOT
             and window[3].token_type == TokenType.DOT
             and (i == 0 or tokens[i - 1].token_type != TokenType.DOT)
-            and _part(window[2]) is not None
-            and _part(window[4]) is not None
+            and namespace is not None
+            and table is not None
         ):
             before = tokens[i - 1] if i else None
             after = tokens[i + 5] if i + 5 < len(tokens) else None
@@ -115,8 +117,8 @@ def find_names(sql: str, catalogs: set[str] | dict) -> list[TableName]:
             )
             name = TableName(
                 catalog,
-                _part(window[2]),
-                _part(window[4]),
+                namespace,
+                table,
                 window[0].start,
                 window[4].end + 1,
                 prefix,

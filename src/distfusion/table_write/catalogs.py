@@ -42,14 +42,16 @@ for a table that does not exist it is ``CREATE TABLE AS``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from sqlglot.errors import TokenError
-from sqlglot.tokens import TokenType
+from sqlglot.tokens import Token, TokenType
 
 from distfusion.coordinator.ddl import fold_identifier, sql_tokens
+from distfusion.coordinator.hosts import ContextHost
 from distfusion.errors import PlanningError
 from distfusion.io import delta, object_store
 from distfusion.io.sources import sql_name
@@ -64,7 +66,7 @@ from distfusion.table_write.delta import write_delta
 from distfusion.table_write.delta_catalog import DeltaDirectoryCatalog
 from distfusion.table_write.iceberg import write_iceberg
 
-__all__ = ["CatalogMounts"]
+__all__ = ["CatalogMounts", "MountedCatalogs"]
 
 _SHOW_TABLES = re.compile(r"^\s*SHOW\s+TABLES(?:\s+(?:FROM|IN)\s+([^\s;]+))?\s*$", re.IGNORECASE)
 SHOW_TABLES_SCHEMA = pa.schema(
@@ -79,7 +81,9 @@ SHOW_TABLES_SCHEMA = pa.schema(
 
 
 @dataclass
-class _Mounted:
+class MountedCatalogs:
+    """A context's mounted catalogs (name -> catalog) and the tables loaded from them."""
+
     catalogs: dict[str, Any] = field(default_factory=dict)
     loaded: dict[str, Any] = field(default_factory=dict)  # internal name -> what was loaded
 
@@ -93,7 +97,7 @@ class _CreateAs:
     replace: bool = False
 
 
-class CatalogMounts:
+class CatalogMounts(ContextHost):
     """Catalogs mounted on a DistributedContext (a mixin).
 
     Uses the context's ``sources``, ``ctx``, ``sql``, ``register_iceberg`` and
@@ -101,10 +105,10 @@ class CatalogMounts:
     """
 
     @property
-    def _mounted(self) -> _Mounted:
+    def _mounted(self) -> MountedCatalogs:
         state = self.__dict__.get("_mounted_catalogs")
         if state is None:
-            state = self.__dict__["_mounted_catalogs"] = _Mounted()
+            state = self.__dict__["_mounted_catalogs"] = MountedCatalogs()
         return state
 
     def register_catalog(self, name: str, catalog: Any) -> None:
@@ -535,7 +539,7 @@ _TRANSFORMS = {
 Not bucket: :func:`~distfusion.table_write.iceberg.write_iceberg` does not compute it yet."""
 
 
-def _closing(tokens: list, open_at: int) -> int | None:
+def _closing(tokens: Sequence[Token], open_at: int) -> int | None:
     """The index of the ``)`` closing the ``(`` at ``open_at``; None when there is none."""
     if open_at >= len(tokens) or tokens[open_at].token_type != TokenType.L_PAREN:
         return None
@@ -564,7 +568,7 @@ def _partition_fields(inner: str, table: str) -> list[tuple[str, str, int | None
     Raises:
         PlanningError: a field that is none of these (named).
     """
-    out = []
+    out: list[tuple[str, str, int | None]] = []
     for item in _split_top(inner):
         call = _CALL.fullmatch(item)
         if call is None and _IDENT.fullmatch(item):
@@ -634,6 +638,7 @@ def _iceberg_transform(transform: str, width: int | None) -> Any:
     )
 
     if transform == "truncate":
+        assert width is not None  # _partition_fields gives truncate its width
         return TruncateTransform(width)
     kinds = {
         "identity": IdentityTransform,

@@ -520,12 +520,13 @@ def delta_stats(metadata: Any, schema: pa.Schema) -> str:
             continue  # a nested leaf
         lo = hi = None
         count = 0
+        counted = True  # every row group has statistics
         bounded = True
         for g in range(metadata.num_row_groups):
             st = metadata.row_group(g).column(i).statistics
             if st is None:
                 bounded = False
-                count = None
+                counted = False
                 break
             count += st.null_count or 0
             if not st.has_min_max:
@@ -538,7 +539,7 @@ def delta_stats(metadata: Any, schema: pa.Schema) -> str:
                 bounded = False
             lo = st.min if lo is None else min(lo, st.min)
             hi = st.max if hi is None else max(hi, st.max)
-        if count is not None:
+        if counted:
             nulls[name] = count
         if bounded and lo is not None and _bounded_type(top[name]):
             lo_v, hi_v = _json_value(lo), _json_value(hi)

@@ -103,19 +103,19 @@ class DeltaDirectoryCatalog:
                     if len(rel) >= 4 and rel[2] == "_delta_log":
                         out.add((rel[0], rel[1]))
             return sorted(out)
-        out = []
+        listed: list[tuple[str, str]] = []
         if not os.path.isdir(self.root):
-            return out
+            return listed
         for ns in os.listdir(self.root):
             path = os.path.join(self.root, ns)
             if ns.startswith(("_", ".")) or not os.path.isdir(path):
                 continue
             if namespace is not None and ns != namespace:
                 continue
-            out.append((ns, ""))
+            listed.append((ns, ""))
             if namespaces_only:
                 continue
             for t in os.listdir(path):
                 if os.path.isdir(os.path.join(path, t, "_delta_log")):
-                    out.append((ns, t))
-        return out
+                    listed.append((ns, t))
+        return listed

@@ -44,7 +44,7 @@ from distfusion.io.sources import sql_name
 __all__ = ["candidate_files", "over_partitions_only", "replace_where", "stats_condition"]
 
 
-def _conjuncts(predicate: str) -> list[exp.Expression] | None:
+def _conjuncts(predicate: str) -> list[exp.Expr] | None:
     """The AND-ed parts of ``predicate`` (sqlglot's parse), None when it does not parse."""
     try:
         tree = sqlglot.parse_one(predicate, read="postgres")
@@ -53,7 +53,7 @@ def _conjuncts(predicate: str) -> list[exp.Expression] | None:
     return list(tree.flatten()) if isinstance(tree, exp.And) else [tree]
 
 
-def _columns(e: exp.Expression) -> set[str]:
+def _columns(e: exp.Expr) -> set[str]:
     return {c.name if c.this.quoted else c.name.lower() for c in e.find_all(exp.Column)}
 
 
@@ -176,11 +176,11 @@ def _stat(bound: str, column: str) -> str:
     return '"' + f"{bound}.{column}".replace('"', '""') + '"'
 
 
-def _constant(e: exp.Expression) -> str | None:
+def _constant(e: exp.Expr) -> str | None:
     return None if any(True for _ in e.find_all(exp.Column)) else e.sql(dialect="postgres")
 
 
-def stats_condition(e: exp.Expression, columns: set[str]) -> str | None:
+def stats_condition(e: exp.Expr, columns: set[str]) -> str | None:
     """SQL over ``min.<c>`` / ``max.<c>`` true when a file's bounds may hold a row ``e`` selects.
 
     None when ``e`` says nothing usable (every file may match). Only
@@ -195,13 +195,13 @@ def stats_condition(e: exp.Expression, columns: set[str]) -> str | None:
     if isinstance(e, exp.Paren):
         return stats_condition(e.this, columns)
     if isinstance(e, exp.And | exp.Or):
-        left, right = (stats_condition(x, columns) for x in (e.left, e.right))
+        lhs, rhs = (stats_condition(x, columns) for x in (e.left, e.right))
         if isinstance(e, exp.And):
-            kept = [x for x in (left, right) if x is not None]
+            kept = [x for x in (lhs, rhs) if x is not None]
             if len(kept) < 2:
                 return kept[0] if kept else None
             return " AND ".join(f"({x})" for x in kept)
-        return None if left is None or right is None else f"({left}) OR ({right})"
+        return None if lhs is None or rhs is None else f"({lhs}) OR ({rhs})"
     if isinstance(e, exp.Between) and isinstance(e.this, exp.Column):
         low, high = _constant(e.args["low"]), _constant(e.args["high"])
         c = _column(e.this, columns)
@@ -212,7 +212,7 @@ def stats_condition(e: exp.Expression, columns: set[str]) -> str | None:
             f"AND coalesce({_stat('min', c)} <= {high}, TRUE)"
         )
     kind = type(e)
-    if kind not in _FLIPPED:
+    if kind not in _FLIPPED or not isinstance(e, exp.Binary):  # the keys are all Binary
         return None
     left, right = e.left, e.right
     if not isinstance(left, exp.Column):
@@ -236,7 +236,7 @@ def _column(c: exp.Column, columns: set[str]) -> str | None:
 
 
 def _stats_may_match(
-    conjuncts: list[exp.Expression], dt: Any, parts: tuple[str, ...]
+    conjuncts: list[exp.Expr], dt: Any, parts: tuple[str, ...]
 ) -> set[str] | None:
     """Paths of the active files whose bounds may hold a selected row; None: no pruning."""
     if not conjuncts:

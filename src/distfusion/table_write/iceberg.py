@@ -296,9 +296,9 @@ def _partition_record(table: Any, relpath: str, hidden: list[str]) -> Any:
     spec, schema = table.spec(), table.schema()
     values = []
     for h, field in zip(hidden, spec.fields, strict=True):
-        text = texts[h]
+        given = texts[h]
         rtype = _arrow_of(field.transform.result_type(schema.find_type(field.source_id)))
-        values.append(None if text is None else _parse(text, rtype))
+        values.append(None if given is None else _parse(given, rtype))
     return Record(*values)
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from distfusion.io.iceberg.filters import to_iceberg_expression
 from distfusion.io.iceberg.table import IcebergTable
@@ -154,7 +154,8 @@ class MergeTargetFiles(IcebergTable):
 
     def _discover(self, ctx: FeedContext) -> Iterator[WorkUnit]:
         """Every live data file of the snapshot whose path is one of :attr:`paths`."""
-        for unit in super()._discover(_Unfiltered(ctx)):
+        unfiltered = cast(FeedContext, _Unfiltered(ctx))  # a proxy: ctx's attributes but filters
+        for unit in super()._discover(unfiltered):
             if json.loads(unit.data)["file_path"] in self.paths:
                 yield unit
 

@@ -51,7 +51,7 @@ from __future__ import annotations
 import datetime
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import sqlglot
@@ -60,6 +60,7 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
 from distfusion.coordinator.ddl import fold_identifier, sql_tokens
+from distfusion.coordinator.hosts import ContextHost
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
 from distfusion.io import delta, object_store
@@ -69,6 +70,9 @@ from distfusion.io.sources import sql_name
 from distfusion.table_write.delta import merge_candidates, write_delta
 from distfusion.table_write.iceberg import write_iceberg
 from distfusion.table_write.iceberg_merge import MergeTargetFiles, merge_files
+
+if TYPE_CHECKING:
+    from distfusion.table_write.catalogs import MountedCatalogs
 
 __all__ = ["MergeClause", "TableMerges", "parse_merge"]
 
@@ -283,7 +287,7 @@ def duplicate_match_sql(m: MergeStatement) -> str:
     )
 
 
-class TableMerges:
+class TableMerges(ContextHost):
     """MERGE INTO the Delta and Iceberg tables of a DistributedContext (a mixin).
 
     Uses the context's ``sources``, ``_feed_sources``, ``sql``, ``ctx``,
@@ -291,6 +295,11 @@ class TableMerges:
     ``_mounted`` (:class:`~distfusion.table_write.catalogs.CatalogMounts`'
     loaded catalog tables).
     """
+
+    if TYPE_CHECKING:
+
+        @property
+        def _mounted(self) -> MountedCatalogs: ...  # CatalogMounts'
 
     def _merge_into_table(self, sql: str) -> Any:
         """Run ``sql`` when it is a MERGE INTO a Delta or Iceberg table; its result, else None.

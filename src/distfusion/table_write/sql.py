@@ -29,6 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from distfusion.coordinator.hosts import ContextHost
 from distfusion.coordinator.statements import table_name
 from distfusion.errors import PlanningError
 from distfusion.io import delta, object_store
@@ -72,7 +73,7 @@ def _unquote(name: str) -> str:
     return name.lower()
 
 
-class TableInserts:
+class TableInserts(ContextHost):
     """INSERT into the Delta and Iceberg tables of a DistributedContext (a mixin).
 
     Uses the context's ``sources``, ``_feed_sources``, ``sql``, ``ctx``,

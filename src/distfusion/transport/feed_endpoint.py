@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hmac
 import threading
+from typing import Any
 
 from distfusion.errors import DistfusionError, FeedError, QueryCancelledError
 from distfusion.protocol.feed_messages import (
@@ -67,7 +68,9 @@ class FeedEndpoint:
         flight = import_flight()
         owner = self
 
-        class _Server(flight.FlightServerBase):
+        server_base: Any = flight.FlightServerBase
+
+        class _Server(server_base):
             def do_get(self, context, ticket):
                 return owner._get(ticket.ticket)
 

@@ -56,6 +56,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -107,7 +108,7 @@ _ABORTED_KEPT = 4096
 _SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 
 
-def import_flight():
+def import_flight() -> Any:
     """``pyarrow.flight``, imported on first use.
 
     Raises:
@@ -256,7 +257,7 @@ class FlightWorkerTransport:
         self.action_timeout_s = action_timeout_s
         self.cancel_timeout_s = cancel_timeout_s
         self.poll_s = poll_s
-        self._clients: dict[str, object] = {}
+        self._clients: dict[str, Any] = {}  # pyarrow.flight.FlightClient by URL
         # (URL, query id) -> the store specs that worker has for that query
         self._stores_sent: dict[tuple[str, str], tuple] = {}
         self._aborted: dict[str, Exception] = {}  # query id -> error to raise in its reads

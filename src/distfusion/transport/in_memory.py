@@ -44,7 +44,9 @@ class LocalWorker(Protocol):
 
     def stats(self) -> dict: ...  # noqa: D102
 
-    def close(self) -> None: ...  # noqa: D102
+    def close(self, wait_s: float = ...) -> None: ...  # noqa: D102
+
+    def join(self, timeout_s: float) -> bool: ...  # noqa: D102
 
 
 class InMemoryTransport:

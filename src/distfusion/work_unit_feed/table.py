@@ -259,15 +259,20 @@ class ListingFeed(FeedTableSource):
         )
         self.schema = schema if schema is not None else self._first_schema()
 
+    def _pages(self) -> Iterable[Iterable[str]]:
+        if self.lister is None:
+            raise ValueError("a ListingFeed without a lister needs its schema (schema=...)")
+        return self.lister()
+
     def _discover(self, ctx: FeedContext) -> Iterator[WorkUnit]:
-        for page in self.lister():
+        for page in self._pages():
             for path in page:
                 yield WorkUnit(path=os.fspath(path))
             if ctx.cancelled:
                 return
 
     def _first_schema(self) -> pa.Schema:
-        pages = iter(self.lister())
+        pages = iter(self._pages())
         try:
             first = next(iter(next(pages)), None)
         except StopIteration:

@@ -35,7 +35,8 @@ class WorkUnit:
         partition_values: a file of a directory-partitioned table
             (``.../dt=2024-01-01/region=EU/part-0.parquet``): the raw text of
             each partition column's directory value, in the table's
-            ``partition_cols`` order; ``()`` otherwise.
+            ``partition_cols`` order (None: a Delta table's null partition);
+            ``()`` otherwise.
 
     Example:
         >>> u = WorkUnit(path="/data/part-0.parquet", data=b"page=3")
@@ -48,7 +49,7 @@ class WorkUnit:
     num_rows: int | None = None
     ipc: bytes = b""
     data: bytes = b""
-    partition_values: tuple[str, ...] = ()
+    partition_values: tuple[str | None, ...] = ()
 
     def to_json(self) -> dict:
         """The unit as JSON-able data (bytes fields as hex; ``data`` only when set)."""

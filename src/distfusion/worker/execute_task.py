@@ -482,9 +482,12 @@ def partition_output(
         QueryCancelledError: ``cancelled()`` became true.
         Exception: DataFusion's error while executing.
     """
-    lists = _Lists(plan.output.num_partitions) if sink is None else None
-    _partition_into(df, plan, cancelled, sink or lists, metrics, meter)
-    return lists.parts if lists is not None else None
+    if sink is not None:
+        _partition_into(df, plan, cancelled, sink, metrics, meter)
+        return None
+    lists = _Lists(plan.output.num_partitions)
+    _partition_into(df, plan, cancelled, lists, metrics, meter)
+    return lists.parts
 
 
 def _partition_into(
@@ -665,7 +668,7 @@ def _register_spark(ctx: SessionContext, source, batches: list[pa.RecordBatch], 
 
 def feed_dataframes(
     plan: TaskPlan,
-    read_input: Callable[[int], list[pa.RecordBatch]],
+    read_input: Callable[[int], Inputs],
     feed_chunks: FeedChunks,
     memory: TaskMemory | None = None,
     meter: TaskMeter | None = None,
@@ -789,7 +792,7 @@ class _Resettable(PartitionSink, Protocol):
 def run_task_into(
     sink: _Resettable,
     plan: TaskPlan,
-    read_input: Callable[[int], list[pa.RecordBatch]],
+    read_input: Callable[[int], Inputs],
     cancelled: Callable[[], bool] = lambda: False,
     worker: str = "local",
     feed_chunks: FeedChunks = _no_feeds,
@@ -873,7 +876,7 @@ def run_task_into(
 
 def run_task(
     plan: TaskPlan,
-    read_input: Callable[[int], list[pa.RecordBatch]],
+    read_input: Callable[[int], Inputs],
     cancelled: Callable[[], bool] = lambda: False,
     worker: str = "local",
     feed_chunks: FeedChunks = _no_feeds,
@@ -897,7 +900,7 @@ def run_task(
     lists = _Lists(plan.output.num_partitions)
     meter = task_meter(plan, worker) if on_metrics is not None else None
     run_task_into(lists, plan, read_input, cancelled, worker, feed_chunks, memory, meter)
-    if meter is not None:
+    if meter is not None and on_metrics is not None:  # the meter is made for on_metrics
         on_metrics(meter.finish(lists.parts))
     return lists.parts
 
@@ -921,7 +924,7 @@ def task_meter(plan: TaskPlan, worker: str) -> TaskMeter:
 
 def stream_head_stage(
     plan: TaskPlan,
-    read_input: Callable[[int], list[pa.RecordBatch]],
+    read_input: Callable[[int], Inputs],
     feed_chunks: FeedChunks = _no_feeds,
     memory: TaskMemory | None = None,
     cancelled: Callable[[], bool] = lambda: False,

@@ -52,6 +52,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -126,7 +127,11 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
-class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
+_MiddlewareFactoryBase: Any = flight.ServerMiddlewareFactory  # pyarrow.flight, loaded above
+_ServerBase: Any = flight.FlightServerBase
+
+
+class _TokenMiddlewareFactory(_MiddlewareFactoryBase):
     """Rejects calls without ``authorization: Bearer <token>`` (constant-time compare)."""
 
     def __init__(self, token: str) -> None:
@@ -142,7 +147,7 @@ class _TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
         raise flight.FlightUnauthenticatedError("missing or wrong distfusion token")
 
 
-class _Server(flight.FlightServerBase):
+class _Server(_ServerBase):
     def __init__(self, owner: FlightWorker, location: str, **kwargs) -> None:
         self._owner = owner  # set first: calls may arrive as soon as the port is bound
         super().__init__(location, **kwargs)

@@ -56,7 +56,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from distfusion.errors import QueryCancelledError
@@ -279,7 +279,7 @@ def iterate_native(
     open_stream: Callable[[], Any],
     cancelled: Callable[[], bool] = lambda: False,
     what: str = "waiting for DataFusion",
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """The items of a DataFusion record batch stream, pulled by a helper thread.
 
     ``open_stream()`` (``df.execute_stream``) and each ``next`` on its

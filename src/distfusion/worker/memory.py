@@ -287,7 +287,7 @@ def remove_stale_roots(parent: str) -> list[str]:
     Returns:
         The directories deleted.
     """
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:

@@ -189,7 +189,7 @@ def run_shuffle_task(
         RuntimeError: the task failed; its message is ``DISTFUSION_TASK_ERROR``
             followed by a JSON report (stage, task, worker, cause, traceback).
     """
-    record, stage = stage, stage_of(stage)
+    record, built = stage, stage_of(stage)
     worker = f"spark-executor://{socket.gethostname()}/pid{os.getpid()}"
     table, batches = None, iter(())
     if spark is not None:
@@ -199,13 +199,13 @@ def run_shuffle_task(
             batches = _spark_batches(records, read_schema)
     try:
         plan = task_plan(query_id, record, task_index)
-        _maybe_inject_failure(stage.stage_id, task_index)
+        _maybe_inject_failure(built.stage_id, task_index)
         # Drain the input even when the stage reads none (a leaf reads its task
         # index): PySpark reuses a Python worker only after its task read the
         # whole input, and a fresh worker costs ~1 s of imports and zip scans.
         # A Spark table's partition is read by the task, then drained.
         records = list(records) if table is None else records
-        inputs = group_inputs(stage, records if shuffled else ())
+        inputs = group_inputs(built, records if shuffled else ())
         for i, bc in broadcast.items():
             inputs[i] = sorted(bc.value, key=lambda v: v[0])
         measured: list[TaskMetrics] = []
@@ -225,16 +225,16 @@ def run_shuffle_task(
             drain(records)
         out = list(output_records(task_index, parts, compression))
         if stats is not None:
-            stats.add(partition_stats(stage.stage_id, task_index, parts))
+            stats.add(partition_stats(built.stage_id, task_index, parts))
         if metrics is not None:
-            metrics.add({(stage.stage_id, task_index): measured[0].to_dict()})
+            metrics.add({(built.stage_id, task_index): measured[0].to_dict()})
     except TaskError as err:
         raise RuntimeError(ERROR_MARKER + _report(err)) from None
     except BaseException as exc:  # a native panic too (is_task_failure)
         if not is_task_failure(exc):
             raise
-        err = task_error(stage.stage_id, task_index, worker, exc)
-        raise RuntimeError(ERROR_MARKER + _report(err)) from None
+        failure = task_error(built.stage_id, task_index, worker, exc)
+        raise RuntimeError(ERROR_MARKER + _report(failure)) from None
     return iter(out)
 
 
@@ -502,7 +502,7 @@ def _maybe_inject_failure(stage_id: int, task_index: int, attempt: int | None = 
         marker = f"{FAIL_TASK_PROPERTY}="
         tags = (ctx.getLocalProperty("spark.job.tags") or "").split(",")
         spec = next((t.split(marker, 1)[1] for t in tags if marker in t), None)
-    if not spec:
+    if not spec or ctx is None:  # no spec without a TaskContext
         return
     s, t, attempts = spec.split(":")
     if int(s) != stage_id or int(t) != task_index:

@@ -338,7 +338,9 @@ pull_slots = PullSlots()
 """The process's :class:`PullSlots`."""
 
 
-def metered(meter, read_input: Callable[[int], object]) -> Callable[[int], object]:
+def metered(
+    meter, read_input: Callable[[int], list[pa.RecordBatch] | InputStreams]
+) -> Callable[[int], list[pa.RecordBatch] | InputStreams]:
     """``read_input`` counted by ``meter`` (a :class:`~distfusion.metrics.task.TaskMeter`).
 
     An input read as a list is timed and counted at once; each batch of
@@ -355,7 +357,7 @@ def metered(meter, read_input: Callable[[int], object]) -> Callable[[int], objec
 
         return read
 
-    def read(i: int):
+    def read(i: int) -> list[pa.RecordBatch] | InputStreams:
         start = time.perf_counter()
         got = read_input(i)
         if isinstance(got, InputStreams):
@@ -664,7 +666,7 @@ class InputBinding:
         """
         if table not in self.datasets:
             n = max(1, min(partitions, len(batches)))
-            streams = [_Replay(batches[g::n], self) for g in range(n)]
+            streams: list[_Stream | _Replay] = [_Replay(batches[g::n], self) for g in range(n)]
             self.datasets[table] = StreamDataset(schema, streams)
         return self.datasets[table]
 

@@ -204,7 +204,9 @@ class TaskOutput:
             if p in self._files:  # spilled and closed before: its batches are read back first
                 msg = f"partition {p} was spilled and closed; cannot append"
                 raise RuntimeError(msg)
-            path = self._spill_path(p)
+            spill_path = self._spill_path
+            assert spill_path is not None  # files are written only by spilling
+            path = spill_path(p)
             writer = pa.ipc.new_stream(path, batch.schema)
             entry = (writer, batch.schema)
             self._writers[p] = entry

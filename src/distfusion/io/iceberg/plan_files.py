@@ -241,7 +241,7 @@ def plan_units(
         msg = f"cannot read the manifest list {snapshot.manifest_list}: {type(exc).__name__}: {exc}"
         raise OSError(msg) from exc
     report.manifests_total = len(manifests)
-    manifest_evaluators = KeyDefaultDict(
+    manifest_evaluators: KeyDefaultDict[int, Callable] = KeyDefaultDict(
         # No public ManifestGroupPlanner.build_manifest_evaluator (above).
         lambda spec_id: _built(planner._build_manifest_evaluator, spec_id)  # noqa: SLF001
     )
@@ -255,7 +255,7 @@ def plan_units(
         and planner._check_sequence_number(min_sequence_number, m)  # noqa: SLF001
     ]
     data = [m for m in kept if m.content == ManifestContent.DATA]
-    partition_evaluators = KeyDefaultDict(
+    partition_evaluators: KeyDefaultDict[int, Callable] = KeyDefaultDict(
         # No public ManifestGroupPlanner.build_partition_evaluator (above).
         lambda spec_id: _built(planner._build_partition_evaluator, spec_id)  # noqa: SLF001
     )

@@ -301,7 +301,7 @@ def deleted_positions(ctx: SessionContext, info: dict) -> np.ndarray:
         Exception: DataFusion's error reading a delete file.
     """
     target = info["file_path"]
-    found = []
+    found: list[Any] = []  # numpy arrays of positions
     for d in info.get("deletes", ()):
         df = ctx.read_parquet(d["path"])
         rows = df.filter(col("file_path") == lit(target)).select(col("pos")).to_arrow_table()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Mapping
 
 DATA_PLANES = ("flight", "shuffle")
 """Values of ``SparkRuntime(data_plane=...)``."""
@@ -32,7 +33,7 @@ Flight data plane serves TLS too (:func:`encryption_settings`). Spark's RPC
 unencrypted (docs/memory.md)."""
 
 
-def encryption_settings(settings: dict[str, str]) -> list[str]:
+def encryption_settings(settings: Mapping[str, str | None]) -> list[str]:
     """The :data:`ENCRYPTION_SETTINGS` that are ``true`` in ``settings`` (Spark's conf)."""
     return [k for k in ENCRYPTION_SETTINGS if str(settings.get(k, "")).strip().lower() == "true"]
 

@@ -60,7 +60,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pyarrow as pa
 
@@ -76,7 +76,7 @@ from distfusion.errors import (
     TaskError,
 )
 from distfusion.metrics.task import TaskMetrics
-from distfusion.protocol.errors import error_from_dict
+from distfusion.protocol.errors import task_error_from_json
 from distfusion.runtime.spark.config import (
     ENCRYPTION_SETTINGS,
     encryption_settings,
@@ -620,7 +620,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
         self._refuse_feeds(graph)
         return super().run_stages(graph, stage_ids)
 
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+    def stream_head(self, graph: StageGraph) -> Generator[pa.RecordBatch, None, None]:
         """Run the stages not run yet, then the head stage as a one-task Spark job.
 
         When this client reaches the workers, the head runs here instead,
@@ -825,7 +825,10 @@ class _ConnectFlightQuery(SparkFlightQuery):
                 or its schema has a type Arrow cannot express.
         """
         if stage.stage_id not in self._frames:
-            self._frames[stage.stage_id] = _spark_frame(self.spark, stage, spark_scan(stage))
+            scan = spark_scan(stage)
+            if scan is None:
+                raise PlanningError(f"stage {stage.stage_id} reads no Spark DataFrame")
+            self._frames[stage.stage_id] = _spark_frame(self.spark, stage, scan)
         return self._frames[stage.stage_id]
 
     def _part_job(self, graph: StageGraph, parts: list[HeadPart], pending: list, fn) -> list:
@@ -901,7 +904,7 @@ class _ConnectFlightQuery(SparkFlightQuery):
                             elif kind == CLEANED:
                                 self._cleaned = True
                             elif kind == FAILED:
-                                error = error_from_dict(json.loads(data.as_py()))
+                                error = task_error_from_json(data.as_py())
                         table = self._next(stream)
                 finally:
                     stream.close()

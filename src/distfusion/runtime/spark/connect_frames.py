@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
@@ -189,7 +189,7 @@ def collect_arrow(df) -> pa.Table:
     return table
 
 
-def stream_arrow(df) -> Iterator[pa.Table]:
+def stream_arrow(df) -> Generator[pa.Table, None, None]:
     """Run Connect DataFrame ``df``; its rows as Arrow tables, as the server sends them."""
     client = df._session.client  # noqa: SLF001 (see collect_arrow)
     plan = df._plan  # noqa: SLF001

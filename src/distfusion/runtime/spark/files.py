@@ -86,7 +86,7 @@ def s3_store_from_hadoop(spark, bucket: str) -> object_store.AmazonS3:
         value = setting(f"fs.s3a.bucket.{bucket}.{key}") or setting(f"fs.s3a.{key}")
         return str(value) if value else None
 
-    args = {arg: get(key) for key, arg in _HADOOP_S3 if get(key)}
+    args = {arg: value for key, arg in _HADOOP_S3 if (value := get(key))}
     endpoint = args.get("endpoint")
     if endpoint and "://" not in endpoint:
         ssl = (get("connection.ssl.enabled") or "true").lower() != "false"

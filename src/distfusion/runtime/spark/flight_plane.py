@@ -11,7 +11,6 @@ every task, and lost outputs are computed again (docs/spark-data-path.md).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import time
@@ -30,7 +29,7 @@ from distfusion.errors import (
 from distfusion.io.write import WriteSpec, write_part
 from distfusion.metrics.task import TaskMetrics
 from distfusion.protocol.errors import (
-    error_from_dict,
+    task_error_from_json,
 )
 from distfusion.protocol.task_plan import TaskPlan
 from distfusion.runtime.spark.dataframes import spark_input, spark_scan
@@ -42,6 +41,7 @@ from distfusion.runtime.spark.jobs import (
     spark_progress,
 )
 from distfusion.stages import SourceScan, Stage, StageGraph
+from distfusion.transport.flight import FlightWorkerTransport
 from distfusion.worker.head_parts import HeadPart
 from distfusion.worker.spark_codec import StageRecord, TaskRecord, stage_record
 from distfusion.worker.spark_entries import task_function
@@ -84,6 +84,8 @@ class SparkFlightQuery(WorkerQueryRun):
     their tasks run again (producers first), then the failed tasks (at most
     ``task_max_failures`` times per query).
     """
+
+    transport: FlightWorkerTransport  # the runtime's: Flight, with keepalives
 
     def __init__(self, runtime, query_id: str) -> None:  # runtime: the SparkRuntime
         super().__init__(
@@ -370,7 +372,9 @@ class SparkFlightQuery(WorkerQueryRun):
                 whole.append(rdd)
             for sid, wanted in on_tables.items():
                 stage = self._stages[sid]
-                arrow, parts, read_schema = self._spark_input(stage, spark_scan(stage))
+                scan = spark_scan(stage)
+                assert scan is not None  # on_tables: the stages that read a Spark table
+                arrow, parts, read_schema = self._spark_input(stage, scan)
                 fn = task_function(
                     [(sid, t) for t in range(parts)],
                     run_flight_table_task,
@@ -433,7 +437,7 @@ class SparkFlightQuery(WorkerQueryRun):
             self._used.add(url)
             self.runtime.executor_urls.add(url)
             if report is not None:
-                failed.append(((sid, t), error_from_dict(json.loads(report))))
+                failed.append(((sid, t), task_error_from_json(report)))
                 continue
             self.placement[(sid, t)] = url
             m = TaskMetrics.from_dict(metrics)
@@ -489,7 +493,7 @@ class SparkFlightQuery(WorkerQueryRun):
                 if report is None:
                     results[index] = value
                     continue
-                err = error_from_dict(json.loads(report))
+                err = task_error_from_json(report)
                 attempts[index] += 1
                 if attempts[index] >= self.runtime.task_max_failures:
                     cause = f"{err.cause} (gave up after {attempts[index]} attempts)"
@@ -592,3 +596,4 @@ class SparkFlightQuery(WorkerQueryRun):
     def _task_output(self, stage_id: int, task_index: int) -> tuple[tuple[int, ...], ...]:
         """What the task reported with its Spark record (no call to its worker)."""
         return self._task_stats[(stage_id, task_index)]
+

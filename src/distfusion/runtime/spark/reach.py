@@ -109,8 +109,9 @@ def check_master(master: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
             connection; names the URL, each host and the cause.
     """
     addresses = master_addresses(master)
-    causes = [unreachable(host, port, timeout_s) for host, port in addresses]
-    if not addresses or any(c is None for c in causes):
+    found = [unreachable(host, port, timeout_s) for host, port in addresses]
+    causes = [c for c in found if c is not None]
+    if not addresses or len(causes) < len(found):
         return
     msg = (
         f"the Spark master {master} cannot be reached: {'; '.join(causes)}. Check the "

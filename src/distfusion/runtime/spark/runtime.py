@@ -230,13 +230,18 @@ class SparkRuntime:
         self.target_partitions = target_partitions or default_target_partitions()
         self.compression = compression
         self._held: dict[str, int] = {}  # query id -> bytes of stage outputs on the driver
-        conf = self.sc.getConf()
-        self.task_max_failures = int(conf.get("spark.task.maxFailures", str(task_max_failures)))
-        if data_plane == "flight" and conf.get("spark.python.worker.reuse", "true") == "false":
+        spark_conf = self.sc.getConf()
+        self.task_max_failures = int(
+            spark_conf.get("spark.task.maxFailures", str(task_max_failures))
+        )
+        if (
+            data_plane == "flight"
+            and spark_conf.get("spark.python.worker.reuse", "true") == "false"
+        ):
             # Each task's Python worker exits after it, and the outputs it holds with it.
             log.warning("spark.python.worker.reuse is false: outputs go through Spark's shuffle")
             data_plane = "shuffle"
-        self.encryption = encryption_settings({**dict(conf.getAll()), **given_conf})
+        self.encryption = encryption_settings({**dict(spark_conf.getAll()), **given_conf})
         """The Spark settings asking for encryption (:data:`ENCRYPTION_SETTINGS`)."""
         tls = None
         self.explain_note = ""
@@ -276,7 +281,7 @@ class SparkRuntime:
         """Seconds after a query's last Spark job that the workers are kept warm."""
         self._last_job = 0.0  # time.monotonic() of the last Spark job of a query
         self._warm_stop = threading.Event()
-        if conf.get("spark.dynamicAllocation.enabled", "false") == "true":
+        if spark_conf.get("spark.dynamicAllocation.enabled", "false") == "true":
             self._warm_stop.set()  # idle executors stay free to go: none kept warm
         if not self.sc.master.startswith("local"):
             self.resolver.wait_for_executors(1, executor_wait_s)
@@ -510,7 +515,7 @@ class SparkRuntime:
                     raise TransportError(missing_module_message(python, failure[0]))
             self._checked_python = python
 
-    def executor_worker_args(self) -> tuple[str, str | None, tuple, int, str]:
+    def executor_worker_args(self) -> tuple[str, str | None, tuple, int, str | None]:
         """``(bind host, advertised host, access, task memory, driver URL)`` for executor workers.
 
         ``access``: the token, and the TLS certificate and key when the data
@@ -695,7 +700,9 @@ class SparkRuntime:
 
     def _keep_workers_warm(self) -> None:
         """The loop of :meth:`used_workers`' thread, until :meth:`close`."""
-        while not self._warm_stop.wait(self.warm_interval_s):
+        stop = self._warm_stop
+        assert stop is not None  # the thread starts only once it is set
+        while not stop.wait(self.warm_interval_s):
             idle = time.monotonic() - self._last_job
             if idle < self.warm_interval_s or idle > self.warm_for_s:
                 continue

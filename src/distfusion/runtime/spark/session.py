@@ -85,7 +85,7 @@ def gateway_ends_with_this_process() -> Iterator[None]:
             raise KeyboardInterrupt
         return proc
 
-    java_gateway.Popen = popen
+    java_gateway.Popen = popen  # type: ignore[misc, assignment]  # py4j's module attribute
     try:
         yield
     except BaseException:
@@ -94,7 +94,7 @@ def gateway_ends_with_this_process() -> Iterator[None]:
             proc.wait()
         raise
     finally:
-        java_gateway.Popen = original
+        java_gateway.Popen = original  # type: ignore[misc]  # py4j's module attribute
 
 
 def _descendants(pid: int) -> set[int]:

@@ -84,7 +84,7 @@ _SETTINGS = {  # pyspark/worker.py's RunnerConf: the setting, and its default th
 }
 
 
-def called_functions(parsed: exp.Expression) -> set[str]:
+def called_functions(parsed: exp.Expr) -> set[str]:
     """Names (lower case) of the functions in ``parsed`` that sqlglot does not know."""
     return {node.name.lower() for node in parsed.find_all(exp.Anonymous)}
 
@@ -310,7 +310,8 @@ def _python_udfs(plan, jvm) -> list[Any]:
         "org.apache.spark.sql.catalyst.expressions.SubqueryExpression"
     )
     out: list[Any] = []
-    plans, exprs = [plan], []
+    plans: list[Any] = [plan]  # py4j objects
+    exprs: list[Any] = []
     while plans or exprs:
         if plans:
             p = plans.pop()

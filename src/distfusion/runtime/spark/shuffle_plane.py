@@ -36,7 +36,8 @@ from __future__ import annotations
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
+from typing import Any
 
 import pyarrow as pa
 
@@ -94,12 +95,12 @@ class SparkShuffleQuery:
         self.identity = lambda p: p
         self.ran: set[int] = set()  # stage ids that ran; valid in every later graph
         # stage id -> output partitionBy'd: (p, (sid, task, ipc))
-        self.shuffled: dict[int, object] = {}
+        self.shuffled: dict[int, Any] = {}  # pyspark RDDs
         # stage id -> output on the driver
         self.values: dict[int, list[tuple[int, int, bytes]]] = {}
         # stage id -> Broadcast of [(task, ipc)], all partitions
-        self.broadcasts: dict[int, object] = {}
-        self.rdds: dict[int, object] = {}  # stage id -> output records (p, (task, ipc)); this graph
+        self.broadcasts: dict[int, Any] = {}  # pyspark Broadcasts
+        self.rdds: dict[int, Any] = {}  # stage id -> output records (p, (task, ipc)); this graph
         self.on_driver: set[int] = set()  # stages run here rather than on Spark
         self.persisted: list = []
         self.uses: dict[int, int] = {}
@@ -136,7 +137,7 @@ class SparkShuffleQuery:
         elapsed = time.perf_counter() - start
         return {s.stage_id: self._stage_stats(s, elapsed) for s in stages}
 
-    def stream_head(self, graph: StageGraph) -> Iterator[pa.RecordBatch]:
+    def stream_head(self, graph: StageGraph) -> Generator[pa.RecordBatch, None, None]:
         """See :meth:`QueryRun.stream_head`: a job per broadcast round, one for the head's."""
         self._use(graph)
         self.observer.planned(graph)
@@ -177,6 +178,13 @@ class SparkShuffleQuery:
         self.sc.setLocalProperty("spark.jobGroup.id", None)
 
     # ------------------------------------------------------------------ driver
+    @property
+    def _graph(self) -> StageGraph:
+        """The graph in use (set by :meth:`_use`, which every run starts with)."""
+        if self.graph is None:
+            raise RuntimeError("no stage graph in use: stream_head or run_stages sets it")
+        return self.graph
+
     def _use(self, graph: StageGraph) -> None:
         """Plan Spark work for ``graph``: outputs of stages that did not run are forgotten."""
         if graph is self.graph:
@@ -275,7 +283,7 @@ class SparkShuffleQuery:
     def _shuffled(self, stage_id: int):
         """``stage_id``'s records partitioned by consumer partition, tagged with the stage id."""
         if stage_id not in self.shuffled:
-            n = self.graph.stage(stage_id).output.num_partitions
+            n = self._graph.stage(stage_id).output.num_partitions
             self.shuffled[stage_id] = (
                 self._records(stage_id)
                 .map(lambda r, sid=stage_id: (r[0], (sid,) + r[1]))
@@ -297,7 +305,7 @@ class SparkShuffleQuery:
         """The RDD of ``stage_id``'s output records, built once per graph (it has not run)."""
         if stage_id in self.rdds:
             return self.rdds[stage_id]
-        stage = self.graph.stage(stage_id)
+        stage = self._graph.stage(stage_id)
         read = [inp for inp in stage.inputs if inp.boundary != BROADCAST]
         broadcast = {
             i: self.broadcasts[inp.stage_id]
@@ -319,7 +327,7 @@ class SparkShuffleQuery:
             producers = list(dict.fromkeys(inp.stage_id for inp in read))
             parts = [self._shuffled(sid) for sid in producers]
             base = parts[0] if len(parts) == 1 else self.sc.union(parts)
-            n = self.graph.stage(producers[0]).output.num_partitions
+            n = self._graph.stage(producers[0]).output.num_partitions
             if base.getNumPartitions() != n:  # not co-partitioned: would lose rows
                 msg = f"stage {stage_id}: Spark did not co-partition its {len(parts)} inputs"
                 raise PlanningError(msg)
@@ -343,7 +351,7 @@ class SparkShuffleQuery:
             self.runtime.compression,
             self.acc,
             self.metrics_acc,
-            self.runtime.task_memory_bytes(self.graph),
+            self.runtime.task_memory_bytes(self._graph),
         )
         tasks = [(stage_id, t) for t in range(stage.num_tasks)]
         if scan is None:
@@ -375,7 +383,7 @@ class SparkShuffleQuery:
         A one-task producer that has not run runs on the driver instead
         (:meth:`_run_on_driver`); the same job collects its inputs that Spark produces.
         """
-        graph = self.graph
+        graph = self._graph
         needed = {i.stage_id for s in stages for i in s.inputs if i.boundary == BROADCAST}
         if outputs:
             needed |= {s.stage_id for s in stages if s.output.kind == BROADCAST}
@@ -413,12 +421,12 @@ class SparkShuffleQuery:
             self.query_id,
             stage,
             0,
-            _dummy_workers(stage, self.graph),
+            _dummy_workers(stage, self._graph),
             self.runtime.target_partitions,
         )
         inputs = [self._input_values(i) for i in stage.inputs]
         worker = f"spark-driver://{socket.gethostname()}"
-        budget = self.runtime.task_memory_bytes(self.graph)
+        budget = self.runtime.task_memory_bytes(self._graph)
         with tempfile.TemporaryDirectory(prefix="distfusion-spill-") as spill_dir:
             parts = run_task(
                 plan,
