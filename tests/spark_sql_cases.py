@@ -682,10 +682,17 @@ CASES = [
         "arrays of two lengths, a NULL or repeated key: Spark's error",
     ),
     Case(
-        "structs or maps compared or sorted",
-        "SELECT i FROM sem WHERE st = named_struct('a', 1, 'b', 'x') ORDER BY st",
+        "structs in GROUP BY and ORDER BY",
+        "SELECT st, count(*) AS n FROM sem GROUP BY st ORDER BY st",
+        "native",
+        "a struct as a sort key in the default NULL order",
+    ),
+    Case(
+        "structs or maps compared, a struct sorted NULLS LAST, maps grouped",
+        "SELECT i FROM sem WHERE st = named_struct('a', 1, 'b', 'x') ORDER BY st NULLS LAST",
         "spark",
-        "Spark sorts a struct's NULL fields first, whatever the key's NULL order",
+        "Spark sorts a struct's NULL fields first whatever the key's NULL order, "
+        "groups a map by its sorted entries",
     ),
     Case(
         "explode of a map",

@@ -19,19 +19,24 @@ against Spark 4.3 in tests/spark_sql_cases.py):
   runs the query again on Spark SQL and gives Spark's own error
   (``SparkDataFrame.collect``), not DataFusion's "map key ..." error.
 - ``size`` of a NULL map: NULL with ANSI mode, -1 without (as of an array).
-- Structs and maps are not compared nor sorted here: Spark orders a
-  struct's NULL fields first, DataFusion last, and Spark rejects maps there.
+- Structs group as in Spark; a struct is a sort key only in the default
+  NULL order (:func:`_rule_ordered`). Structs and maps are not compared
+  here (a struct's field names do not survive a stage boundary in every
+  plan, and DataFusion then casts a struct to a struct it cannot name), nor
+  maps grouped (:func:`_rule_grouped`).
 
 ``explode(m)`` in a select list gives ``key`` and ``value`` columns
 (:func:`_rule_explode`).
 
 Not translated (run on Spark SQL): ``map()`` without entries,
 ``map_from_entries``, a named or outer ``explode`` of a map, a map in a
-``LATERAL VIEW``, structs and maps compared or sorted.
+``LATERAL VIEW``, a struct sorted ``NULLS LAST`` ascending (or ``NULLS
+FIRST`` descending), structs and maps compared, maps grouped.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from sqlglot import exp
@@ -162,7 +167,9 @@ def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expression:
     args: list[exp.Expression] = []
     for item in node.expressions:
         value, spark_type = item.expression, t.type_of(item.expression)
-        if spark_type.this not in (T.STRUCT, T.MAP, T.ARRAY):  # a literal 2: an INT, not Int64
+        if spark_type.this in (T.TEXT, T.VARCHAR):  # Utf8, as a struct column's strings
+            value = _fn("arrow_cast", value, exp.Literal.string("Utf8"))
+        elif spark_type.this not in (T.STRUCT, T.MAP, T.ARRAY):  # a literal 2: INT, not Int64
             value = cast_to(value, spark_type)
         args += [exp.Literal.string(item.this.name), value]
     return _fn("named_struct", *args)
@@ -350,6 +357,33 @@ def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
     return COLLECTION_RULES[exp.ArraySize](t, node)
 
 
+def _flat_struct(t: exp.DataType) -> bool:
+    """A STRUCT of scalar fields only."""
+    return t.this == T.STRUCT and all(
+        ft is not None and ft.this not in (T.STRUCT, T.MAP, T.ARRAY) for _, ft in _fields(t)
+    )
+
+
+def _rule_grouped(t: Translation, node: exp.Expression) -> exp.Expression:
+    """``GROUP BY`` or ``DISTINCT`` keys that are not maps (Spark groups maps by sorted keys).
+
+    Spark 4 groups maps as their entries sorted by key; DataFusion by their
+    entries as stored. A ``GROUP BY`` goes on to the translator's own rule.
+    """
+    keys = node.expressions
+    if isinstance(node, exp.Distinct) and not keys and isinstance(node.parent, exp.Select):
+        keys = node.parent.expressions  # SELECT DISTINCT: its select list
+    for key in keys:
+        if _is(t.type_of(key), T.MAP):
+            raise SparkSemanticsError(
+                f"a map in {node.key.upper()}: Spark groups its sorted entries"
+            )
+    if isinstance(node, exp.Group):
+        translate = importlib.import_module("distfusion.spark_sql.translate")  # imports this
+        return translate._rule_group(t, node)  # noqa: SLF001 - the rule this one extends
+    return node
+
+
 def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
     """``explode(m)`` of a map, an item of a select list: columns ``key`` and ``value``.
 
@@ -377,15 +411,20 @@ def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
 
 
 def _rule_ordered(t: Translation, node: exp.Ordered) -> exp.Expression:
-    """A sort key (``ORDER BY``, a window's order) that is not a struct or a map.
+    """A sort key (``ORDER BY``, a window's order): a struct only in Spark's NULL order.
 
-    Spark orders a struct's NULL fields first whatever the key's NULL
-    order; DataFusion follows the key's (``NULLS LAST``: last).
+    Spark orders a struct's NULL fields first (ascending) whatever the key's
+    NULL order; DataFusion's fields follow the key's. ``ASC NULLS FIRST``
+    and ``DESC NULLS LAST`` (the defaults) agree, of a struct of scalars;
+    a map Spark does not sort.
     """
-    if (k := t.type_of(node.this)) is not None and k.this in (T.STRUCT, T.MAP):
-        raise SparkSemanticsError(
-            f"ORDER BY a {k.this.name.lower()}: Spark orders its NULL fields first"
-        )
+    k = t.type_of(node.this)
+    if k is None or k.this not in (T.STRUCT, T.MAP):
+        return node
+    default = bool(node.args.get("nulls_first")) == (not node.args.get("desc"))
+    if not (default and _flat_struct(k)):
+        msg = f"ORDER BY a {k.this.name.lower()}: Spark orders its NULL fields first"
+        raise SparkSemanticsError(msg)
     return node
 
 
@@ -402,6 +441,8 @@ STRUCT_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]
     exp.Array: _rule_array,
     exp.Ordered: _rule_ordered,
     exp.Explode: _rule_explode,
+    exp.Group: _rule_grouped,
+    exp.Distinct: _rule_grouped,
     exp.ColumnDef: lambda t, n: n,  # a field of a STRUCT<...> type
 }
 """The node classes of structs and maps -> their rules (part of ``translate.RULES``)."""
