@@ -1,4 +1,4 @@
-"""``round`` of a DOUBLE and ``percentile`` run natively with Spark's answers, bit for bit.
+"""``round``, ``bround`` and ``percentile`` run natively with Spark's answers, bit for bit.
 
 Oracle: ``spark.sql(q)`` on one shared session (``spark_session``). Spark rounds
 ``java.lang.Double.toString(x)`` half up (``RoundBase``), DataFusion's
@@ -76,6 +76,34 @@ def _bits(column: pa.ChunkedArray) -> list[int | None]:
     return out
 
 
+def _integers(seed: int = 38, n: int = 400) -> pa.Table:
+    """``ints`` (k, i INT, b BIGINT, d DECIMAL(18,3)): ties at each negative digit, NULL.
+
+    Values stay clear of their type's bounds (rounding up to 10^9 keeps an INT).
+    """
+    rnd = random.Random(seed)
+    ints, bigs, decs = [], [], []
+    for _ in range(n):
+        k = rnd.randint(1, 8)
+        tie = rnd.randint(-(10 ** (9 - k)), 10 ** (9 - k)) * 10**k + 5 * 10 ** (k - 1)
+        for v in (tie, -tie, tie + 1, tie - 1, rnd.randint(-(10**9), 10**9)):
+            v = max(-(10**9), min(10**9, v))
+            ints.append(v)
+            bigs.append(v * 10**9 + rnd.choice([0, 5 * 10**8, rnd.randint(0, 10**9)]))
+            decs.append(decimal.Decimal(rnd.randint(-(10**15), 10**15)) / 1000)
+    ints.append(None)
+    bigs.append(None)
+    decs.append(None)
+    return pa.table(
+        {
+            "k": range(len(ints)),
+            "i": pa.array(ints, pa.int32()),
+            "b": pa.array(bigs, pa.int64()),
+            "d": pa.array(decs, pa.decimal128(18, 3)),
+        }
+    )
+
+
 @pytest.fixture(scope="module")
 def numbers(spark_session, tmp_path_factory):
     """``spark_session`` with views of doubles and groups.
@@ -117,6 +145,7 @@ def numbers(spark_session, tmp_path_factory):
         "dbl": pa.table({"k": range(len(native)), "x": pa.array(native, pa.float64())}),
         "dbl_rerun": pa.table({"k": range(len(rerun)), "x": pa.array(rerun, pa.float64())}),
         "zeros": pa.table({"v": pa.array([0.0, -0.0, 1.0], pa.float64())}),
+        "ints": _integers(),
         "pct": pa.table(
             {
                 "g": pa.array(groups, pa.int32()),
@@ -167,6 +196,50 @@ def test_round_of_doubles_is_sparks_bit_for_bit(numbers):
     df = _bit_equal(numbers, f"SELECT k, x, {rounds}, round(x) AS r FROM dbl ORDER BY k")
     assert df.fallback is None
     assert numbers.table("dbl").count() > 5000
+
+
+def test_bround_of_doubles_is_sparks_bit_for_bit(numbers):
+    # HALF_EVEN of the same decimal text: 2.675 to 2.68, 0.125 to 0.12, 0.5 to 0.0
+    rounds = ", ".join(f"bround(x, {d}) AS r{d}" for d in DIGITS)
+    df = _bit_equal(numbers, f"SELECT k, x, {rounds}, bround(x) AS r FROM dbl ORDER BY k")
+    assert df.fallback is None
+    df = _bit_equal(numbers, "SELECT k, bround(x, 2) AS r FROM dbl_rerun ORDER BY k")
+    assert "round() of the double" in df.fallback
+
+
+def test_round_and_bround_to_negative_digits_are_sparks(numbers):
+    digits = [-1, -2, -3, -5, -8, -9, -10, -12, -17]
+    cols = ", ".join(
+        f"{f}(i, {d}) AS i{f}{-d}, {f}(b, {d}) AS b{f}{-d}, {f}(d, {d}) AS d{f}{-d}"
+        for f in ("round", "bround")
+        for d in digits
+    )
+    more = "bround(d, 2) AS e2, bround(d, 0) AS e0, round(d, 1) AS u1, bround(b, 3) AS b3"
+    df = _bit_equal(numbers, f"SELECT k, {cols}, {more} FROM ints ORDER BY k")
+    assert df.fallback is None
+
+
+@pytest.mark.parametrize("ansi", ["true", "false"])
+def test_round_past_the_integer_type_is_sparks_error_or_wrap(numbers, ansi):
+    # Spark: ARITHMETIC_OVERFLOW with ANSI mode, the wrapped integer without; the
+    # native run fails on the value and Spark SQL answers.
+    sql = (
+        "SELECT k, round(CAST(2147483647 - k AS INT), -1) AS r, "
+        "bround(9223372036854775807 - k, -1) AS s FROM ints WHERE k < 3 ORDER BY k"
+    )
+    previous = numbers.conf.get("spark.sql.ansi.enabled")
+    numbers.conf.set("spark.sql.ansi.enabled", ansi)
+    try:
+        df = distfusion.spark.sql(numbers, sql)
+        if ansi == "true":
+            with pytest.raises(Exception, match=r"\[ARITHMETIC_OVERFLOW"):
+                df.to_arrow_table()
+        else:
+            assert df.to_arrow_table().equals(numbers.sql(sql).toArrow())
+            assert df.to_pylist()[0]["r"] == -2147483646  # 2147483650 wrapped
+        assert df.fallback.startswith("DataFusion failed on a value"), df.fallback
+    finally:
+        numbers.conf.set("spark.sql.ansi.enabled", previous)
 
 
 def test_round_of_a_double_spark_answers_otherwise_runs_there(numbers):
