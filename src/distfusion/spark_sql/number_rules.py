@@ -1,4 +1,11 @@
-"""Rules for numbers Spark computes otherwise than DataFusion: ``round``, ``percentile``.
+"""Rules for numbers Spark computes otherwise than DataFusion: ``round``, ``bround``, percentiles.
+
+``bround`` (HALF_EVEN) takes the same routes as ``round`` (HALF_UP): the
+half-up DECIMAL goes one unit back toward zero at a tie whose last digit
+is odd. Negative digits (integers, DECIMALs) round ``x * 10^d``, an exact
+DECIMAL product, to an integer and multiply back; an integer past its
+type fails the cast, so Spark SQL answers (its error with ANSI mode, the
+wrapped value without).
 
 ``round(x, d)`` of a DOUBLE: Spark rounds the decimal text of ``x``
 (``RoundBase``: ``BigDecimal(x).setScale(d, HALF_UP).toDouble``, the text of
@@ -179,9 +186,7 @@ def _unit(digits: int) -> exp.Expr:
     return cast_to(exp.Literal.string("1" + "0" * -digits), f"DECIMAL({1 - digits}, 0)")
 
 
-def _half_even(
-    up: exp.Expr, x: exp.Expr, digits: int, out: str, cut: exp.Expr | None
-) -> exp.Expr:
+def _half_even(up: exp.Expr, x: exp.Expr, digits: int, out: str, cut: exp.Expr | None) -> exp.Expr:
     """HALF_EVEN from ``up``, the DECIMAL ``x`` rounded half up to ``digits >= 0`` (type ``out``).
 
     A tie (``|up - x|`` is half a unit) whose half-up answer ends in an odd
@@ -279,9 +284,7 @@ _INTEGER_DIGITS = {
 }
 
 
-def _round_negative(
-    x: exp.Expr, dec: st.Decimal, digits: int, out: str, even: bool
-) -> exp.Expr:
+def _round_negative(x: exp.Expr, dec: st.Decimal, digits: int, out: str, even: bool) -> exp.Expr:
     """A DECIMAL ``x`` of type ``dec`` rounded at ``10^-digits`` (``digits < 0``), as ``out``.
 
     ``x * 10^digits`` is exact (a DECIMAL product), rounded to an integer,
@@ -440,9 +443,7 @@ def _same_key(a: exp.Expr, b: exp.Expr, fractional: bool) -> exp.Expr:
     )
 
 
-def _percentile_at(
-    keys: exp.Expr, count: exp.Expr, p: float, fractional: bool
-) -> exp.Expr:
+def _percentile_at(keys: exp.Expr, count: exp.Expr, p: float, fractional: bool) -> exp.Expr:
     """Spark's ``Percentile.getPercentile`` of sorted ``keys`` at ``p``, its double operations.
 
     ``position = (n - 1) * p``; the key at ``floor`` when ``ceil`` is the
