@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
 from sqlglot import exp
 
@@ -49,7 +50,7 @@ from distfusion.spark_sql.nodes import T, Translation, cast_to, paren, unsupport
 __all__ = ["NAMED_STRUCT_RULES", "STRUCT_RULES", "struct_type"]
 
 
-def _fn(name: str, *args: exp.Expression) -> exp.Anonymous:
+def _fn(name: str, *args: exp.Expr) -> exp.Anonymous:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
@@ -92,7 +93,7 @@ def _field(t: exp.DataType, name: str) -> exp.DataType | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def _key_name(node: exp.Expression) -> str | None:
+def _key_name(node: exp.Expr) -> str | None:
     """The field a ``s['a']`` / ``s.a`` names, or None when it is not a literal name."""
     if isinstance(node, exp.Literal) and node.is_string:
         return node.this
@@ -101,7 +102,7 @@ def _key_name(node: exp.Expression) -> str | None:
     return None
 
 
-def struct_type(t: Translation, node: exp.Expression) -> exp.DataType | None:
+def struct_type(t: Translation, node: exp.Expr) -> exp.DataType | None:
     """Spark's type of a struct or map expression ``node``, or None (another node, or unknown)."""
     if isinstance(node, exp.Struct):
         fields = []
@@ -149,22 +150,22 @@ def struct_type(t: Translation, node: exp.Expression) -> exp.DataType | None:
     return None
 
 
-def _named(node: exp.Expression, name: str) -> bool:
+def _named(node: exp.Expr, name: str) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.lower() == name
 
 
-def _arg(node: exp.Anonymous) -> exp.Expression | None:
+def _arg(node: exp.Anonymous) -> exp.Expr | None:
     return node.expressions[0] if len(node.expressions) == 1 else None
 
 
 # ----------------------------------------------------------------------------- structs
 
 
-def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expression:
+def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expr:
     """``named_struct('a', x, ...)`` / ``struct(x, ...)``: DataFusion's ``named_struct``."""
     if t.type_of(node) is None:
         raise SparkSemanticsError(f"{unsupported(node)}: a field's type is not known here")
-    args: list[exp.Expression] = []
+    args: list[exp.Expr] = []
     for item in node.expressions:
         value, spark_type = item.expression, t.type_of(item.expression)
         if spark_type.this in (T.TEXT, T.VARCHAR):  # Utf8, as a struct column's strings
@@ -175,7 +176,7 @@ def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expression:
     return _fn("named_struct", *args)
 
 
-def _rule_dot(t: Translation, node: exp.Dot) -> exp.Expression:
+def _rule_dot(t: Translation, node: exp.Dot) -> exp.Expr:
     """``s.a`` of a struct expression: ``get_field(s, 'a')`` (the name as the struct spells it)."""
     base = t.type_of(node.this)
     if not _is(base, T.STRUCT) or t.type_of(node) is None:
@@ -183,12 +184,12 @@ def _rule_dot(t: Translation, node: exp.Dot) -> exp.Expression:
     return _get_field(node.this, base, node.name)
 
 
-def _get_field(this: exp.Expression, struct: exp.DataType, name: str) -> exp.Expression:
+def _get_field(this: exp.Expr, struct: exp.DataType, name: str) -> exp.Expr:
     spelled = next(n for n, _ in _fields(struct) if n.lower() == name.lower())
     return _fn("get_field", this, exp.Literal.string(spelled))
 
 
-def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expression:
+def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expr:
     """``s['a']``, ``m[k]``, ``element_at(m, k)``: a struct's field or a map's value.
 
     A missing key is NULL (Spark 4.3, with ANSI mode on and off), as
@@ -211,7 +212,7 @@ def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expression:
     return exp.Bracket(this=found, expressions=[exp.Literal.number(1)])
 
 
-def _key_as(t: Translation, node: exp.Expression, key: exp.Expression, to: exp.DataType):
+def _key_as(t: Translation, node: exp.Expr, key: exp.Expr, to: exp.DataType):
     """``key`` as a map's key type ``to``, as Spark casts it; another kind of type stops."""
     kt = t.need(key, "map key")
     if kt == to:
@@ -228,7 +229,7 @@ def _key_as(t: Translation, node: exp.Expression, key: exp.Expression, to: exp.D
 # ----------------------------------------------------------------------------- maps
 
 
-def _failing_when(cond: exp.Expression, value: exp.Expression, to: exp.DataType) -> exp.Expression:
+def _failing_when(cond: exp.Expr, value: exp.Expr, to: exp.DataType) -> exp.Expr:
     """``value``, or where ``cond`` holds a division by zero (reruns the query on Spark SQL).
 
     ``1 / (CAST(cond AS INT) - 1)`` divides by zero just where ``cond`` is
@@ -239,19 +240,19 @@ def _failing_when(cond: exp.Expression, value: exp.Expression, to: exp.DataType)
     return exp.Case(ifs=[exp.If(this=cond, true=failing)], default=value)
 
 
-def _elements(node: exp.Expression) -> list[exp.Expression]:
+def _elements(node: exp.Expr) -> list[exp.Expr]:
     """The elements of ``map()``'s keys or values: an ``array()``, or its ``make_array`` rewrite."""
     return list(node.expressions)
 
 
-def _bare(node: exp.Expression) -> exp.Expression:
+def _bare(node: exp.Expr) -> exp.Expr:
     """``node`` without the casts the array rule put around it."""
     while isinstance(node, exp.Cast):
         node = node.this
     return node
 
 
-def _rule_var_map(t: Translation, node: exp.VarMap) -> exp.Expression:
+def _rule_var_map(t: Translation, node: exp.VarMap) -> exp.Expr:
     """``map(k1, v1, ...)``: ``map([k1, ...], [v1, ...])``, keys and values of Spark's common types.
 
     A NULL key or a key twice fails as Spark does (this module's docstring).
@@ -273,7 +274,7 @@ def _rule_var_map(t: Translation, node: exp.VarMap) -> exp.Expression:
         if all(isinstance(k, exp.Literal) for k in bare[: i + 1]):
             guarded.append(key)  # literal keys, distinct: checked above
             continue
-        cond: exp.Expression = exp.Is(this=paren(key.copy()), expression=exp.Null())
+        cond: exp.Expr = exp.Is(this=paren(key.copy()), expression=exp.Null())
         for earlier in keys[:i]:
             same = exp.EQ(this=paren(key.copy()), expression=paren(earlier.copy()))
             cond = exp.Or(this=cond, expression=same)
@@ -281,7 +282,7 @@ def _rule_var_map(t: Translation, node: exp.VarMap) -> exp.Expression:
     return _fn("map", _fn("make_array", *guarded), _fn("make_array", *values))
 
 
-def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
+def _rule_array(t: Translation, node: exp.Array) -> exp.Expr:
     """``array(...)`` of structs or maps of one type: ``make_array``; else the array rule's."""
     types = [t.type_of(e) for e in node.expressions]
     nested = [x for x in types if _is(x, T.STRUCT) or _is(x, T.MAP)]
@@ -292,7 +293,7 @@ def _rule_array(t: Translation, node: exp.Array) -> exp.Expression:
     return _fn("make_array", *node.expressions)
 
 
-def _rule_map_from_arrays(t: Translation, node: exp.Map) -> exp.Expression:
+def _rule_map_from_arrays(t: Translation, node: exp.Map) -> exp.Expr:
     """``map_from_arrays(k, v)``: DataFusion's ``map(k, v)``.
 
     A NULL key, a key twice or arrays of two lengths fail the row with a
@@ -316,7 +317,7 @@ def _rule_map_from_arrays(t: Translation, node: exp.Map) -> exp.Expression:
     return _fn("map", guarded, values)
 
 
-def _rule_map_keys(t: Translation, node: exp.Expression) -> exp.Expression:
+def _rule_map_keys(t: Translation, node: exp.Expr) -> exp.Expr:
     """``map_keys(m)`` / ``map_values(m)``: DataFusion's functions of those names."""
     arg = node.this if isinstance(node, exp.MapKeys) else _arg(node)
     if t.type_of(node) is None:
@@ -324,7 +325,7 @@ def _rule_map_keys(t: Translation, node: exp.Expression) -> exp.Expression:
     return _fn("map_keys" if isinstance(node, exp.MapKeys) else "map_values", arg)
 
 
-def _rule_map_contains_key(t: Translation, node: exp.MapContainsKey) -> exp.Expression:
+def _rule_map_contains_key(t: Translation, node: exp.MapContainsKey) -> exp.Expr:
     """``map_contains_key(m, k)``: ``array_has(map_keys(m), k)`` (NULL for a NULL map)."""
     parts = _map_parts(t.type_of(node.this))
     key = node.args.get("key")
@@ -333,7 +334,7 @@ def _rule_map_contains_key(t: Translation, node: exp.MapContainsKey) -> exp.Expr
     return _fn("array_has", _fn("map_keys", node.this), _key_as(t, node, key, parts[0]))
 
 
-def size_of_map(t: Translation, arg: exp.Expression) -> exp.Expression:
+def size_of_map(t: Translation, arg: exp.Expr) -> exp.Expr:
     """``size(m)`` / ``cardinality(m)`` (INT): NULL for a NULL map with ANSI mode, else -1."""
     size = cast_to(_fn("cardinality", arg), "INT")
     if t.settings.ansi:
@@ -341,7 +342,7 @@ def size_of_map(t: Translation, arg: exp.Expression) -> exp.Expression:
     return exp.Coalesce(this=size, expressions=[exp.Literal.number(-1)])
 
 
-def _rule_cardinality(t: Translation, node: exp.Anonymous) -> exp.Expression:
+def _rule_cardinality(t: Translation, node: exp.Anonymous) -> exp.Expr:
     """``cardinality(x)``: Spark's ``size`` of a map or an array."""
     arg = _arg(node)
     at = t.type_of(arg) if arg is not None else None
@@ -350,7 +351,7 @@ def _rule_cardinality(t: Translation, node: exp.Anonymous) -> exp.Expression:
     return size_of_map(t, arg)
 
 
-def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expression:
+def _rule_size(t: Translation, node: exp.ArraySize) -> exp.Expr:
     """``size(m)`` of a map (:func:`size_of_map`); of an array, the array rule's."""
     if _is(t.type_of(node.this), T.MAP):
         return size_of_map(t, node.this)
@@ -364,7 +365,7 @@ def _flat_struct(t: exp.DataType) -> bool:
     )
 
 
-def _rule_grouped(t: Translation, node: exp.Expression) -> exp.Expression:
+def _rule_grouped(t: Translation, node: exp.Expr) -> exp.Expr:
     """``GROUP BY`` or ``DISTINCT`` keys that are not maps (Spark groups maps by sorted keys).
 
     Spark 4 groups maps as their entries sorted by key; DataFusion by their
@@ -384,7 +385,7 @@ def _rule_grouped(t: Translation, node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
+def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expr:
     """``explode(m)`` of a map, an item of a select list: columns ``key`` and ``value``.
 
     Two unnests in one select list, of ``map_keys(m)`` and ``map_values(m)``,
@@ -410,7 +411,7 @@ def _rule_explode(t: Translation, node: exp.Explode) -> exp.Expression:
     return keys  # in its place already (where the translator puts it: the same spot)
 
 
-def _rule_ordered(t: Translation, node: exp.Ordered) -> exp.Expression:
+def _rule_ordered(t: Translation, node: exp.Ordered) -> exp.Expr:
     """A sort key (``ORDER BY``, a window's order): a struct only in Spark's NULL order.
 
     Spark orders a struct's NULL fields first (ascending) whatever the key's
@@ -428,7 +429,7 @@ def _rule_ordered(t: Translation, node: exp.Ordered) -> exp.Expression:
     return node
 
 
-STRUCT_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]] = {
+STRUCT_RULES: dict[type[exp.Expr], Callable[[Translation, Any], exp.Expr]] = {
     exp.Struct: _rule_struct,
     exp.PropertyEQ: lambda t, n: n,  # a field of a struct(...): its rule reads it
     exp.Dot: _rule_dot,
@@ -447,7 +448,7 @@ STRUCT_RULES: dict[type, Callable[[Translation, exp.Expression], exp.Expression]
 }
 """The node classes of structs and maps -> their rules (part of ``translate.RULES``)."""
 
-NAMED_STRUCT_RULES: dict[str, Callable[[Translation, exp.Expression], exp.Expression]] = {
+NAMED_STRUCT_RULES: dict[str, Callable[[Translation, Any], exp.Expr]] = {
     "map_values": _rule_map_keys,
     "cardinality": _rule_cardinality,
 }
