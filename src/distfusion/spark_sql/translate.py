@@ -32,12 +32,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.errors import OptimizeError, ParseError
+from sqlglot.generators.spark import SparkGenerator
 from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 from sqlglot.optimizer.scope import Scope, traverse_scope
@@ -128,7 +130,7 @@ class _Writer(Spark):
     NULL order, so the text means the same under any parser setting.
     """
 
-    class Generator(Spark.Generator):
+    class Generator(SparkGenerator):  # Spark.Generator
         def ordered_sql(self, expression: exp.Ordered) -> str:
             desc = expression.args.get("desc")
             order = " DESC" if desc else (" ASC" if desc is False else "")
@@ -169,7 +171,7 @@ def translate(
     """
     settings = settings or SparkSettings()
     ast = parse(query)
-    catalog = {}
+    catalog: dict[str, object] = {}
     for name in table_names(ast):
         schema = schema_of(name)
         if schema is None:
@@ -244,13 +246,13 @@ def parse(query: str) -> exp.Query:
     return ast
 
 
-def table_names(ast: exp.Expression) -> set[str]:
+def table_names(ast: exp.Expr) -> set[str]:
     """The lower-case names of the tables ``ast`` reads (CTEs and subqueries aside)."""
     ctes = {c.alias_or_name.lower() for c in ast.find_all(exp.CTE)}
     return {t.name.lower() for t in ast.find_all(exp.Table)} - ctes
 
 
-def _check_constructs(ast: exp.Expression) -> None:
+def _check_constructs(ast: exp.Expr) -> None:
     """Raise for the outermost node whose class has no rule (the reason names what was written)."""
     for node in ast.walk(bfs=False):
         if type(node) not in RULES and type(node) not in _PASS:  # exact: no subclass
@@ -347,10 +349,10 @@ class _Translator:
     def __init__(self, settings: SparkSettings, functions: Collection[str]) -> None:
         self.settings = settings
         self.functions = functions
-        self.types: dict[int, exp.DataType] = {}
-        self.derived: dict[int, exp.Expression] = {}  # column -> the projection it reads
+        self.types: dict[int, exp.DataType | None] = {}
+        self.derived: dict[int, exp.Expr] = {}  # column -> the projection it reads
 
-    def run(self, ast: exp.Expression) -> exp.Expression:
+    def run(self, ast: exp.Expr) -> exp.Expr:
         self._link_derived_columns(ast)
         _check_constructs(ast)  # again: qualify() wrote nodes of its own
         nodes = list(ast.walk(bfs=False))
@@ -375,10 +377,11 @@ class _Translator:
             if parent is None:
                 root = new
             else:
+                assert key is not None  # a node with a parent is one of its args
                 parent.set(key, new, index)
         return root
 
-    def _link_derived_columns(self, ast: exp.Expression) -> None:
+    def _link_derived_columns(self, ast: exp.Expr) -> None:
         """Columns of subqueries and CTEs take the type of the projection they read.
 
         sqlglot types those with its own rules; Spark's (a decimal product's
@@ -389,21 +392,23 @@ class _Translator:
                 source = scope.sources.get(column.table)
                 if not isinstance(source, Scope):
                     continue
-                for projection in source.expression.selects:  # a union's: its first query's
+                query = source.expression
+                assert isinstance(query, exp.Query)  # a derived table's or a CTE's scope
+                for projection in query.selects:  # a union's: its first query's
                     if projection.alias_or_name == column.name:
                         self.derived[id(column)] = projection
-                        _check_filtered_constant(column, source.expression, projection)
+                        _check_filtered_constant(column, query, projection)
                         break
 
     # ------------------------------------------------------------------ Spark types
-    def type_of(self, node: exp.Expression) -> exp.DataType | None:
+    def type_of(self, node: exp.Expr) -> exp.DataType | None:
         """Spark's type of ``node`` (memoized), or None when unknown."""
         key = id(node)
         if key not in self.types:
             self.types[key] = self._infer(node)
         return self.types[key]
 
-    def _infer(self, node: exp.Expression) -> exp.DataType | None:
+    def _infer(self, node: exp.Expr) -> exp.DataType | None:
         if isinstance(node, exp.Literal):
             return _literal_type(node)
         if isinstance(node, exp.Column) and id(node) in self.derived:
@@ -436,7 +441,7 @@ class _Translator:
         t = node.type if isinstance(node.type, exp.DataType) else None
         return t if _known(t) else None
 
-    def _operand_decimal(self, node: exp.Expression) -> st.Decimal | None:
+    def _operand_decimal(self, node: exp.Expr) -> st.Decimal | None:
         t = self.type_of(node)
         if t is None:
             return None
@@ -482,7 +487,7 @@ class _Translator:
             return None
         return (st.sum_type(d) if isinstance(node, exp.Sum) else st.avg_type(d)).sql_type()
 
-    def _branches(self, node: exp.Expression) -> list[exp.Expression]:
+    def _branches(self, node: exp.Expr) -> list[exp.Expr]:
         if isinstance(node, exp.Case):
             out = [i.args["true"] for i in node.args.get("ifs") or []]
             return out + ([node.args["default"]] if node.args.get("default") else [])
@@ -490,10 +495,11 @@ class _Translator:
             return [node.args["true"]] + ([node.args["false"]] if node.args.get("false") else [])
         return [node.this, *node.expressions]
 
-    def common_type(self, branches: list[exp.Expression]) -> exp.DataType | None:
+    def common_type(self, branches: list[exp.Expr]) -> exp.DataType | None:
         """Spark's wider type of CASE / IF / coalesce branches (NULL branches aside)."""
-        types = [self.type_of(b) for b in branches if not isinstance(b, exp.Null)]
-        if not types or any(t is None for t in types):
+        typed = [self.type_of(b) for b in branches if not isinstance(b, exp.Null)]
+        types = [t for t in typed if t is not None]
+        if not typed or len(types) < len(typed):
             return None
         if all(t == types[0] for t in types):
             return types[0]
@@ -505,8 +511,9 @@ class _Translator:
         if any(st.is_fractional(t) for t in types):
             ok = all(st.is_fractional(t) or st.is_integral(t) or st.is_decimal(t) for t in types)
             return exp.DataType.build("DOUBLE") if ok else None
-        decimals = [st.decimal_of(t) for t in types]
-        if any(d is None for d in decimals):
+        exact = [st.decimal_of(t) for t in types]
+        decimals = [d for d in exact if d is not None]
+        if len(decimals) < len(exact):
             return None
         scale = max(d.scale for d in decimals)
         digits = max(d.precision - d.scale for d in decimals) + scale
@@ -514,7 +521,7 @@ class _Translator:
             return None
         return st.Decimal(digits, scale).sql_type()
 
-    def need(self, node: exp.Expression, what: str) -> exp.DataType:
+    def need(self, node: exp.Expr, what: str) -> exp.DataType:
         """The Spark type of ``node``; unknown stops the translation."""
         t = self.type_of(node)
         if t is None:
@@ -524,7 +531,7 @@ class _Translator:
 
 
 def _check_filtered_constant(
-    column: exp.Column, source: exp.Expression, projection: exp.Expression
+    column: exp.Column, source: exp.Expr, projection: exp.Expr
 ) -> None:
     """Raise for a ``WHERE`` on a constant column of a global aggregate's subquery.
 
@@ -544,7 +551,7 @@ def _check_filtered_constant(
         raise SparkSemanticsError(msg)
 
 
-def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
+def _zero_guard(t: _Translator, right: exp.Expr) -> exp.Expr:
     """The divisor with Spark's division by zero: NULL, or with ANSI mode an error.
 
     With ANSI mode, a zero divisor is divided by itself as an integer, which
@@ -560,21 +567,21 @@ def _zero_guard(t: _Translator, right: exp.Expression) -> exp.Expression:
     return exp.Case(ifs=[exp.If(this=is_zero, true=failing)], default=right)
 
 
-def _rule_function(t: _Translator, node: exp.Anonymous) -> exp.Expression:
+def _rule_function(t: _Translator, node: exp.Anonymous) -> exp.Expr:
     """A function sqlglot does not know: one of the context's UDFs, or untranslatable."""
     if node.name.lower() in t.functions:
         return node
     raise SparkSemanticsError(unsupported(node))
 
 
-def _rule_literal(t: _Translator, node: exp.Literal) -> exp.Expression:
+def _rule_literal(t: _Translator, node: exp.Literal) -> exp.Expr:
     """``1e3``: a double in Spark; DataFusion reading decimals makes it ``decimal(1,-3)``."""
     if node.is_string or "e" not in node.this.lower():
         return node
     return cast_to(exp.Literal.string(node.this), "DOUBLE")
 
 
-def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
+def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expr:
     """``+ - *`` with Spark's result type and overflow behaviour."""
     out = t.need(node, "arithmetic")
     lt, rt = t.type_of(node.left), t.type_of(node.right)
@@ -591,8 +598,11 @@ def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
         wide = "DECIMAL(20, 0)" if out.this == T.BIGINT else "BIGINT"
         inner = node.__class__(this=cast_to(left, wide), expression=cast_to(right, wide))
         return cast_to(inner, out)  # fails when the value does not fit Spark's type
-    a, b = st.decimal_of(lt), st.decimal_of(rt)
+    a = st.decimal_of(lt) if lt is not None else None
+    b = st.decimal_of(rt) if rt is not None else None
     result = st.decimal_of(out)
+    if a is None or b is None or result is None:  # typed as decimals: not reached
+        raise SparkSemanticsError(unsupported(node))
     if isinstance(node, exp.Mul):
         natural = st.Decimal(a.precision + b.precision + 1, a.scale + b.scale)
     else:
@@ -610,7 +620,7 @@ def _rule_arithmetic(t: _Translator, node: exp.Binary) -> exp.Expression:
     return cast_to(node.__class__(this=left, expression=right), out)
 
 
-def _rule_divide(t: _Translator, node: exp.Div) -> exp.Expression:
+def _rule_divide(t: _Translator, node: exp.Div) -> exp.Expr:
     """``/``: a double for integers and doubles; a decimal as Spark types and rounds it."""
     out = t.need(node, "division")
     left, right = paren(node.left), paren(node.right)
@@ -640,35 +650,35 @@ def _rule_divide(t: _Translator, node: exp.Div) -> exp.Expression:
     return cast_to(exp.Div(this=dividend, expression=divisor), out)
 
 
-def _rule_int_divide(t: _Translator, node: exp.IntDiv) -> exp.Expression:
+def _rule_int_divide(t: _Translator, node: exp.IntDiv) -> exp.Expr:
     """``a div b``: integers only, a BIGINT truncated toward zero as in Spark."""
     lt, rt = t.need(node.left, "div"), t.need(node.right, "div")
     if not (st.is_integral(lt) and st.is_integral(rt)):
         raise SparkSemanticsError(unsupported(node))
-    divisor = cast_to(paren(node.right), "BIGINT")
+    divisor: exp.Expr = cast_to(paren(node.right), "BIGINT")
     if not t.settings.ansi:
         divisor = exp.Nullif(this=divisor, expression=exp.Literal.number(0))
     return exp.Div(this=cast_to(paren(node.left), "BIGINT"), expression=divisor)
 
 
-def _rule_mod(t: _Translator, node: exp.Mod) -> exp.Expression:
+def _rule_mod(t: _Translator, node: exp.Mod) -> exp.Expr:
     """``a % b``: integers only (the sign of the dividend, as both engines do)."""
     lt, rt = t.need(node.left, "%"), t.need(node.right, "%")
     if not (st.is_integral(lt) and st.is_integral(rt)):
         raise SparkSemanticsError(unsupported(node))
     out = st.wider_integral(lt, rt)
-    divisor = cast_to(paren(node.right), out)
+    divisor: exp.Expr = cast_to(paren(node.right), out)
     if not t.settings.ansi:
         divisor = exp.Nullif(this=divisor, expression=exp.Literal.number(0))
     return exp.Mod(this=cast_to(paren(node.left), out), expression=divisor)
 
 
-def _rule_sum(t: _Translator, node: exp.Sum) -> exp.Expression:
+def _rule_sum(t: _Translator, node: exp.Sum) -> exp.Expr:
     t.need(node, "sum")
     return node
 
 
-def _rule_avg(t: _Translator, node: exp.Avg) -> exp.Expression:
+def _rule_avg(t: _Translator, node: exp.Avg) -> exp.Expr:
     """``avg``: a double, or Spark's decimal ``(p+4, s+4)`` rounded half up.
 
     DataFusion's decimal average truncates at ``s+4`` digits: averaging the
@@ -682,7 +692,7 @@ def _rule_avg(t: _Translator, node: exp.Avg) -> exp.Expression:
     if st.is_fractional(out) and not st.is_decimal(t.type_of(arg)):
         new = exp.Avg(this=cast_to(arg, "DOUBLE"))
     else:
-        d = st.decimal_of(t.type_of(arg))
+        d = st.known_decimal(t.need(arg, "avg"))  # DECIMAL avg: of a DECIMAL
         if d.precision + 1 > st.MAX_PRECISION:
             msg = f"avg over decimal({d.precision},{d.scale}) needs more than 38 digits here"
             raise SparkSemanticsError(msg)
@@ -695,7 +705,7 @@ def _rule_avg(t: _Translator, node: exp.Avg) -> exp.Expression:
     return new
 
 
-def _rule_deviation(t: _Translator, node: exp.AggFunc) -> exp.Expression:
+def _rule_deviation(t: _Translator, node: exp.AggFunc) -> exp.Expr:
     """``stddev``, ``variance`` and their ``_samp`` / ``_pop``: over doubles, as Spark computes.
 
     One row's sample deviation is NULL in both (Spark 3.1+ without
@@ -723,7 +733,7 @@ _DEVIATIONS = {
 _RANKINGS = (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Lag, exp.Lead)
 
 
-def _rule_window(t: _Translator, node: exp.Window) -> exp.Expression:
+def _rule_window(t: _Translator, node: exp.Window) -> exp.Expr:
     spec = node.args.get("spec")
     if isinstance(node.this, _RANKINGS) and spec is not None and spec.args.get("kind"):
         raise SparkSemanticsError("a ranking function with a window frame: Spark rejects most")
@@ -731,7 +741,7 @@ def _rule_window(t: _Translator, node: exp.Window) -> exp.Expression:
     return cast_to(node, spark_type) if spark_type is not None else node
 
 
-def _rule_branches(t: _Translator, node: exp.Expression) -> exp.Expression:
+def _rule_branches(t: _Translator, node: exp.Expr) -> exp.Expr:
     """CASE / IF / coalesce: IF as CASE; a decimal result cast to Spark's wider type.
 
     Branches of types Spark widens otherwise than DataFusion (a string and a
@@ -746,14 +756,14 @@ def _rule_branches(t: _Translator, node: exp.Expression) -> exp.Expression:
     return cast_to(node, out) if st.is_decimal(out) else node
 
 
-def _rule_if_inside_case(t: _Translator, node: exp.If) -> exp.Expression:
+def _rule_if_inside_case(t: _Translator, node: exp.If) -> exp.Expr:
     # sqlglot represents CASE's WHEN branches as If nodes under Case.
     if isinstance(node.parent, exp.Case):
         return node
     return _rule_branches(t, node)
 
 
-def _rule_concat(t: _Translator, node: exp.Concat) -> exp.Expression:
+def _rule_concat(t: _Translator, node: exp.Concat) -> exp.Expr:
     """``concat``: NULL when any argument is (DataFusion's concat skips NULLs; ``||`` does not)."""
     args = node.expressions
     out = args[0]
@@ -762,12 +772,12 @@ def _rule_concat(t: _Translator, node: exp.Concat) -> exp.Expression:
     return exp.Paren(this=out) if len(args) > 1 else out
 
 
-def _rule_regexp_like(t: _Translator, node: exp.RegexpLike) -> exp.Expression:
+def _rule_regexp_like(t: _Translator, node: exp.RegexpLike) -> exp.Expr:
     """``RLIKE`` / ``REGEXP``: a match anywhere in the string, as DataFusion's ``regexp_like``."""
     return exp.Anonymous(this="regexp_like", expressions=[node.this, node.expression])
 
 
-def _rule_like(t: _Translator, node: exp.Like) -> exp.Expression:
+def _rule_like(t: _Translator, node: exp.Like) -> exp.Expr:
     pattern = node.expression
     if node.args.get("escape") or not (isinstance(pattern, exp.Literal) and pattern.is_string):
         raise SparkSemanticsError("LIKE with an escape or a pattern that is not a literal")
@@ -776,7 +786,7 @@ def _rule_like(t: _Translator, node: exp.Like) -> exp.Expression:
     return node
 
 
-def _comparable(t: _Translator, node: exp.Expression, left: exp.Expression, right: exp.Expression):
+def _comparable(t: _Translator, node: exp.Expr, left: exp.Expr, right: exp.Expr):
     """``left`` and ``right`` as Spark compares them: one type family, or a literal cast.
 
     A date with an ISO date literal, a timestamp with a string literal
@@ -795,7 +805,7 @@ def _comparable(t: _Translator, node: exp.Expression, left: exp.Expression, righ
     raise SparkSemanticsError(msg + ": Spark's implicit casts differ from DataFusion's")
 
 
-def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expression:
+def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expr:
     """``= <> < <= > >=`` of two values Spark compares without an implicit cast of a column."""
     left, right = _comparable(t, node, node.left, node.right)
     if left is node.left and right is node.right:
@@ -803,7 +813,7 @@ def _rule_compare(t: _Translator, node: exp.Binary) -> exp.Expression:
     return node.__class__(this=left, expression=right)
 
 
-def _rule_between(t: _Translator, node: exp.Between) -> exp.Expression:
+def _rule_between(t: _Translator, node: exp.Between) -> exp.Expr:
     """``x BETWEEN low AND high``: each bound compared with ``x`` as :func:`_rule_compare`."""
     this = node.this
     _, low = _comparable(t, node, this, node.args["low"])
@@ -811,7 +821,7 @@ def _rule_between(t: _Translator, node: exp.Between) -> exp.Expression:
     return exp.Between(this=this, low=low, high=high)
 
 
-def _rule_in(t: _Translator, node: exp.In) -> exp.Expression:
+def _rule_in(t: _Translator, node: exp.In) -> exp.Expr:
     """``x IN (a, b)``: each value compared with ``x`` as :func:`_rule_compare`."""
     if not node.expressions:  # a subquery: its column's type, as a join compares
         return node
@@ -836,7 +846,7 @@ _SAFE_CASTS = {
 }
 
 
-def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
+def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expr:
     """Casts whose values agree: numbers to numbers, integers and dates to strings, ISO dates.
 
     A string to an integer or a DOUBLE: DataFusion parses what Spark parses
@@ -863,7 +873,7 @@ def _rule_cast(t: _Translator, node: exp.Cast) -> exp.Expression:
     raise SparkSemanticsError(msg)
 
 
-def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
+def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expr:
     """Sqlglot reads Spark's ``CAST`` as ``TRY_CAST`` (NULL on failure, Spark without ANSI).
 
     With ANSI mode a failing cast fails the query (``CAST``); without, it is
@@ -876,14 +886,14 @@ def _rule_try_cast(t: _Translator, node: exp.TryCast) -> exp.Expression:
     return kind(this=node.this, to=node.to)
 
 
-def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expression:
+def _rule_substring(t: _Translator, node: exp.Substring) -> exp.Expr:
     start = node.args.get("start")
     if not (isinstance(start, exp.Literal) and not start.is_string and int(start.this) > 0):
         raise SparkSemanticsError("substring() from a position that is not a positive literal")
     return node
 
 
-def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
+def _rule_grouping(t: _Translator, node: exp.Expr) -> exp.Expr:
     """``grouping(x)``: a TINYINT; only with ``CUBE``, ``ROLLUP`` or ``GROUPING SETS`` (Spark's)."""
     select = node.find_ancestor(exp.Select)
     group = select.args.get("group") if select is not None else None
@@ -897,7 +907,7 @@ def _rule_grouping(t: _Translator, node: exp.Expression) -> exp.Expression:
     return cast_to(node, "TINYINT")
 
 
-def _rule_group(t: _Translator, node: exp.Group) -> exp.Expression:
+def _rule_group(t: _Translator, node: exp.Group) -> exp.Expr:
     """Spark's ``GROUP BY a, b WITH CUBE | WITH ROLLUP | GROUPING SETS (...)`` written out.
 
     DataFusion reads the trailing form and ignores it (one group per ``(a,
@@ -914,7 +924,7 @@ def _rule_group(t: _Translator, node: exp.Group) -> exp.Expression:
         raise SparkSemanticsError(f"GROUP BY {node.sql('spark')[9:60]!r}: not translated")
     (spec,) = node.args[trailing[0]]
     if trailing[0] == "grouping_sets":
-        named = {e.sql() for e in spec.find_all(exp.Expression) if e is not spec}
+        named = {e.sql() for e in spec.find_all(exp.Expr) if e is not spec}
         if any(k.sql() not in named for k in keys):  # NULL in every set: DataFusion refuses it
             raise SparkSemanticsError("GROUP BY a column that no grouping set names")
         new = spec
@@ -925,7 +935,7 @@ def _rule_group(t: _Translator, node: exp.Group) -> exp.Expression:
     return exp.Group(expressions=[new.copy()])
 
 
-def _rule_set_all(t: _Translator, node: exp.Expression) -> exp.Expression:
+def _rule_set_all(t: _Translator, node: exp.Expr) -> exp.Expr:
     """``EXCEPT`` / ``INTERSECT``; their ``ALL`` forms are not translated.
 
     DataFusion 55 plans ``EXCEPT ALL`` as an anti join (no row of a value
@@ -937,7 +947,7 @@ def _rule_set_all(t: _Translator, node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _rule_count(t: _Translator, node: exp.Count) -> exp.Expression:
+def _rule_count(t: _Translator, node: exp.Count) -> exp.Expr:
     """``count``; ``count(DISTINCT a, b)`` (rows where neither is NULL) is not translated."""
     arg = node.this
     if isinstance(arg, exp.Distinct) and len(arg.expressions) > 1:
@@ -945,7 +955,7 @@ def _rule_count(t: _Translator, node: exp.Count) -> exp.Expression:
     return node
 
 
-RULES: dict[type, Callable[[_Translator, exp.Expression], exp.Expression]] = {
+RULES: dict[type[exp.Expr], Callable[[_Translator, Any], exp.Expr | None]] = {
     exp.Literal: _rule_literal,
     exp.Anonymous: _rule_function,
     exp.Add: _rule_arithmetic,
