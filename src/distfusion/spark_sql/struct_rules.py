@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlglot import exp
 
@@ -54,7 +54,7 @@ def _fn(name: str, *args: exp.Expr) -> exp.Anonymous:
     return exp.Anonymous(this=name, expressions=list(args))
 
 
-def _is(t: exp.DataType | None, kind: exp.DataType.Type) -> bool:
+def _is(t: exp.DataType | None, kind: exp.DType) -> TypeGuard[exp.DataType]:
     return t is not None and t.this == kind
 
 
@@ -63,7 +63,7 @@ def _fields(t: exp.DataType) -> list[tuple[str, exp.DataType]]:
     return [(f.name, f.args.get("kind")) for f in t.expressions]
 
 
-def _map_parts(t: exp.DataType) -> tuple[exp.DataType, exp.DataType] | None:
+def _map_parts(t: exp.DataType | None) -> tuple[exp.DataType, exp.DataType] | None:
     if not _is(t, T.MAP) or len(t.expressions) != 2:
         return None
     return t.expressions[0], t.expressions[1]
@@ -132,12 +132,16 @@ def struct_type(t: Translation, node: exp.Expr) -> exp.DataType | None:
             return None
         return _build(f"MAP<{k.sql('spark')}, {v.sql('spark')}>")
     if isinstance(node, exp.Map):  # map_from_arrays
-        k, v = (_element(t.type_of(node.args.get(a))) for a in ("keys", "values"))
+        k, v = (
+            _element(t.type_of(e) if (e := node.args.get(a)) is not None else None)
+            for a in ("keys", "values")
+        )
         if k is None or v is None:
             return None
         return _build(f"MAP<{k.sql('spark')}, {v.sql('spark')}>")
     if isinstance(node, exp.MapKeys) or _named(node, "map_values"):
-        parts = _map_parts(t.type_of(node.this if isinstance(node, exp.MapKeys) else _arg(node)))
+        inner = node.this if isinstance(node, exp.MapKeys) else _arg(node)
+        parts = _map_parts(t.type_of(inner)) if inner is not None else None
         if parts is None:
             return None
         return _build(f"ARRAY<{parts[0 if isinstance(node, exp.MapKeys) else 1].sql('spark')}>")
@@ -154,7 +158,7 @@ def _named(node: exp.Expr, name: str) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.lower() == name
 
 
-def _arg(node: exp.Anonymous) -> exp.Expr | None:
+def _arg(node: exp.Expr) -> exp.Expr | None:
     return node.expressions[0] if len(node.expressions) == 1 else None
 
 
@@ -167,7 +171,7 @@ def _rule_struct(t: Translation, node: exp.Struct) -> exp.Expr:
         raise SparkSemanticsError(f"{unsupported(node)}: a field's type is not known here")
     args: list[exp.Expr] = []
     for item in node.expressions:
-        value, spark_type = item.expression, t.type_of(item.expression)
+        value, spark_type = item.expression, t.need(item.expression, "a struct's field")
         if spark_type.this in (T.TEXT, T.VARCHAR):  # Utf8, as a struct column's strings
             value = _fn("arrow_cast", value, exp.Literal.string("Utf8"))
         elif spark_type.this not in (T.STRUCT, T.MAP, T.ARRAY):  # a literal 2: INT, not Int64
@@ -201,7 +205,9 @@ def _rule_bracket(t: Translation, node: exp.Bracket) -> exp.Expr:
         raise SparkSemanticsError(f"{unsupported(node)}: not translated")
     key = node.expressions[0]
     if _is(base, T.STRUCT):
-        return _get_field(node.this, base, _key_name(key))
+        name = _key_name(key)
+        assert name is not None  # else the node has no type (struct_type), refused above
+        return _get_field(node.this, base, name)
     parts = _map_parts(base)
     if parts is None:
         raise SparkSemanticsError(f"{unsupported(node)}: not translated")
@@ -260,7 +266,9 @@ def _rule_var_map(t: Translation, node: exp.VarMap) -> exp.Expr:
     out = t.type_of(node)
     if out is None:
         raise SparkSemanticsError("map() without entries, or of keys or values without a type")
-    kt, vt = _map_parts(out)
+    parts = _map_parts(out)
+    assert parts is not None  # a map()'s type is a MAP (struct_type)
+    kt, vt = parts
     keys = [k if t.type_of(k) == kt else cast_to(k, kt) for k in _elements(node.args["keys"])]
     values = [v if t.type_of(v) == vt else cast_to(v, vt) for v in _elements(node.args["values"])]
     bare = [_bare(k) for k in keys]
@@ -313,14 +321,14 @@ def _rule_map_from_arrays(t: Translation, node: exp.Map) -> exp.Expr:
             expression=_fn("array_has", paren(keys.copy()), exp.Null()),
         ),
     )
-    guarded = _failing_when(bad, keys, t.type_of(keys))
+    guarded = _failing_when(bad, keys, t.need(keys, "map()"))
     return _fn("map", guarded, values)
 
 
 def _rule_map_keys(t: Translation, node: exp.Expr) -> exp.Expr:
     """``map_keys(m)`` / ``map_values(m)``: DataFusion's functions of those names."""
     arg = node.this if isinstance(node, exp.MapKeys) else _arg(node)
-    if t.type_of(node) is None:
+    if arg is None or t.type_of(node) is None:  # no argument: no type either
         raise SparkSemanticsError(f"{unsupported(node)} of anything but a map")
     return _fn("map_keys" if isinstance(node, exp.MapKeys) else "map_values", arg)
 
@@ -346,7 +354,7 @@ def _rule_cardinality(t: Translation, node: exp.Anonymous) -> exp.Expr:
     """``cardinality(x)``: Spark's ``size`` of a map or an array."""
     arg = _arg(node)
     at = t.type_of(arg) if arg is not None else None
-    if not (_is(at, T.MAP) or _is(at, T.ARRAY)):
+    if arg is None or not (_is(at, T.MAP) or _is(at, T.ARRAY)):
         raise SparkSemanticsError(f"{unsupported(node)} of anything but a map or an array")
     return size_of_map(t, arg)
 
