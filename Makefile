@@ -30,6 +30,7 @@ run: $(VENV)/.installed-run $(SF1)/.complete
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests
+	$(BIN)/mypy
 
 # The default run skips the suites marked slow (the 97 other TPC-DS queries in Spark's
 # dialect, Spark's SQL test inputs, the fuzzer's long profile, a standalone cluster, ...);
