@@ -97,8 +97,17 @@ def as_spark_schema(df: Any, expected: pa.Schema) -> Any:
         name = want.name if want.name not in seen else f"{want.name}#{len(columns)}"
         seen.add(name)
         column, to = col(qualified[len(columns)]), plan_type(have.type, want.type)
-        columns.append((column if to == have.type else column.cast(to)).alias(name))
+        # Cast even to the same type: the distributed plan may widen what the logical plan
+        # types (a decimal sum over partial sums); not a struct or map, whose names it loses.
+        same_nested = to == have.type and _has_struct_or_map(to)
+        columns.append((column if same_nested else column.cast(to)).alias(name))
     return df.select(*columns)
+
+
+def _has_struct_or_map(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t) or pa.types.is_map(t):
+        return True
+    return _is_list(t) and _has_struct_or_map(t.value_type)
 
 
 def plan_type(got: pa.DataType, spark: pa.DataType) -> pa.DataType:
